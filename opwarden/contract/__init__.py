@@ -1,0 +1,143 @@
+"""Operator contracts: the facts about an operator that ONNX schemas do not record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ContractError
+
+NAN_POLICIES = ("propagate", "produce", "suppress", "none")
+OVERFLOW_POLICIES = ("wrap", "saturate", None)
+BROADCAST_RULES = ("none", "multidirectional", "unidirectional")
+LAYOUTS = ("any", "NCHW", "NHWC")
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """An allowed-values rule for one attribute: a set of values or a predicate with a description."""
+
+    values: tuple = ()
+    predicate: Callable[[Any], bool] | None = None
+    description: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        if self.predicate is not None:
+            return bool(self.predicate(value))
+        if isinstance(value, (list, tuple)):
+            return all(v in self.values for v in value)
+        return value in self.values
+
+    def describe(self) -> str:
+        if self.description:
+            return self.description
+        return "one of " + ", ".join(repr(v) for v in self.values)
+
+
+def one_of(*values: Any) -> Allowed:
+    """Allowed values given as a finite set."""
+    return Allowed(values=tuple(values))
+
+
+def such_that(predicate: Callable[[Any], bool], description: str) -> Allowed:
+    """Allowed values given as a predicate, described for error messages."""
+    return Allowed(predicate=predicate, description=description)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What an operator promises beyond its ONNX schema; checked by the loader, guard and verifier.
+
+    - ``layout``: the data layout its tensor inputs must have ("any" when it does not care).
+    - ``may_alias``: (input, output) pairs whose buffers may be shared (in-place allowed).
+    - ``must_alias``: (input, output) pairs where the output is a view of the input.
+    - ``mutates``: inputs the kernel writes to (a correct operator mutates none).
+    - ``workspace_bytes``: scratch memory, a constant or ``f(*input_shapes, **attrs) -> int``.
+    - ``nan``: "propagate" (NaN in -> NaN out, none created), "produce" (the math can create
+      NaN from finite inputs), "suppress" (NaN inputs may vanish), "none" (no floating output).
+    - ``overflow``: integer overflow behaviour, "wrap", "saturate" or None (cannot overflow).
+    - ``broadcast``: "none", "multidirectional" (numpy) or "unidirectional" (B to A).
+    - ``allowed``: attribute name -> Allowed rule (values outside raise ModelError at load).
+    """
+
+    layout: str = "any"
+    may_alias: tuple[tuple[int, int], ...] = ()
+    must_alias: tuple[tuple[int, int], ...] = ()
+    mutates: tuple[int, ...] = ()
+    workspace_bytes: int | Callable[..., int] = 0
+    thread_safe: bool = True
+    nan: str = "propagate"
+    overflow: str | None = None
+    broadcast: str = "none"
+    allowed: Mapping[str, Allowed] = field(default_factory=dict)
+    deterministic: bool = True
+
+    def __post_init__(self) -> None:
+        if self.nan not in NAN_POLICIES:
+            raise ContractError(f"Contract.nan must be one of {NAN_POLICIES}, got {self.nan!r}")
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ContractError(
+                f"Contract.overflow must be one of {OVERFLOW_POLICIES}, got {self.overflow!r}"
+            )
+        if self.broadcast not in BROADCAST_RULES:
+            raise ContractError(
+                f"Contract.broadcast must be one of {BROADCAST_RULES}, got {self.broadcast!r}"
+            )
+        if self.layout not in LAYOUTS:
+            raise ContractError(f"Contract.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        allowed = {}
+        for name, rule in dict(self.allowed).items():
+            if not isinstance(rule, Allowed):
+                rule = one_of(*rule)
+            allowed[name] = rule
+        object.__setattr__(self, "allowed", allowed)
+
+    def workspace(self, shapes: list[tuple[int, ...]], attrs: Mapping[str, Any]) -> int:
+        """Workspace bytes for these input shapes."""
+        ws = self.workspace_bytes
+        return int(ws(*shapes, **attrs)) if callable(ws) else int(ws)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-friendly summary (for `opwarden ops --json`)."""
+        return {
+            "layout": self.layout,
+            "may_alias": [list(p) for p in self.may_alias],
+            "must_alias": [list(p) for p in self.must_alias],
+            "mutates": list(self.mutates),
+            "workspace_bytes": "f(shapes)" if callable(self.workspace_bytes) else self.workspace_bytes,
+            "thread_safe": self.thread_safe,
+            "nan": self.nan,
+            "overflow": self.overflow,
+            "broadcast": self.broadcast,
+            "allowed": {k: v.describe() for k, v in self.allowed.items()},
+            "deterministic": self.deterministic,
+        }
+
+
+# Contracts shared by many operators.
+ELEMENTWISE = Contract(may_alias=((0, 0),), broadcast="multidirectional", overflow="wrap")
+UNARY = Contract(may_alias=((0, 0),))
+UNARY_PRODUCES_NAN = Contract(may_alias=((0, 0),), nan="produce")
+VIEW = Contract(must_alias=((0, 0),), nan="propagate")
+DEFAULT = Contract()
+
+
+@dataclass(frozen=True)
+class TensorFact:
+    """Static facts about a tensor: dtype name and shape (ints, symbolic names or None)."""
+
+    dtype: str | None
+    shape: tuple | None = None
+
+    @property
+    def ndim(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def static(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else "[" + ",".join(str(d) for d in self.shape) + "]"
+        return f"{self.dtype or '?'}{dims}"

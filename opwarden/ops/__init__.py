@@ -1,0 +1,38 @@
+"""The operators. Importing this package registers every built-in operator object."""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import REGISTRY, OpDef, Variant, kernel, op
+
+# Operator families, one module each; each module registers its ops on import.
+FAMILIES = (
+    "elementwise",
+    "activation",
+    "cast",
+    "quant",
+    "reduce",
+    "linalg",
+    "norm",
+    "conv",
+    "pool",
+    "image",
+    "shape",
+    "index",
+    "rnn",
+    "signal",
+    "random",
+    "loss",
+    "string",
+    "transformer",
+    "ml",
+    "control",
+    "sequence",
+    "contrib",
+)
+
+for _family in FAMILIES:
+    importlib.import_module(f"{__name__}.{_family}")
+
+__all__ = ["REGISTRY", "OpDef", "Variant", "kernel", "op"]

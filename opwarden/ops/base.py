@@ -1,0 +1,335 @@
+"""One operator, one object: schema + contract + reference kernel + rules + variants."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..contract import DEFAULT, Contract
+from ..errors import ContractError, ModelError, UnsupportedOpError
+from . import schema as _schema
+from .schema import Schema, canonical_domain
+
+ANY_DTYPE = None
+
+
+@dataclass
+class Variant:
+    """A kernel variant: one way to run an operator on a device for some dtypes and a layout."""
+
+    name: str
+    op: OpDef
+    fn: Callable[..., Any]
+    device: str = "cpu"
+    dtypes: frozenset[str] | Mapping[str, frozenset[str]] | None = None
+    layout: str = "any"
+    priority: int = 0
+    when: Callable[..., bool] | None = None
+    reference: bool = False
+    accepts_out: bool = False
+    wants_noutputs: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        if isinstance(self.dtypes, Mapping):
+            dts: Any = {k: sorted(v) for k, v in self.dtypes.items()}
+        else:
+            dts = sorted(self.dtypes) if self.dtypes else "any"
+        return {
+            "name": self.name,
+            "device": self.device,
+            "dtypes": dts,
+            "layout": self.layout,
+            "priority": self.priority,
+            "when": self.when is not None,
+            "reference": self.reference,
+        }
+
+
+def _wants_noutputs(fn: Callable[..., Any]) -> bool:
+    try:
+        return "noutputs" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class OpDef:
+    """An operator at one version range: its schema, contract, reference kernel and variants."""
+
+    def __init__(
+        self,
+        op_type: str,
+        domain: str,
+        since: int,
+        reference: Callable[..., Any],
+        contract: Contract,
+        schema: Schema | None,
+    ) -> None:
+        self.op_type = op_type
+        self.domain = domain
+        self.since = since
+        self.reference = reference
+        self.contract = contract
+        self.custom_schema = schema  # None for standard ops: the ONNX schema is looked up per opset
+        self.infer_fn: Callable[..., Any] | None = None
+        self.grad_fn: Callable[..., Any] | None = None
+        self.variants: list[Variant] = []
+        self.__doc__ = reference.__doc__
+        self.__name__ = op_type
+        self.variants.append(
+            Variant(
+                name=f"{op_type.lower()}.ref",
+                op=self,
+                fn=reference,
+                device="cpu",
+                priority=-1000,
+                reference=True,
+                wants_noutputs=_wants_noutputs(reference),
+            )
+        )
+
+    @property
+    def qualname(self) -> str:
+        dom = f"{self.domain}::" if self.domain else ""
+        return f"{dom}{self.op_type}-{self.since}"
+
+    def __repr__(self) -> str:
+        return f"<op {self.qualname}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the reference kernel."""
+        return self.reference(*args, **kwargs)
+
+    def schema_for(self, opset: int) -> Schema:
+        """The schema that governs this op in a model importing `opset` of its domain."""
+        if self.custom_schema is not None:
+            return self.custom_schema
+        s = _schema.from_onnx(self.op_type, self.domain, opset)
+        if s is None:
+            raise ModelError(f"no ONNX schema for {self.op_type} at opset {opset}")
+        return s
+
+    def kernel(
+        self,
+        device: str = "cpu",
+        *,
+        dtypes: Iterable[str] | Mapping[str, Iterable[str]] | None = None,
+        layout: str = "any",
+        priority: int = 0,
+        when: Callable[..., bool] | None = None,
+        name: str | None = None,
+        accepts_out: bool = False,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering a variant of this operator."""
+
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            vname = name or f"{self.op_type.lower()}.{device}.{fn.__name__.strip('_') or 'v'}"
+            if any(v.name == vname for v in self.variants):
+                # Re-registration replaces: users may override a variant by name.
+                self.variants = [v for v in self.variants if v.name != vname]
+            self.variants.append(
+                Variant(
+                    name=vname,
+                    op=self,
+                    fn=fn,
+                    device=device,
+                    dtypes=_norm_dtypes(dtypes),
+                    layout=layout,
+                    priority=priority,
+                    when=when,
+                    accepts_out=accepts_out,
+                    wants_noutputs=_wants_noutputs(fn),
+                )
+            )
+            return fn
+
+        return deco
+
+    def infer(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator setting the shape/type rule: f(*input_facts, **attrs) -> fact or tuple."""
+        self.infer_fn = fn
+        return fn
+
+    def grad(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator setting the backward rule: f(ctx, *dOutputs, **attrs) -> one grad per input."""
+        self.grad_fn = fn
+        return fn
+
+    def function_body(self, opset: int):
+        """The ONNX function body (decomposition) at this opset, if the spec gives one."""
+        if self.custom_schema is not None:
+            return None
+        return _schema.onnx_function_body(self.op_type, self.domain, opset)
+
+
+def _norm_dtypes(dtypes: Any) -> frozenset[str] | Mapping[str, frozenset[str]] | None:
+    if dtypes is None:
+        return None
+    if isinstance(dtypes, str):
+        return frozenset({dtypes})
+    if isinstance(dtypes, Mapping):
+        return {k: frozenset([v] if isinstance(v, str) else v) for k, v in dtypes.items()}
+    return frozenset(dtypes)
+
+
+class Registry:
+    """All operators, by (domain, op_type), each a list of OpDefs sorted by `since`."""
+
+    def __init__(self) -> None:
+        self._ops: dict[tuple[str, str], list[OpDef]] = {}
+
+    def add(self, opdef: OpDef) -> None:
+        key = (opdef.domain, opdef.op_type)
+        versions = [o for o in self._ops.get(key, []) if o.since != opdef.since]
+        versions.append(opdef)
+        versions.sort(key=lambda o: o.since)
+        self._ops[key] = versions
+
+    def versions(self, op_type: str, domain: str = "") -> list[OpDef]:
+        return list(self._ops.get((canonical_domain(domain), op_type), []))
+
+    def all(self) -> list[OpDef]:
+        return [o for key in sorted(self._ops) for o in self._ops[key]]
+
+    def latest(self, op_type: str, domain: str = "") -> OpDef | None:
+        v = self._ops.get((canonical_domain(domain), op_type))
+        return v[-1] if v else None
+
+    def resolve(self, op_type: str, domain: str, opset: int) -> tuple[OpDef | None, Schema]:
+        """(operator object, governing schema) for a node; raises ModelError for unknown ops.
+
+        Standard ops: the ONNX schema at the model's opset names a `since_version`; the op object
+        with the highest `since` not above it implements it. The op object may be None when we
+        know the schema but have no implementation (the caller may still decompose the node).
+        """
+        domain = canonical_domain(domain)
+        versions = self._ops.get((domain, op_type), [])
+        if domain in _schema.STANDARD_DOMAINS:
+            sch = _schema.from_onnx(op_type, domain, opset)
+            if sch is None:
+                if versions and versions[0].custom_schema is not None:
+                    return self._custom(versions, op_type, domain, opset)
+                dom = domain or "ai.onnx"
+                raise UnsupportedOpError(
+                    f"unknown operator {op_type!r} in domain {dom!r} at opset {opset}"
+                )
+            impl = [o for o in versions if o.since <= sch.since]
+            return (impl[-1] if impl else None), sch
+        return self._custom(versions, op_type, domain, opset)
+
+    @staticmethod
+    def _custom(versions: list[OpDef], op_type: str, domain: str, opset: int):
+        impl = [o for o in versions if o.since <= opset]
+        if not impl:
+            if versions:
+                raise UnsupportedOpError(
+                    f"operator {domain}::{op_type} is registered from version "
+                    f"{versions[0].since}, but the model imports {domain} at opset {opset}"
+                )
+            raise UnsupportedOpError(
+                f"unknown operator {op_type!r} in domain {domain!r}: no operator registered "
+                f"(register one with @opwarden.op)"
+            )
+        o = impl[-1]
+        assert o.custom_schema is not None
+        return o, o.custom_schema
+
+
+REGISTRY = Registry()
+
+
+def op(
+    op_type: str,
+    *,
+    since: int | None = None,
+    domain: str = "",
+    contract: Contract | None = None,
+    inputs: list[str] | None = None,
+    outputs: list[str] | None = None,
+    types: Mapping[str, Iterable[str]] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+) -> Callable[[Callable[..., Any]], OpDef]:
+    """Declare an operator whose reference kernel is the decorated NumPy function.
+
+    Standard-domain ops take their schema from `onnx.defs` (``since`` must be a version at which
+    ONNX changed the op). Custom domains declare the schema here: ``inputs``/``outputs`` as
+    ``"name: T"`` strings (suffix ``?`` optional, prefix ``*`` variadic), ``types`` mapping
+    constraint names to dtype names, ``attrs`` mapping names to defaults (or ``(type, default)``).
+    """
+    domain = canonical_domain(domain)
+
+    def deco(fn: Callable[..., Any]) -> OpDef:
+        if domain in _schema.STANDARD_DOMAINS and inputs is None:
+            ver = since if since is not None else 10**6
+            sch = _schema.from_onnx(op_type, domain, ver)
+            if sch is None:
+                raise ContractError(f"ONNX defines no operator {op_type!r} in domain {domain!r}")
+            if since is not None and sch.since != since:
+                raise ContractError(
+                    f"{op_type}: ONNX has no version {since} (the schema at {since} "
+                    f"is version {sch.since})"
+                )
+            _check_allowed_names(op_type, contract, sch)
+            opdef = OpDef(op_type, domain, sch.since, fn, contract or DEFAULT, None)
+        else:
+            from .custom import build_schema
+
+            sch = build_schema(op_type, domain, since or 1, inputs, outputs, types, attrs, fn)
+            opdef = OpDef(op_type, domain, since or 1, fn, contract or DEFAULT, sch)
+        REGISTRY.add(opdef)
+        return opdef
+
+    return deco
+
+
+def _check_allowed_names(op_type: str, contract: Contract | None, sch: Schema) -> None:
+    if contract is None:
+        return
+    for name in contract.allowed:
+        if name not in sch.attrs:
+            raise ContractError(f"{op_type}: contract restricts unknown attribute {name!r}")
+
+
+def kernel(
+    op_type: str,
+    device: str = "cpu",
+    *,
+    dtypes: Iterable[str] | Mapping[str, Iterable[str]] | None = None,
+    layout: str = "any",
+    priority: int = 0,
+    when: Callable[..., bool] | None = None,
+    name: str | None = None,
+    domain: str = "",
+    since: int | None = None,
+    accepts_out: bool = False,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a kernel variant for an existing operator (its latest version unless `since`)."""
+    versions = REGISTRY.versions(op_type, domain)
+    if not versions:
+        raise ContractError(f"cannot add a kernel: no operator {op_type!r} in domain {domain!r}")
+    if since is None:
+        target = versions[-1]
+    else:
+        match = [o for o in versions if o.since == since]
+        if not match:
+            have = [o.since for o in versions]
+            raise ContractError(f"{op_type} has no version {since} (versions: {have})")
+        target = match[0]
+    return target.kernel(
+        device,
+        dtypes=dtypes,
+        layout=layout,
+        priority=priority,
+        when=when,
+        name=name,
+        accepts_out=accepts_out,
+    )
+
+
+@dataclass
+class Selection:
+    """The outcome of choosing a variant for one node: the winner and why others lost."""
+
+    variant: Variant | None
+    rejected: list[tuple[str, str]] = field(default_factory=list)

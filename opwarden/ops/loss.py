@@ -1,0 +1,1 @@
+"""Operators: loss family."""

@@ -1,0 +1,1 @@
+"""Operators: reduce family."""

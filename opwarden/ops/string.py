@@ -1,0 +1,1 @@
+"""Operators: string family."""
