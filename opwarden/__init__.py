@@ -1,0 +1,35 @@
+"""opwarden: an ONNX runtime in which every operator is a verifiable contract."""
+
+from __future__ import annotations
+
+from .contract import Contract
+from .errors import (
+    ContractError,
+    InputError,
+    KernelError,
+    ModelError,
+    OptionsError,
+    OpwardenError,
+    UnsupportedOpError,
+)
+from .ops import kernel, op
+from .runtime.options import SessionOptions
+from .runtime.session import InferenceSession, NodeArg
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Contract",
+    "ContractError",
+    "InferenceSession",
+    "InputError",
+    "KernelError",
+    "ModelError",
+    "NodeArg",
+    "OptionsError",
+    "OpwardenError",
+    "SessionOptions",
+    "UnsupportedOpError",
+    "kernel",
+    "op",
+]

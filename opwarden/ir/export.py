@@ -1,0 +1,73 @@
+"""IR -> ONNX protobuf (for decomposition, round-trips and exporting models with custom domains)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..dtypes import onnx_type
+from .graph import Graph, Model, Value
+
+
+def attribute_proto(name: str, value: Any, attr_type: int | None = None) -> onnx.AttributeProto:
+    """An AttributeProto for a Python attribute value (Graphs are exported recursively)."""
+    if isinstance(value, Graph):
+        return helper.make_attribute(name, graph_proto(value))
+    if isinstance(value, list) and value and isinstance(value[0], Graph):
+        return helper.make_attribute(name, [graph_proto(g) for g in value])
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(name, numpy_helper.from_array(value))
+    if isinstance(value, list) and not value and attr_type is not None:
+        a = onnx.AttributeProto()
+        a.name, a.type = name, attr_type
+        return a
+    if attr_type == onnx.AttributeProto.FLOAT:
+        value = float(value)
+    if attr_type == onnx.AttributeProto.FLOATS:
+        value = [float(v) for v in value]
+    return helper.make_attribute(name, value)
+
+
+def value_info(v: Value) -> onnx.ValueInfoProto:
+    if v.kind != "tensor" or v.fact.dtype is None:
+        return helper.make_empty_tensor_value_info(v.name) if v.kind == "tensor" else \
+            onnx.ValueInfoProto(name=v.name)
+    dt = np.dtype(object) if v.fact.dtype == "string" else np.dtype(v.fact.dtype)
+    shape = None if v.fact.shape is None else [d if d is not None else None for d in v.fact.shape]
+    return helper.make_tensor_value_info(v.name, onnx_type(dt), shape)
+
+
+def graph_proto(g: Graph) -> onnx.GraphProto:
+    """GraphProto for a Graph (initializers from constant values)."""
+    nodes = []
+    for n in g.nodes:
+        p = helper.make_node(
+            n.op_type,
+            [v.name if v is not None else "" for v in n.inputs],
+            [v.name if v is not None else "" for v in n.outputs],
+            name=n.name,
+            domain=n.domain,
+        )
+        types = getattr(n, "attr_types", {})
+        p.attribute.extend(attribute_proto(k, a, types.get(k)) for k, a in n.attrs.items())
+        nodes.append(p)
+    inits = [numpy_helper.from_array(np.asarray(v.const), v.name) for v in g.initializers.values()]
+    return helper.make_graph(
+        nodes,
+        g.name,
+        [value_info(v) for v in g.inputs],
+        [value_info(v) for v in g.outputs],
+        initializer=inits,
+    )
+
+
+def model_proto(m: Model) -> onnx.ModelProto:
+    """ModelProto with every opset the model uses recorded (custom domains included)."""
+    opsets = [helper.make_opsetid(d, v) for d, v in sorted(m.opsets.items())]
+    proto = helper.make_model(graph_proto(m.graph), opset_imports=opsets)
+    proto.ir_version = m.ir_version
+    proto.producer_name = "opwarden"
+    return proto

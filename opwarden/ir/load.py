@@ -1,0 +1,301 @@
+"""Load an ONNX model (path, bytes or ModelProto) into the IR, with facts from shape inference."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from ..contract import TensorFact
+from ..dtypes import dtype_name, np_dtype
+from ..errors import ModelError
+from ..ops.schema import attr_value, canonical_domain
+from .functions import inline
+from .graph import Graph, Model, Node, Value
+from .tensors import to_array
+
+MAX_FUNCTION_DEPTH = 32
+
+
+def read_proto(source: Any) -> tuple[onnx.ModelProto, str | None, bool]:
+    """(proto, base_dir, owned) from a path, bytes or ModelProto; clear errors for bad input."""
+    if isinstance(source, onnx.ModelProto):
+        return source, None, False
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data, base_dir = bytes(source), None
+    elif isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise ModelError(f"model file not found: {path!r}")
+        if os.path.isdir(path):
+            raise ModelError(f"model path is a directory, not a file: {path!r}")
+        with open(path, "rb") as f:
+            data = f.read()
+        base_dir = os.path.dirname(os.path.abspath(path))
+    else:
+        raise ModelError(
+            f"cannot load a model from {type(source).__name__}; "
+            "expected a path, bytes or onnx.ModelProto"
+        )
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise ModelError(f"not a valid ONNX model (protobuf parse failed: {e})") from None
+    if not proto.HasField("graph"):
+        raise ModelError("not a valid ONNX model: it has no graph (empty, truncated or not ONNX)")
+    if proto.ir_version <= 0:
+        raise ModelError(f"not a valid ONNX model: ir_version is {proto.ir_version}")
+    return proto, base_dir, True
+
+
+def type_fact(tp: onnx.TypeProto) -> tuple[str, TensorFact]:
+    """(kind, fact) of a TypeProto."""
+    which = tp.WhichOneof("value")
+    if which == "tensor_type" or which == "sparse_tensor_type":
+        tt = getattr(tp, which)
+        dtype = None
+        if tt.elem_type:
+            try:
+                dtype = dtype_name(np_dtype(tt.elem_type))
+            except KeyError:
+                dtype = None
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in tt.shape.dim
+            )
+        return ("tensor" if which == "tensor_type" else "sparse"), TensorFact(dtype, shape)
+    kinds = {"sequence_type": "sequence", "optional_type": "optional", "map_type": "map"}
+    return kinds.get(which or "", "unknown"), TensorFact(None, None)
+
+
+def _infer(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Types of every value shape inference can tell (failures leave facts unknown)."""
+    types: dict[str, onnx.TypeProto] = {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
+        g = inferred.graph
+    except Exception:  # noqa: BLE001 - onnx's inference raises on many malformed models
+        g = proto.graph
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        if vi.HasField("type"):
+            types[vi.name] = vi.type
+    return types
+
+
+def _free_names(g: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads but does not define (outer-scope references)."""
+    defined = {i.name for i in g.input} | {i.name for i in g.initializer}
+    used: set[str] = set()
+    for n in g.node:
+        used.update(x for x in n.input if x)
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                used |= _free_names(sub)
+        defined.update(o for o in n.output if o)
+    used.update(o.name for o in g.output)
+    return used - defined
+
+
+def _expand_functions(
+    nodes: list[onnx.NodeProto], functions: dict[tuple[str, str], onnx.FunctionProto], depth: int = 0
+) -> list[onnx.NodeProto]:
+    out: list[onnx.NodeProto] = []
+    for n in nodes:
+        fn = functions.get((n.domain, n.op_type))
+        if fn is None:
+            out.append(n)
+            continue
+        if depth >= MAX_FUNCTION_DEPTH:
+            raise ModelError(f"model-local function {n.domain}::{n.op_type} recurses too deeply")
+        out.extend(_expand_functions(inline(n, fn), functions, depth + 1))
+    return out
+
+
+def _toposort(nodes: list[onnx.NodeProto], available: set[str], graph_name: str):
+    """Stable topological order; raises ModelError on cycles or undefined inputs."""
+    producer: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for o in n.output:
+            if o:
+                if o in producer or o in available:
+                    raise ModelError(
+                        f"graph {graph_name!r}: value {o!r} is produced twice "
+                        f"(by node {n.name or n.op_type!r})"
+                    )
+                producer[o] = i
+    deps: list[set[int]] = []
+    for n in nodes:
+        names = {x for x in n.input if x}
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                names |= _free_names(sub)
+        deps.append({producer[x] for x in names if x in producer})
+    order: list[int] = []
+    done: set[int] = set()
+    pending = list(range(len(nodes)))
+    while pending:
+        progress = [i for i in pending if deps[i] <= done]
+        if not progress:
+            stuck = nodes[pending[0]]
+            raise ModelError(
+                f"graph {graph_name!r} has a cycle through node {stuck.name or stuck.op_type!r}"
+            )
+        # Keep file order wherever the dependencies allow.
+        first = progress[0]
+        order.append(first)
+        done.add(first)
+        pending.remove(first)
+        if len(progress) == len(pending) + 1:
+            order.extend(pending)
+            done.update(pending)
+            pending = []
+    return [nodes[i] for i in order]
+
+
+class _Builder:
+    def __init__(self, opsets: dict[str, int], functions, base_dir, owned, types) -> None:
+        self.opsets = opsets
+        self.functions = functions
+        self.base_dir = base_dir
+        self.owned = owned
+        self.types = types
+        self.names: set[str] = set()
+
+    def graph(self, gp: onnx.GraphProto, outer: Graph | None) -> Graph:
+        g = Graph(gp.name or "graph", outer=outer)
+        for t in gp.initializer:
+            arr = to_array(t, self.base_dir, self.owned)
+            g.add_value(t.name, const=arr, fact=TensorFact(dtype_name(arr.dtype), arr.shape))
+        for st in gp.sparse_initializer:
+            arr = _sparse_to_dense(st)
+            g.add_value(st.values.name, const=arr, fact=TensorFact(dtype_name(arr.dtype), arr.shape))
+        for vi in gp.input:
+            if vi.name in g.values:
+                g.initializers[vi.name] = g.values[vi.name]
+                g.inputs.append(g.values[vi.name])
+                continue
+            kind, fact = type_fact(vi.type)
+            g.inputs.append(g.add_value(vi.name, kind=kind, fact=fact))
+        for name, v in g.values.items():
+            if v.const is not None:
+                g.initializers[name] = v
+        local_types = {vi.name: vi.type for vi in gp.value_info}
+        protos = _expand_functions(list(gp.node), self.functions)
+        avail = set(g.values)
+        for i, n in enumerate(_toposort(protos, avail, g.name)):
+            g.nodes.append(self.node(n, g, i, local_types))
+        for vo in gp.output:
+            v = g.lookup(vo.name)
+            if v is None:
+                raise ModelError(f"graph {g.name!r}: output {vo.name!r} is not produced by any node")
+            kind, fact = type_fact(vo.type)
+            if v.fact.dtype is None and fact.dtype is not None:
+                v.fact = fact
+                v.kind = kind
+            g.outputs.append(v)
+        g.rebuild_uses()
+        return g
+
+    def node(
+        self, n: onnx.NodeProto, g: Graph, index: int, local_types, reuse: bool = False
+    ) -> Node:
+        domain = canonical_domain(n.domain)
+        name = n.name or f"{n.op_type}_{index}"
+        if name in self.names:
+            name = f"{name}__{index}"
+        self.names.add(name)
+        if domain not in self.opsets:
+            raise ModelError(
+                f"node {name!r} ({n.op_type}) uses domain {n.domain or 'ai.onnx'!r}, "
+                f"which the model does not import (opset_import has {sorted(self.opsets)})"
+            )
+        inputs: list[Value | None] = []
+        for x in n.input:
+            if not x:
+                inputs.append(None)
+                continue
+            v = g.lookup(x)
+            if v is None:
+                raise ModelError(
+                    f"node {name!r} ({n.op_type}) reads {x!r}, which is not a graph input, an "
+                    "initializer or the output of an earlier node"
+                )
+            inputs.append(v)
+        attrs: dict[str, Any] = {}
+        for a in n.attribute:
+            if a.name in attrs:
+                raise ModelError(f"node {name!r} ({n.op_type}): attribute {a.name!r} given twice")
+            val = attr_value(a)
+            if a.type == onnx.AttributeProto.GRAPH:
+                val = self.graph(val, g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                val = [self.graph(sub, g) for sub in val]
+            attrs[a.name] = val
+        node = Node(n.op_type, domain, name, inputs, [], attrs, self.opsets[domain], graph=g)
+        node.attr_types = {a.name: a.type for a in n.attribute}  # type: ignore[attr-defined]
+        for o in n.output:
+            if not o:
+                node.outputs.append(None)
+                continue
+            tp = local_types.get(o) or self.types.get(o)
+            kind, fact = type_fact(tp) if tp is not None else ("tensor", TensorFact(None, None))
+            v = g.values.get(o) if reuse else None
+            if v is None:
+                v = g.add_value(o, kind=kind, fact=fact)
+            v.producer = node
+            node.outputs.append(v)
+        return node
+
+
+def _sparse_to_dense(st: onnx.SparseTensorProto):
+    import numpy as np
+
+    vals = to_array(st.values)
+    idx = to_array(st.indices).astype(np.int64)
+    dims = tuple(int(d) for d in st.dims)
+    dense = np.zeros(int(np.prod(dims)), dtype=vals.dtype)
+    if idx.ndim == 2:
+        idx = np.ravel_multi_index(tuple(idx.T), dims)
+    dense[idx] = vals
+    return dense.reshape(dims)
+
+
+def load(source: Any) -> Model:
+    """Parse and convert a model; raises ModelError (never another type) on malformed input."""
+    proto, base_dir, owned = read_proto(source)
+    try:
+        return _convert(proto, base_dir, owned)
+    except ModelError:
+        raise
+    except (RecursionError, MemoryError) as e:
+        raise ModelError(f"model cannot be loaded: {type(e).__name__}") from None
+    except Exception as e:  # noqa: BLE001 - corrupt protobufs surface as assorted errors
+        raise ModelError(f"model cannot be loaded: {type(e).__name__}: {e}") from None
+
+
+def _convert(proto: onnx.ModelProto, base_dir: str | None, owned: bool) -> Model:
+    opsets: dict[str, int] = {}
+    for imp in proto.opset_import:
+        opsets[canonical_domain(imp.domain)] = int(imp.version)
+    if not proto.opset_import:
+        opsets[""] = 1 if proto.ir_version < 3 else 0
+    if opsets.get("", 1) <= 0:
+        raise ModelError("model imports the default domain at opset 0 or below")
+    functions = {(f.domain, f.name): f for f in proto.functions}
+    types = _infer(proto)
+    builder = _Builder(opsets, functions, base_dir, owned, types)
+    graph = builder.graph(proto.graph, None)
+    return Model(
+        graph=graph,
+        opsets=opsets,
+        ir_version=int(proto.ir_version),
+        producer=proto.producer_name,
+        base_dir=base_dir,
+        functions=functions,
+        metadata={p.key: p.value for p in proto.metadata_props},
+    )

@@ -1,0 +1,104 @@
+"""TensorProto -> NumPy without needless copies (views over raw bytes, memory-mapped external data)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..dtypes import np_dtype
+from ..errors import ModelError
+
+# Packed sub-byte types need unpacking, so they cannot be plain views.
+_PACKED = {
+    onnx.TensorProto.INT4,
+    onnx.TensorProto.UINT4,
+    onnx.TensorProto.FLOAT4E2M1,
+}
+for _n in ("INT2", "UINT2"):
+    if hasattr(onnx.TensorProto, _n):
+        _PACKED.add(getattr(onnx.TensorProto, _n))
+
+
+def external_path(base_dir: str | None, location: str, tensor_name: str) -> str:
+    """Resolve an external-data location, refusing anything outside the model's folder."""
+    if base_dir is None:
+        raise ModelError(
+            f"initializer {tensor_name!r} stores its data in external file {location!r}, "
+            "but the model was not loaded from a path (load it from its file)"
+        )
+    if os.path.isabs(location) or location.startswith(("/", "\\")):
+        raise ModelError(
+            f"initializer {tensor_name!r}: external data path {location!r} is absolute; "
+            "only paths inside the model's folder are allowed"
+        )
+    base = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(base, location))
+    if os.path.commonpath([base, path]) != base:
+        raise ModelError(
+            f"initializer {tensor_name!r}: external data path {location!r} leaves the model's "
+            f"folder {base_dir!r}; refused"
+        )
+    if not os.path.isfile(path):
+        raise ModelError(f"initializer {tensor_name!r}: external data file {location!r} not found")
+    return path
+
+
+def _external(t: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
+    info = {e.key: e.value for e in t.external_data}
+    if "location" not in info:
+        raise ModelError(f"initializer {t.name!r}: external data without a location")
+    path = external_path(base_dir, info["location"], t.name)
+    dtype = np_dtype(t.data_type)
+    shape = tuple(int(d) for d in t.dims)
+    count = int(np.prod(shape, dtype=np.int64))
+    offset = int(info.get("offset", 0))
+    nbytes = count * dtype.itemsize
+    length = int(info.get("length", nbytes))
+    size = os.path.getsize(path)
+    if t.data_type in _PACKED or dtype == object:
+        raise ModelError(f"initializer {t.name!r}: external data of packed type is not supported")
+    if length < nbytes or offset + nbytes > size:
+        raise ModelError(
+            f"initializer {t.name!r}: external data ({offset}+{nbytes} bytes) exceeds "
+            f"file {info['location']!r} of {size} bytes"
+        )
+    if count == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def to_array(t: onnx.TensorProto, base_dir: str | None = None, owned: bool = False) -> np.ndarray:
+    """NumPy array for a TensorProto: a read-only view over its bytes where possible.
+
+    With ``owned`` (the loader parsed the protobuf itself) the raw bytes are moved out of the
+    message so the weights are not held twice.
+    """
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return _external(t, base_dir)
+    try:
+        dtype = np_dtype(t.data_type)
+    except KeyError:
+        raise ModelError(f"tensor {t.name!r}: unknown data type {t.data_type}") from None
+    shape = tuple(int(d) for d in t.dims)
+    if t.HasField("raw_data") and t.data_type not in _PACKED and dtype != object:
+        raw = t.raw_data
+        count = int(np.prod(shape, dtype=np.int64))
+        if len(raw) != count * dtype.itemsize:
+            raise ModelError(
+                f"tensor {t.name!r}: raw_data has {len(raw)} bytes, shape {list(shape)} of "
+                f"{dtype} needs {count * dtype.itemsize}"
+            )
+        arr = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        if owned:
+            t.ClearField("raw_data")
+        return arr
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001 - onnx raises assorted errors on corrupt tensors
+        raise ModelError(f"tensor {t.name!r} cannot be decoded: {e}") from None
+    if arr.dtype != dtype and dtype != object:
+        arr = arr.astype(dtype)
+    return arr

@@ -1,0 +1,193 @@
+"""The executor: a graph compiled into a flat list of steps over numbered slots.
+
+Everything is resolved before the first run (kernel, attribute kwargs, input/output slots, the
+slots that die after each step); `Program.run` only moves arrays between slots and calls kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import KernelError, OpwardenError
+from ..ir.graph import Graph, Value
+from .place import Placement
+
+
+class Step:
+    """One node, ready to call."""
+
+    __slots__ = ("fn", "ins", "outs", "kwargs", "graphs", "frees", "placement", "noutputs")
+
+    def __init__(self, placement: Placement, ins, outs, graphs) -> None:
+        self.placement = placement
+        self.fn = placement.variant.fn
+        self.ins = ins
+        self.outs = outs
+        self.kwargs = dict(placement.kwargs)
+        for k in graphs:
+            self.kwargs.pop(k, None)
+        self.graphs = graphs
+        self.frees: tuple[int, ...] = ()
+        self.noutputs = len(outs) if placement.variant.wants_noutputs else 0
+
+
+class BoundGraph:
+    """A subgraph attribute at run time: call it with the subgraph's inputs, get its outputs."""
+
+    __slots__ = ("program", "captured")
+
+    def __init__(self, program: Program, captured: list[Any]) -> None:
+        self.program = program
+        self.captured = captured
+
+    @property
+    def input_names(self) -> list[str]:
+        return [v.name for v in self.program.graph.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [v.name for v in self.program.graph.outputs]
+
+    def __call__(self, *inputs: Any) -> list[Any]:
+        return self.program.run(list(inputs), self.captured)
+
+
+def _as_result(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    return x
+
+
+class Program:
+    """A compiled graph (the main graph or a subgraph body)."""
+
+    def __init__(self, graph: Graph, placements: dict[int, Placement]) -> None:
+        self.graph = graph
+        self.slots: dict[int, int] = {}  # id(Value) -> slot
+        self.template: list[Any] = []
+        self.input_slots = [self._slot(v) for v in graph.inputs]
+        self.capture_slots = [self._slot(v) for v in graph.captures]
+        for v in graph.initializers.values():
+            self.template[self._slot(v)] = v.const
+        self.steps: list[Step] = []
+        for node in graph.nodes:
+            pl = placements[id(node)]
+            ins = tuple(self._slot(v) if v is not None else -1 for v in node.inputs)
+            outs = tuple(self._slot(v) if v is not None else -1 for v in node.outputs)
+            graphs: dict[str, Any] = {}
+            for k, a in node.attrs.items():
+                if isinstance(a, Graph):
+                    graphs[k] = self._sub(a, placements)
+                elif isinstance(a, list) and a and isinstance(a[0], Graph):
+                    graphs[k] = [self._sub(g, placements) for g in a]
+            self.steps.append(Step(pl, ins, outs, graphs))
+        self.output_slots = [self._slot(v) for v in graph.outputs]
+        self._plan_frees()
+
+    def _slot(self, v: Value) -> int:
+        s = self.slots.get(id(v))
+        if s is None:
+            s = self.slots[id(v)] = len(self.template)
+            self.template.append(None)
+        return s
+
+    def _sub(self, g: Graph, placements: dict[int, Placement]) -> tuple[Program, tuple[int, ...]]:
+        prog = Program(g, placements)
+        return prog, tuple(self._slot(v) for v in g.captures)
+
+    def _plan_frees(self) -> None:
+        """Drop each intermediate right after its last reader (graph outputs and constants stay)."""
+        keep = set(self.output_slots) | {s for s, c in enumerate(self.template) if c is not None}
+        last: dict[int, int] = {}
+        for i, st in enumerate(self.steps):
+            for s in st.ins:
+                if s >= 0:
+                    last[s] = i
+            for g in st.graphs.values():
+                for _, caps in g if isinstance(g, list) else [g]:
+                    for s in caps:
+                        last[s] = i
+            for s in st.outs:
+                if s >= 0:
+                    last.setdefault(s, i)
+        frees: dict[int, list[int]] = {}
+        for s, i in last.items():
+            if s not in keep:
+                frees.setdefault(i, []).append(s)
+        for i, st in enumerate(self.steps):
+            st.frees = tuple(frees.get(i, ()))
+
+    def run(self, feeds: list[Any], captured: list[Any] | None = None) -> list[Any]:
+        """Run with values for graph.inputs (and captured outer values); returns graph outputs."""
+        env = list(self.template)
+        for s, x in zip(self.input_slots, feeds):
+            env[s] = x
+        if captured:
+            for s, x in zip(self.capture_slots, captured):
+                env[s] = x
+        for st in self.steps:
+            args = [env[s] if s >= 0 else None for s in st.ins]
+            kw = st.kwargs
+            if st.graphs or st.noutputs:
+                kw = dict(kw)
+                if st.noutputs:
+                    kw["noutputs"] = st.noutputs
+                for k, g in st.graphs.items():
+                    kw[k] = _bind(g, env)
+            try:
+                res = st.fn(*args, **kw)
+            except Exception as e:  # noqa: BLE001 - every kernel failure gets the node's context
+                raise _kernel_error(st, args, e) from e
+            _store(st, res, env)
+            for s in st.frees:
+                env[s] = None
+        return [env[s] for s in self.output_slots]
+
+
+def _bind(g: Any, env: list[Any]) -> Any:
+    if isinstance(g, list):
+        return [BoundGraph(p, [env[s] for s in caps]) for p, caps in g]
+    prog, caps = g
+    return BoundGraph(prog, [env[s] for s in caps])
+
+
+def _store(st: Step, res: Any, env: list[Any]) -> None:
+    outs = st.outs
+    if len(outs) == 1:
+        if type(res) is tuple:
+            if not res:
+                raise _kernel_error(st, [], ValueError("kernel returned no outputs"))
+            res = res[0]
+        env[outs[0]] = _as_result(res)
+        return
+    if type(res) is not tuple:
+        res = (res,)
+    for i, s in enumerate(outs):
+        if s < 0:
+            continue
+        if i >= len(res):
+            raise _kernel_error(
+                st, [], ValueError(f"kernel returned {len(res)} outputs, node needs output {i}")
+            )
+        env[s] = _as_result(res[i])
+
+
+def describe_value(x: Any) -> str:
+    if isinstance(x, np.ndarray):
+        return f"{x.dtype}{list(x.shape)}"
+    if x is None:
+        return "None"
+    if isinstance(x, list):
+        return f"sequence[{len(x)}]"
+    return type(x).__name__
+
+
+def _kernel_error(st: Step, args: list[Any], e: Exception) -> OpwardenError:
+    pl = st.placement
+    where = f"node {pl.node.label} (variant {pl.variant.name} on {pl.device})"
+    shapes = ", ".join(describe_value(a) for a in args)
+    if isinstance(e, OpwardenError):
+        return type(e)(f"{where}: {e}")
+    return KernelError(f"{where} failed on inputs ({shapes}): {type(e).__name__}: {e}")

@@ -1,0 +1,209 @@
+"""InferenceSession: load -> validate -> place -> compile, then run with validated feeds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import dtype_name
+from ..errors import InputError, OptionsError
+from ..ir.graph import Model, Value
+from ..ir.load import load
+from ..ir.validate import graphs_of, validate
+from .executor import Program, describe_value
+from .options import SessionOptions
+from .place import Placement, place_graph
+
+_PROVIDER_ALIASES = {"cpuexecutionprovider": "cpu", "cpu": "cpu"}
+
+
+def normalize_providers(providers: Sequence[Any] | None) -> list[str]:
+    """Device names for a providers list (onnxruntime names accepted)."""
+    if not providers:
+        return ["cpu"]
+    out: list[str] = []
+    for p in providers:
+        name = p[0] if isinstance(p, tuple) else p
+        if not isinstance(name, str):
+            raise OptionsError(f"provider must be a name, got {name!r}")
+        dev = _PROVIDER_ALIASES.get(name.lower())
+        if dev is None:
+            raise OptionsError(f"unknown provider {name!r}; available: cpu (CPUExecutionProvider)")
+        if dev not in out:
+            out.append(dev)
+    return out
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """A graph input or output as onnxruntime describes it (.name, .shape, .type)."""
+
+    name: str
+    shape: list[Any] | None
+    type: str
+
+
+def _type_str(v: Value) -> str:
+    if v.kind == "tensor":
+        dt = v.fact.dtype
+        names = {"float32": "float", "float64": "double"}
+        return f"tensor({names.get(dt, dt) if dt else 'undefined'})"
+    return v.kind
+
+
+def _node_arg(v: Value) -> NodeArg:
+    shape = None if v.fact.shape is None else list(v.fact.shape)
+    return NodeArg(v.name, shape, _type_str(v))
+
+
+class InferenceSession:
+    """Run an ONNX model; drop-in for ``onnxruntime.InferenceSession`` in its common calls."""
+
+    def __init__(
+        self,
+        path_or_bytes: Any,
+        sess_options: SessionOptions | None = None,
+        providers: Sequence[Any] | None = None,
+        provider_options: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if sess_options is not None and not isinstance(sess_options, SessionOptions):
+            raise OptionsError(
+                f"sess_options must be opwarden.SessionOptions, got {type(sess_options).__name__}"
+            )
+        self.options = sess_options or SessionOptions(**kwargs)
+        if sess_options is not None:
+            for k, v in kwargs.items():
+                setattr(self.options, k, v)
+        self.providers = normalize_providers(providers)
+        self.model: Model = load(path_or_bytes)
+        validate(self.model)
+        self.placements: list[Placement] = []
+        for g in graphs_of(self.model):
+            self.placements.extend(place_graph(g, self.providers, self.model.opsets))
+        by_node = {id(p.node): p for p in self.placements}
+        self.program = Program(self.model.graph, by_node)
+        init = self.model.graph.initializers
+        self._inputs = [v for v in self.model.graph.inputs if v.name not in init]
+        self._overridable = [v for v in self.model.graph.inputs if v.name in init]
+        self._outputs = list(self.model.graph.outputs)
+
+    # -- onnxruntime-compatible surface ------------------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(v) for v in self._inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [_node_arg(v) for v in self._outputs]
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        return [_node_arg(v) for v in self._overridable]
+
+    def get_providers(self) -> list[str]:
+        return list(self.providers)
+
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        run_options: Any = None,
+    ) -> list[Any]:
+        """Run the model; returns the requested outputs (all when output_names is None)."""
+        picks = self._output_indices(output_names)
+        feeds = self._feeds(input_feed)
+        outs = self.program.run(feeds)
+        return [outs[i] for i in picks]
+
+    # -- explanation -------------------------------------------------------------------------
+    def explain(self) -> list[dict[str, Any]]:
+        """For every node: device, variant, rejected candidates with reasons, decomposition."""
+        return [p.describe() for p in self.placements]
+
+    # -- feed validation ---------------------------------------------------------------------
+    def _output_indices(self, names: Sequence[str] | None) -> list[int]:
+        if names is None:
+            return list(range(len(self._outputs)))
+        if isinstance(names, str):
+            raise InputError(f"output_names must be a list of names, got the string {names!r}")
+        index = {v.name: i for i, v in enumerate(self._outputs)}
+        picks = []
+        for n in names:
+            if n not in index:
+                raise InputError(
+                    f"unknown output name {n!r}; the model's outputs are {list(index)}"
+                )
+            picks.append(index[n])
+        return picks
+
+    def _feeds(self, feed: Mapping[str, Any]) -> list[Any]:
+        if not isinstance(feed, Mapping):
+            raise InputError(f"input_feed must be a dict of name -> array, got {type(feed).__name__}")
+        declared = {v.name: v for v in self.model.graph.inputs}
+        for name in feed:
+            if name not in declared:
+                raise InputError(
+                    f"unknown input name {name!r}; the model's inputs are "
+                    f"{[v.name for v in self._inputs]}"
+                )
+        dims: dict[str, tuple[int, str]] = {}
+        values = []
+        for v in self.model.graph.inputs:
+            if v.name in feed:
+                values.append(self._check_feed(v, feed[v.name], dims))
+            elif v.const is not None:
+                values.append(v.const)
+            elif v.kind == "optional":
+                values.append(None)
+            else:
+                raise InputError(f"missing feed for input {v.name!r} ({_type_str(v)}, shape "
+                                 f"{list(v.fact.shape) if v.fact.shape is not None else '?'})")
+        return values
+
+    def _check_feed(self, v: Value, x: Any, dims: dict[str, tuple[int, str]]) -> Any:
+        if v.kind in ("sequence", "map"):
+            if not isinstance(x, (list, tuple, dict)):
+                raise InputError(f"input {v.name!r} is a {v.kind}; got {type(x).__name__}")
+            return list(x) if isinstance(x, tuple) else x
+        if v.kind == "optional" and x is None:
+            return None
+        if v.kind == "optional" and isinstance(x, list):
+            return x
+        if not isinstance(x, np.ndarray):
+            if isinstance(x, (np.generic, int, float, bool, list)):
+                x = np.asarray(x)
+            else:
+                raise InputError(
+                    f"input {v.name!r} must be a numpy array, got {type(x).__name__}"
+                )
+        want = v.fact.dtype
+        got = dtype_name(x.dtype)
+        if want is not None and got != want:
+            raise InputError(f"input {v.name!r} expects dtype {want}, got {got}")
+        if got == "string" and x.dtype != object:
+            x = x.astype(object)
+        shape = v.fact.shape
+        if shape is not None:
+            if x.ndim != len(shape):
+                raise InputError(
+                    f"input {v.name!r} expects rank {len(shape)} (shape {list(shape)}), "
+                    f"got rank {x.ndim} (shape {list(x.shape)})"
+                )
+            for axis, (d, n) in enumerate(zip(shape, x.shape)):
+                if isinstance(d, int) and d != n:
+                    raise InputError(
+                        f"input {v.name!r} dimension {axis} must be {d}, got {n} "
+                        f"(shape {list(x.shape)}, expected {list(shape)})"
+                    )
+                if isinstance(d, str):
+                    seen = dims.setdefault(d, (n, v.name))
+                    if seen[0] != n:
+                        raise InputError(
+                            f"input {v.name!r} dimension {axis} ({d!r}) is {n}, but input "
+                            f"{seen[1]!r} set {d!r} to {seen[0]}"
+                        )
+        return x
+
+
+__all__ = ["InferenceSession", "NodeArg", "SessionOptions", "describe_value"]
