@@ -16,7 +16,7 @@ LAYOUTS = ("any", "NCHW", "NHWC")
 
 @dataclass(frozen=True)
 class Allowed:
-    """An allowed-values rule for one attribute: a set of values or a predicate with a description."""
+    """Allowed values of one attribute: a set of values, or a predicate with a description."""
 
     values: tuple = ()
     predicate: Callable[[Any], bool] | None = None
@@ -105,7 +105,9 @@ class Contract:
             "may_alias": [list(p) for p in self.may_alias],
             "must_alias": [list(p) for p in self.must_alias],
             "mutates": list(self.mutates),
-            "workspace_bytes": "f(shapes)" if callable(self.workspace_bytes) else self.workspace_bytes,
+            "workspace_bytes": "f(shapes)"
+            if callable(self.workspace_bytes)
+            else self.workspace_bytes,
             "thread_safe": self.thread_safe,
             "nan": self.nan,
             "overflow": self.overflow,

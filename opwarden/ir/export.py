@@ -33,8 +33,11 @@ def attribute_proto(name: str, value: Any, attr_type: int | None = None) -> onnx
 
 def value_info(v: Value) -> onnx.ValueInfoProto:
     if v.kind != "tensor" or v.fact.dtype is None:
-        return helper.make_empty_tensor_value_info(v.name) if v.kind == "tensor" else \
-            onnx.ValueInfoProto(name=v.name)
+        return (
+            helper.make_empty_tensor_value_info(v.name)
+            if v.kind == "tensor"
+            else onnx.ValueInfoProto(name=v.name)
+        )
     dt = np.dtype(object) if v.fact.dtype == "string" else np.dtype(v.fact.dtype)
     shape = None if v.fact.shape is None else [d if d is not None else None for d in v.fact.shape]
     return helper.make_tensor_value_info(v.name, onnx_type(dt), shape)

@@ -48,7 +48,7 @@ def inline(node: onnx.NodeProto, fn: onnx.FunctionProto) -> list[onnx.NodeProto]
     rename: dict[str, str] = {}
     for formal, actual in zip(fn.input, node.input):
         rename[formal] = actual
-    for formal in fn.input[len(node.input):]:
+    for formal in fn.input[len(node.input) :]:
         rename[formal] = ""
     for formal, actual in zip(fn.output, node.output):
         rename[formal] = actual

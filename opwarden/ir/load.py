@@ -94,7 +94,7 @@ def _free_names(g: onnx.GraphProto) -> set[str]:
     for n in g.node:
         used.update(x for x in n.input if x)
         for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
                 used |= _free_names(sub)
         defined.update(o for o in n.output if o)
     used.update(o.name for o in g.output)
@@ -102,7 +102,9 @@ def _free_names(g: onnx.GraphProto) -> set[str]:
 
 
 def _expand_functions(
-    nodes: list[onnx.NodeProto], functions: dict[tuple[str, str], onnx.FunctionProto], depth: int = 0
+    nodes: list[onnx.NodeProto],
+    functions: dict[tuple[str, str], onnx.FunctionProto],
+    depth: int = 0,
 ) -> list[onnx.NodeProto]:
     out: list[onnx.NodeProto] = []
     for n in nodes:
@@ -132,7 +134,7 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str], graph_name: str)
     for n in nodes:
         names = {x for x in n.input if x}
         for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
                 names |= _free_names(sub)
         deps.append({producer[x] for x in names if x in producer})
     order: list[int] = []
@@ -173,7 +175,9 @@ class _Builder:
             g.add_value(t.name, const=arr, fact=TensorFact(dtype_name(arr.dtype), arr.shape))
         for st in gp.sparse_initializer:
             arr = _sparse_to_dense(st)
-            g.add_value(st.values.name, const=arr, fact=TensorFact(dtype_name(arr.dtype), arr.shape))
+            g.add_value(
+                st.values.name, const=arr, fact=TensorFact(dtype_name(arr.dtype), arr.shape)
+            )
         for vi in gp.input:
             if vi.name in g.values:
                 g.initializers[vi.name] = g.values[vi.name]
@@ -192,7 +196,9 @@ class _Builder:
         for vo in gp.output:
             v = g.lookup(vo.name)
             if v is None:
-                raise ModelError(f"graph {g.name!r}: output {vo.name!r} is not produced by any node")
+                raise ModelError(
+                    f"graph {g.name!r}: output {vo.name!r} is not produced by any node"
+                )
             kind, fact = type_fact(vo.type)
             if v.fact.dtype is None and fact.dtype is not None:
                 v.fact = fact

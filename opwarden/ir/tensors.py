@@ -1,4 +1,4 @@
-"""TensorProto -> NumPy without needless copies (views over raw bytes, memory-mapped external data)."""
+"""TensorProto -> NumPy without needless copies (views over raw bytes, mmapped external data)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def _external(t: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
     nbytes = count * dtype.itemsize
     length = int(info.get("length", nbytes))
     size = os.path.getsize(path)
-    if t.data_type in _PACKED or dtype == object:
+    if t.data_type in _PACKED or dtype.kind == 'O':
         raise ModelError(f"initializer {t.name!r}: external data of packed type is not supported")
     if length < nbytes or offset + nbytes > size:
         raise ModelError(
@@ -83,7 +83,7 @@ def to_array(t: onnx.TensorProto, base_dir: str | None = None, owned: bool = Fal
     except KeyError:
         raise ModelError(f"tensor {t.name!r}: unknown data type {t.data_type}") from None
     shape = tuple(int(d) for d in t.dims)
-    if t.HasField("raw_data") and t.data_type not in _PACKED and dtype != object:
+    if t.HasField("raw_data") and t.data_type not in _PACKED and dtype.kind != 'O':
         raw = t.raw_data
         count = int(np.prod(shape, dtype=np.int64))
         if len(raw) != count * dtype.itemsize:
@@ -99,6 +99,6 @@ def to_array(t: onnx.TensorProto, base_dir: str | None = None, owned: bool = Fal
         arr = numpy_helper.to_array(t)
     except Exception as e:  # noqa: BLE001 - onnx raises assorted errors on corrupt tensors
         raise ModelError(f"tensor {t.name!r} cannot be decoded: {e}") from None
-    if arr.dtype != dtype and dtype != object:
+    if arr.dtype != dtype and dtype.kind != 'O':
         arr = arr.astype(dtype)
     return arr

@@ -61,7 +61,7 @@ def _range(lo: int, hi: int) -> str:
 
 def _check_attrs(node: Node, s: Schema) -> None:
     types = getattr(node, "attr_types", {})
-    for name, value in node.attrs.items():
+    for name in node.attrs:
         spec = s.attrs.get(name)
         if spec is None:
             known = ", ".join(sorted(s.attrs)) or "none"

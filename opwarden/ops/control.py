@@ -1,1 +1,131 @@
-"""Operators: control family."""
+"""Operators: control flow (If, Loop, Scan). Graph attributes arrive as callables (BoundGraph)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..contract import Contract
+from ..errors import KernelError
+from .base import op
+
+CONTROL = Contract(nan="propagate", thread_safe=True)
+
+
+def _truth(cond, what: str) -> bool:
+    c = np.asarray(cond)
+    if c.size != 1:
+        raise KernelError(f"{what} must hold exactly one element, got shape {list(c.shape)}")
+    return bool(c.reshape(()))
+
+
+@op("If", since=1, contract=CONTROL)
+def If(cond, *, then_branch=None, else_branch=None):
+    """Run then_branch or else_branch by a scalar condition (ONNX If-1..21)."""
+    branch = then_branch if _truth(cond, "If condition") else else_branch
+    return tuple(branch())
+
+
+def _stack(parts: list, like=None) -> np.ndarray:
+    if parts:
+        return np.stack([np.asarray(p) for p in parts])
+    return np.zeros((0,), dtype=like if like is not None else np.float32)
+
+
+@op("Loop", since=1, contract=CONTROL)
+def Loop(M=None, cond=None, *v_initial, body=None):
+    """Generic loop with trip count and condition; scan outputs stacked (ONNX Loop-1..21)."""
+    trip = None if M is None else int(np.asarray(M).reshape(-1)[0])
+    keep = True if cond is None else _truth(cond, "Loop condition")
+    carried = list(v_initial)
+    n_carried = len(carried)
+    scans: list[list] | None = None
+    i = 0
+    while keep and (trip is None or i < trip):
+        outs = body(np.array(i, dtype=np.int64), np.array(keep), *carried)
+        if len(outs) < 1 + n_carried:
+            raise KernelError(f"Loop body returned {len(outs)} values, needs {1 + n_carried}")
+        keep = _truth(outs[0], "Loop body condition output")
+        carried = list(outs[1 : 1 + n_carried])
+        if scans is None:
+            scans = [[] for _ in outs[1 + n_carried :]]
+        for acc, v in zip(scans, outs[1 + n_carried :]):
+            acc.append(v)
+        i += 1
+    n_scan = len(body.output_names) - 1 - n_carried
+    if scans is None:
+        scans = [[] for _ in range(n_scan)]
+    stacked = []
+    for acc in scans:
+        if acc and isinstance(acc[0], list):
+            stacked.append(acc)
+        else:
+            stacked.append(_stack(acc))
+    return tuple(carried) + tuple(stacked)
+
+
+@op("Scan", since=9, contract=CONTROL)
+def Scan(
+    *inputs,
+    body=None,
+    num_scan_inputs=None,
+    scan_input_axes=None,
+    scan_input_directions=None,
+    scan_output_axes=None,
+    scan_output_directions=None,
+):
+    """Iterate `body` over slices of the scan inputs, carrying state (ONNX Scan-9..21)."""
+    n_scan = int(num_scan_inputs)
+    n_state = len(inputs) - n_scan
+    state = list(inputs[:n_state])
+    xs = list(inputs[n_state:])
+    in_axes = list(scan_input_axes or [0] * n_scan)
+    in_dirs = list(scan_input_directions or [0] * n_scan)
+    xs = [np.moveaxis(x, a % x.ndim, 0) for x, a in zip(xs, in_axes)]
+    xs = [x[::-1] if d else x for x, d in zip(xs, in_dirs)]
+    lengths = {x.shape[0] for x in xs}
+    if len(lengths) > 1:
+        raise KernelError(f"Scan inputs have different sequence lengths {sorted(lengths)}")
+    steps = lengths.pop() if lengths else 0
+    n_out = len(body.output_names) - n_state
+    accs: list[list] = [[] for _ in range(n_out)]
+    for t in range(steps):
+        outs = body(*state, *[x[t] for x in xs])
+        state = list(outs[:n_state])
+        for acc, v in zip(accs, outs[n_state:]):
+            acc.append(np.asarray(v))
+    out_axes = list(scan_output_axes or [0] * n_out)
+    out_dirs = list(scan_output_directions or [0] * n_out)
+    ys = []
+    for acc, a, d in zip(accs, out_axes, out_dirs):
+        if d:
+            acc = acc[::-1]
+        y = _stack(acc)
+        ys.append(np.moveaxis(y, 0, a % y.ndim) if y.ndim > 1 else y)
+    return tuple(state) + tuple(ys)
+
+
+@op("Scan", since=8, contract=CONTROL)
+def Scan_8(sequence_lens, *inputs, body=None, num_scan_inputs=None, directions=None):
+    """Scan-8: inputs carry a batch axis 0 and the sequence on axis 1."""
+    n_scan = int(num_scan_inputs)
+    n_state = len(inputs) - n_scan
+    batch = inputs[0].shape[0] if inputs else 0
+    dirs = list(directions or [0] * n_scan)
+    results: list[list] = []
+    for b in range(batch):
+        state = [x[b] for x in inputs[:n_state]]
+        xs = [x[b] for x in inputs[n_state:]]
+        length = xs[0].shape[0] if xs else 0
+        if sequence_lens is not None:
+            length = int(np.asarray(sequence_lens).reshape(-1)[b])
+        xs = [x[:length][::-1] if d else x[:length] for x, d in zip(xs, dirs)]
+        accs: list[list] = []
+        for t in range(length):
+            outs = body(*state, *[x[t] for x in xs])
+            state = list(outs[:n_state])
+            if not accs:
+                accs = [[] for _ in outs[n_state:]]
+            for acc, v in zip(accs, outs[n_state:]):
+                acc.append(np.asarray(v))
+        results.append(state + [_stack(a) for a in accs])
+    return tuple(np.stack([r[i] for r in results]) for i in range(len(results[0])))

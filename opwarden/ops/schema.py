@@ -21,7 +21,7 @@ def canonical_domain(domain: str) -> str:
 
 @dataclass(frozen=True)
 class Param:
-    """A formal input or output: name, type (a constraint name like 'T' or a fixed 'tensor(int64)')."""
+    """A formal input or output: its name and type (a constraint like 'T' or 'tensor(int64)')."""
 
     name: str
     type_str: str
@@ -32,7 +32,7 @@ class Param:
 
 @dataclass(frozen=True)
 class AttrSpec:
-    """One attribute: its ONNX type name ('INT', 'FLOATS', 'GRAPH', ...), required-ness and default."""
+    """One attribute: ONNX type name ('INT', 'FLOATS', 'GRAPH', ...), required, default."""
 
     name: str
     type: str
@@ -61,7 +61,7 @@ class Schema:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def allowed_dtypes(self, type_str: str) -> frozenset[str] | None:
-        """Tensor dtype names allowed for a formal parameter's type string (None: not restricted)."""
+        """Dtype names allowed for a parameter's type string (None: not restricted)."""
         if type_str in self.type_constraints:
             return self.type_constraints[type_str]
         name = typestr_to_dtype_name(type_str)
@@ -142,7 +142,7 @@ def _type_constraint(allowed: list[str]) -> frozenset[str] | None:
     return frozenset(names)  # type: ignore[arg-type]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def from_onnx(op_type: str, domain: str, version: int) -> Schema | None:
     """Schema of `op_type` as the model's opset `version` of `domain` defines it (None: unknown)."""
     try:
@@ -168,7 +168,9 @@ def from_onnx(op_type: str, domain: str, version: int) -> Schema | None:
             attr_value(dv) if has_default else None,
             has_default,
         )
-    tcs = {tc.type_param_str: _type_constraint(list(tc.allowed_type_strs)) for tc in s.type_constraints}
+    tcs = {
+        tc.type_param_str: _type_constraint(list(tc.allowed_type_strs)) for tc in s.type_constraints
+    }
     return Schema(
         op_type=op_type,
         domain=domain,
@@ -186,7 +188,7 @@ def from_onnx(op_type: str, domain: str, version: int) -> Schema | None:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def onnx_function_body(op_type: str, domain: str, version: int) -> onnx.FunctionProto | None:
     """The ONNX function body that defines `op_type` at this opset, if the spec gives one."""
     try:

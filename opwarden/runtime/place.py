@@ -122,8 +122,9 @@ def _type_proto(node_value) -> onnx.TypeProto:
     if node_value is not None and node_value.fact.dtype is not None:
         import numpy as np
 
-        tp.tensor_type.elem_type = onnx_type(np.dtype(node_value.fact.dtype)
-                                             if node_value.fact.dtype != "string" else object)
+        tp.tensor_type.elem_type = onnx_type(
+            np.dtype(node_value.fact.dtype) if node_value.fact.dtype != "string" else object
+        )
         if node_value.fact.shape is not None:
             tp.tensor_type.shape.SetInParent()
             for d in node_value.fact.shape:

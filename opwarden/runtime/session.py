@@ -139,7 +139,9 @@ class InferenceSession:
 
     def _feeds(self, feed: Mapping[str, Any]) -> list[Any]:
         if not isinstance(feed, Mapping):
-            raise InputError(f"input_feed must be a dict of name -> array, got {type(feed).__name__}")
+            raise InputError(
+                f"input_feed must be a dict of name -> array, got {type(feed).__name__}"
+            )
         declared = {v.name: v for v in self.model.graph.inputs}
         for name in feed:
             if name not in declared:
@@ -157,8 +159,10 @@ class InferenceSession:
             elif v.kind == "optional":
                 values.append(None)
             else:
-                raise InputError(f"missing feed for input {v.name!r} ({_type_str(v)}, shape "
-                                 f"{list(v.fact.shape) if v.fact.shape is not None else '?'})")
+                raise InputError(
+                    f"missing feed for input {v.name!r} ({_type_str(v)}, shape "
+                    f"{list(v.fact.shape) if v.fact.shape is not None else '?'})"
+                )
         return values
 
     def _check_feed(self, v: Value, x: Any, dims: dict[str, tuple[int, str]]) -> Any:
@@ -174,9 +178,7 @@ class InferenceSession:
             if isinstance(x, (np.generic, int, float, bool, list)):
                 x = np.asarray(x)
             else:
-                raise InputError(
-                    f"input {v.name!r} must be a numpy array, got {type(x).__name__}"
-                )
+                raise InputError(f"input {v.name!r} must be a numpy array, got {type(x).__name__}")
         want = v.fact.dtype
         got = dtype_name(x.dtype)
         if want is not None and got != want:

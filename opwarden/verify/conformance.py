@@ -178,8 +178,12 @@ def read_expected(path: str = EXPECTED_FAILURES) -> dict[str, str]:
 def write_expected(results: list[CaseResult], path: str = EXPECTED_FAILURES) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        f.write("# ONNX node test cases opwarden fails today, with the reason. This list may only\n")
-        f.write("# shrink: tests/conformance fails when a listed case passes or an unlisted one fails.\n")
+        f.write(
+            "# ONNX node test cases opwarden fails today, with the reason. This list may only\n"
+        )
+        f.write(
+            "# shrink: tests/conformance fails if a listed case passes or an unlisted one fails.\n"
+        )
         f.write("# Regenerate: opwarden conformance --update-expected\n")
         for r in sorted(results, key=lambda r: r.name):
             if r.status != "pass":

@@ -1,0 +1,271 @@
+"""The `opwarden` command: run | ops | conformance | explain (more arrive with their issues)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _load_default() -> tuple[bytes, str]:
+    from . import zoo
+
+    return zoo.build("resnet50", seed=0).SerializeToString(), "light ResNet-50 (seeded weights)"
+
+
+def _parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
+    from .errors import InputError
+
+    feeds = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise InputError(f"--input expects NAME=FILE.npy, got {item!r}")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise InputError(f"--input {name}: cannot read {path!r}: {e}") from None
+    return feeds
+
+
+def _random_feeds(sess, seed: int = 0) -> dict[str, np.ndarray]:
+    from .errors import InputError
+
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for a in sess.get_inputs():
+        if not a.type.startswith("tensor("):
+            raise InputError(f"input {a.name!r} is a {a.type}; pass it with --input")
+        dims = [d if isinstance(d, int) else 1 for d in (a.shape or [])]
+        dt = a.type[7:-1]
+        dt = {"float": "float32", "double": "float64"}.get(dt, dt)
+        if dt.startswith("float") or dt == "bfloat16":
+            feeds[a.name] = rng.standard_normal(dims).astype(dt)
+        elif dt == "bool":
+            feeds[a.name] = rng.integers(0, 2, dims).astype(bool)
+        elif dt == "string":
+            feeds[a.name] = np.full(dims, "a", dtype=object)
+        else:
+            feeds[a.name] = rng.integers(0, 10, dims).astype(dt)
+    return feeds
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runtime.session import InferenceSession
+
+    if args.model:
+        source: Any = args.model
+        label = args.model
+    else:
+        source, label = _load_default()
+    t0 = time.perf_counter()
+    sess = InferenceSession(source)
+    t_load = time.perf_counter() - t0
+    feeds = _random_feeds(sess, args.seed)
+    feeds.update(_parse_inputs(args.input or []))
+    times = []
+    outs: list[Any] = []
+    for _ in range(max(1, args.runs)):
+        t0 = time.perf_counter()
+        outs = sess.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    result = {
+        "model": label,
+        "load_ms": round(t_load * 1e3, 3),
+        "run_ms_median": round(float(np.median(times)) * 1e3, 3),
+        "runs": len(times),
+        "outputs": [_summary(a.name, o) for a, o in zip(sess.get_outputs(), outs)],
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    con = _console()
+    con.print(
+        f"[bold]{label}[/bold]: loaded in {result['load_ms']:.1f} ms, "
+        f"run median {result['run_ms_median']:.1f} ms over {len(times)} run(s)"
+    )
+    for o in result["outputs"]:
+        con.print(
+            f"  {o['name']}: {o['dtype']}{o['shape']}  first values {o['values']}"
+            + (f"  argmax {o['argmax']}" if "argmax" in o else "")
+        )
+    return 0
+
+
+def _summary(name: str, x: Any) -> dict[str, Any]:
+    if not isinstance(x, np.ndarray):
+        return {"name": name, "dtype": type(x).__name__, "shape": [], "values": str(x)[:80]}
+    flat = x.reshape(-1)
+    out = {
+        "name": name,
+        "dtype": str(x.dtype),
+        "shape": list(x.shape),
+        "values": [v.item() if hasattr(v, "item") else v for v in flat[:5]],
+    }
+    if x.dtype.kind == "f" and flat.size:
+        out["argmax"] = int(np.argmax(flat))
+        out["nan_count"] = int(np.isnan(flat).sum())
+    return out
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from .ops import REGISTRY
+
+    rows = []
+    for o in REGISTRY.all():
+        rows.append(
+            {
+                "op": o.op_type,
+                "domain": o.domain or "ai.onnx",
+                "since": o.since,
+                "variants": [v.describe() for v in o.variants],
+                "contract": o.contract.describe(),
+                "has_infer": o.infer_fn is not None,
+                "has_grad": o.grad_fn is not None,
+            }
+        )
+    if args.device:
+        rows = [r for r in rows if any(v["device"] == args.device for v in r["variants"])]
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} operator versions")
+    for col in ("domain", "op", "since", "variants", "devices", "dtypes"):
+        table.add_column(col)
+    for r in rows:
+        devs = sorted({v["device"] for v in r["variants"]})
+        dts = sorted(
+            {
+                d
+                for v in r["variants"]
+                for d in (v["dtypes"] if isinstance(v["dtypes"], list) else [])
+            }
+        )
+        table.add_row(
+            r["domain"],
+            r["op"],
+            str(r["since"]),
+            ", ".join(v["name"] for v in r["variants"]),
+            ", ".join(devs),
+            ", ".join(dts) or "schema",
+        )
+    _console().print(table)
+    return 0
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from .verify import conformance as conf
+
+    results = conf.run_all(args.filter or (), progress=not args.json and sys.stderr.isatty())
+    expected = conf.read_expected()
+    passed = [r for r in results if r.status == "pass"]
+    failed = [r for r in results if r.status != "pass"]
+    new_fail = [r for r in failed if r.name not in expected]
+    fixed = [r for r in passed if r.name in expected]
+    if args.update_expected and not args.filter:
+        conf.write_expected(results)
+    summary = {
+        "total": len(results),
+        "passed": len(passed),
+        "failed": len(failed),
+        "unexpected_failures": [{"name": r.name, "reason": r.reason} for r in new_fail],
+        "unexpected_passes": [r.name for r in fixed],
+    }
+    if args.json:
+        summary["failures"] = [{"name": r.name, "reason": r.reason} for r in failed]
+        print(json.dumps(summary, indent=1))
+    else:
+        con = _console()
+        con.print(
+            f"ONNX node suite: [bold]{len(passed)}[/bold] of {len(results)} pass, "
+            f"{len(failed)} fail ({len(new_fail)} not in the expected-failures list, "
+            f"{len(fixed)} listed but now passing)"
+        )
+        kinds = Counter(r.reason.split(":")[0] for r in failed)
+        for k, n in kinds.most_common(8):
+            con.print(f"  {n:5d}  {k}")
+        for r in new_fail[:20]:
+            con.print(f"  [red]new failure[/red] {r.name}: {r.reason[:150]}")
+    return 1 if (new_fail or fixed) and not args.update_expected else 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .runtime.session import InferenceSession
+
+    source = args.model if args.model else _load_default()[0]
+    sess = InferenceSession(source, providers=args.providers.split(",") if args.providers else None)
+    rows = sess.explain()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    from rich.table import Table
+
+    table = Table(title="placement")
+    for col in ("node", "op", "device", "variant", "rejected"):
+        table.add_column(col)
+    for r in rows:
+        rej = "; ".join(f"{x['variant']}: {x['reason']}" for x in r["rejected"])
+        note = f" (from {r['decomposed_from']})" if r["decomposed_from"] else ""
+        table.add_row(r["node"], r["op_type"] + note, r["device"], r["variant"], rej)
+    _console().print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opwarden", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a model (default: embedded light ResNet-50)")
+    r.add_argument("model", nargs="?")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    r.add_argument("--runs", type=int, default=1)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_run)
+    o = sub.add_parser("ops", help="every operator with its versions, variants, devices, dtypes")
+    o.add_argument("--device")
+    o.add_argument("--json", action="store_true")
+    o.set_defaults(fn=cmd_ops)
+    c = sub.add_parser("conformance", help="run the ONNX backend node suite")
+    c.add_argument("--filter", action="append", help="substring of test names (repeatable)")
+    c.add_argument("--json", action="store_true")
+    c.add_argument(
+        "--update-expected",
+        action="store_true",
+        help="rewrite tests/conformance/expected_failures.txt",
+    )
+    c.set_defaults(fn=cmd_conformance)
+    e = sub.add_parser("explain", help="device and kernel variant per node, with reasons")
+    e.add_argument("model", nargs="?")
+    e.add_argument("--providers")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=cmd_explain)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import OpwardenError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except OpwardenError as e:
+        print(f"opwarden: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
