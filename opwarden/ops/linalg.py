@@ -1,1 +1,247 @@
-"""Operators: linalg family."""
+"""Operators: linalg family (MatMul, Gemm, Einsum, Det, Softmax/LogSoftmax/Hardmax)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..contract import Contract, one_of
+from ..errors import KernelError
+from .base import op
+
+try:  # ml_dtypes registers bfloat16 with NumPy (imported via opwarden.dtypes)
+    import ml_dtypes
+
+    _LOW = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
+except ImportError:  # pragma: no cover
+    _LOW = {np.dtype(np.float16)}
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    """float16/bfloat16 computed in float32 (rounded once at the end); others as they are."""
+    return x.astype(np.float32) if x.dtype in _LOW else x
+
+
+def _out(y, dtype) -> np.ndarray:
+    return np.asarray(np.asarray(y).astype(dtype, copy=False))
+
+
+# ---------------------------------------------------------------- MatMul
+
+MATMUL = Contract(nan="propagate", overflow="wrap", broadcast="multidirectional")
+
+
+@op("MatMul", since=1, contract=MATMUL)
+def MatMul(A, B):
+    """Matrix product with NumPy matmul semantics, 1-D operands included (ONNX MatMul-1/9/13)."""
+    if A.dtype != B.dtype:
+        raise KernelError(f"MatMul operands differ in type: {A.dtype} and {B.dtype}")
+    if A.ndim == 0 or B.ndim == 0:
+        raise KernelError("MatMul operands must have rank >= 1")
+    try:
+        y = np.matmul(_wide(A), _wide(B))
+    except ValueError as e:
+        raise KernelError(f"MatMul shapes {A.shape} and {B.shape} do not match: {e}") from None
+    return _out(y, A.dtype)
+
+
+# ---------------------------------------------------------------- Gemm
+
+GEMM_1 = Contract(
+    nan="propagate",
+    overflow="wrap",
+    broadcast="unidirectional",
+    allowed={"transA": one_of(0, 1), "transB": one_of(0, 1), "broadcast": one_of(0, 1)},
+)
+GEMM = Contract(
+    nan="propagate",
+    overflow="wrap",
+    broadcast="unidirectional",
+    allowed={"transA": one_of(0, 1), "transB": one_of(0, 1)},
+)
+
+
+def _scale(y: np.ndarray, factor: float) -> np.ndarray:
+    """factor * y without promoting y's type (integer types keep integer arithmetic if exact)."""
+    if factor == 1:
+        return y
+    if y.dtype.kind in "iu":
+        if float(factor).is_integer():
+            return y * y.dtype.type(int(factor))
+        return y.astype(np.float64) * factor
+    return y * y.dtype.type(factor)
+
+
+def _gemm(A, B, C, alpha, beta, transA, transB, broadcast_c: bool) -> np.ndarray:
+    if A.ndim != 2 or B.ndim != 2:
+        raise KernelError(f"Gemm needs 2-D A and B, got shapes {A.shape} and {B.shape}")
+    a = _wide(A.T if transA else A)
+    b = _wide(B.T if transB else B)
+    if a.shape[1] != b.shape[0]:
+        raise KernelError(
+            f"Gemm inner dimensions differ: A' is {a.shape}, B' is {b.shape} "
+            f"(transA={transA}, transB={transB})"
+        )
+    y = _scale(a @ b, alpha)
+    if C is not None and beta != 0:
+        c = _wide(np.asarray(C))
+        mn = y.shape
+        if not broadcast_c and c.shape != mn:
+            raise KernelError(f"Gemm: C has shape {c.shape}, expected {mn} (broadcast=0)")
+        try:
+            np.broadcast_shapes(c.shape, mn)
+            c = np.broadcast_to(c, mn)
+        except ValueError:
+            raise KernelError(f"Gemm: C of shape {c.shape} cannot broadcast to {mn}") from None
+        cs = _scale(c, beta)
+        y = y + cs.astype(y.dtype, copy=False) if y.dtype.kind == "f" else y + cs
+    return _out(y, A.dtype)
+
+
+@op("Gemm", since=1, contract=GEMM_1)
+def Gemm_1(A, B, C, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
+    """alpha*A'B' + beta*C, C broadcast only when `broadcast` is set (ONNX Gemm-1/6)."""
+    return _gemm(A, B, C, alpha, beta, transA, transB, bool(broadcast))
+
+
+@op("Gemm", since=7, contract=GEMM)
+def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+    """alpha*A'B' + beta*C, C unidirectionally broadcast and optional from 11 (ONNX Gemm-7..13)."""
+    return _gemm(A, B, C, alpha, beta, transA, transB, True)
+
+
+# ---------------------------------------------------------------- Einsum
+
+EINSUM = Contract(nan="propagate", overflow="wrap")
+
+
+@op("Einsum", since=12, contract=EINSUM)
+def Einsum(*Inputs, equation=None):
+    """Einstein summation given by `equation` (ONNX Einsum-12/28)."""
+    if equation is None:
+        raise KernelError("Einsum needs the attribute equation")
+    if not Inputs:
+        raise KernelError("Einsum needs at least one input")
+    eq = equation.replace(" ", "")
+    dt = Inputs[0].dtype
+    if any(x.dtype != dt for x in Inputs):
+        raise KernelError(f"Einsum inputs differ in type: {[str(x.dtype) for x in Inputs]}")
+    try:
+        y = np.einsum(eq, *[_wide(x) for x in Inputs], optimize=len(Inputs) > 2)
+    except ValueError as e:
+        shapes = [x.shape for x in Inputs]
+        raise KernelError(f"Einsum {equation!r} does not fit shapes {shapes}: {e}") from None
+    return _out(y, dt)
+
+
+# ---------------------------------------------------------------- Det
+
+DET = Contract(nan="propagate")
+
+
+@op("Det", since=11, contract=DET)
+def Det(X):
+    """Determinant of each square matrix in the last two axes (ONNX Det-11/22)."""
+    if X.ndim < 2 or X.shape[-1] != X.shape[-2]:
+        raise KernelError(f"Det needs [*, M, M] input, got shape {X.shape}")
+    return _out(np.linalg.det(_wide(X)), X.dtype)
+
+
+# ---------------------------------------------------------------- Softmax family
+
+
+def _axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < max(ndim, 1):
+        raise KernelError(f"axis {axis} is out of range for a tensor of rank {ndim}")
+    return axis + ndim if axis < 0 else axis
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(x - m)  # shifted by the max: no overflow for large inputs
+        return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        d = x - m
+        return d - np.log(np.sum(np.exp(d), axis=axis, keepdims=True))
+
+
+def _hardmax(x: np.ndarray, axis: int) -> np.ndarray:
+    # 1 at the first maximum along axis; NaN counts as the maximum (argmax's rule).
+    idx = np.expand_dims(np.argmax(x, axis=axis), axis)
+    y = np.zeros_like(x)
+    np.put_along_axis(y, idx, 1, axis=axis)
+    return y
+
+
+def _along_axis(fn, x: np.ndarray, axis: int) -> np.ndarray:
+    """Opset-13 semantics: apply `fn` along the single axis `axis`."""
+    x = np.asarray(x)
+    if x.ndim == 0:
+        raise KernelError("input must have rank >= 1")
+    ax = _axis(axis, x.ndim)
+    if x.shape[ax] == 0:
+        return x.copy()
+    return _out(fn(_wide(x), ax), x.dtype)
+
+
+def _coerced_2d(fn, x: np.ndarray, axis: int) -> np.ndarray:
+    """Opset-1/11 semantics: view the input as [prod(shape[:axis]), prod(shape[axis:])]
+    and apply `fn` to each row."""
+    x = np.asarray(x)
+    if x.ndim == 0:
+        raise KernelError("input must have rank >= 1")
+    ax = axis + x.ndim if axis < 0 else axis
+    if not 0 <= ax <= x.ndim:
+        raise KernelError(f"axis {axis} is out of range for a tensor of rank {x.ndim}")
+    rows = int(np.prod(x.shape[:ax], dtype=np.int64))
+    cols = int(np.prod(x.shape[ax:], dtype=np.int64))
+    if rows * cols == 0:
+        return x.copy()
+    y = fn(_wide(x).reshape(rows, cols), 1)
+    return _out(y.reshape(x.shape), x.dtype)
+
+
+SOFTMAX = Contract(nan="propagate")
+
+
+@op("Softmax", since=1, contract=SOFTMAX)
+def Softmax_1(input, *, axis=1):
+    """Softmax of each row of the input coerced to 2-D at `axis` (ONNX Softmax-1/11)."""
+    return _coerced_2d(_softmax, input, axis)
+
+
+@op("Softmax", since=13, contract=SOFTMAX)
+def Softmax(input, *, axis=-1):
+    """Softmax along `axis` (ONNX Softmax-13)."""
+    return _along_axis(_softmax, input, axis)
+
+
+@op("LogSoftmax", since=1, contract=SOFTMAX)
+def LogSoftmax_1(input, *, axis=1):
+    """Log of softmax of each row of the input coerced to 2-D at `axis` (ONNX LogSoftmax-1/11)."""
+    return _coerced_2d(_log_softmax, input, axis)
+
+
+@op("LogSoftmax", since=13, contract=SOFTMAX)
+def LogSoftmax(input, *, axis=-1):
+    """Log of softmax along `axis` (ONNX LogSoftmax-13)."""
+    return _along_axis(_log_softmax, input, axis)
+
+
+HARDMAX = Contract(nan="suppress")
+
+
+@op("Hardmax", since=1, contract=HARDMAX)
+def Hardmax_1(input, *, axis=1):
+    """One-hot of the first maximum of each row of the 2-D-coerced input (ONNX Hardmax-1/11)."""
+    return _coerced_2d(_hardmax, input, axis)
+
+
+@op("Hardmax", since=13, contract=HARDMAX)
+def Hardmax(input, *, axis=-1):
+    """One-hot of the first maximum along `axis` (ONNX Hardmax-13)."""
+    return _along_axis(_hardmax, input, axis)

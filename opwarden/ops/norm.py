@@ -1,1 +1,380 @@
-"""Operators: norm family."""
+"""Operators: norm family (BatchNormalization, Layer/Group/Instance/RMS normalization, LRN,
+MeanVarianceNormalization, LpNormalization)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..contract import Contract, one_of, such_that
+from ..dtypes import np_dtype
+from ..errors import KernelError
+from .base import op
+
+try:  # ml_dtypes registers bfloat16 with NumPy (imported via opwarden.dtypes)
+    import ml_dtypes
+
+    _LOW = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
+except ImportError:  # pragma: no cover
+    _LOW = {np.dtype(np.float16)}
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    """float16/bfloat16 computed in float32 (rounded once at the end); others as they are."""
+    x = np.asarray(x)
+    return x.astype(np.float32) if x.dtype in _LOW else x
+
+
+def _out(y, dtype) -> np.ndarray:
+    return np.asarray(np.asarray(y).astype(dtype, copy=False))
+
+
+def _axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise KernelError(f"axis {axis} is out of range for a tensor of rank {ndim}")
+    return axis + ndim if axis < 0 else axis
+
+
+def _per_channel(p: np.ndarray, ndim: int) -> np.ndarray:
+    """Shape a per-channel parameter (C) or (C, D1..Dk) to broadcast against (N, C, D1..Dk)."""
+    p = np.asarray(p)
+    return p.reshape(p.shape + (1,) * (ndim - 1 - p.ndim))
+
+
+def _stash(stash_type: int) -> np.dtype:
+    try:
+        dt = np_dtype(int(stash_type))
+    except KeyError:
+        raise KernelError(f"stash_type {stash_type} is not a tensor element type") from None
+    if dt.kind != "f" and dt not in _LOW:
+        raise KernelError(f"stash_type {stash_type} is not a floating-point type")
+    return dt
+
+
+# ---------------------------------------------------------------- BatchNormalization
+
+BN_1 = Contract(nan="propagate", allowed={"is_test": one_of(0, 1), "spatial": one_of(0, 1)})
+BN_7 = Contract(nan="propagate", allowed={"spatial": one_of(0, 1)})
+BN_14 = Contract(nan="propagate", allowed={"training_mode": one_of(0, 1)})
+
+
+def _bn_check(X, *params):
+    if X.ndim < 2:
+        raise KernelError(f"BatchNormalization needs X of rank >= 2, got shape {X.shape}")
+    c = X.shape[1]
+    for name, p in zip(("scale", "B", "mean", "var"), params):
+        if np.asarray(p).shape[:1] != (c,):
+            raise KernelError(f"BatchNormalization: {name} has shape {p.shape}, needs C={c} first")
+
+
+def _bn_infer(X, scale, B, mean, var, epsilon) -> np.ndarray:
+    """y = (x - mean) / sqrt(var + eps) * scale + B with parameters on axis 1."""
+    _bn_check(X, scale, B, mean, var)
+    x = _wide(X)
+    n = x.ndim
+    s, b, m, v = (
+        _per_channel(_wide(p).astype(x.dtype, copy=False), n) for p in (scale, B, mean, var)
+    )
+    y = (x - m) / np.sqrt(v + x.dtype.type(epsilon)) * s + b
+    return _out(y, X.dtype)
+
+
+def _bn_train(X, scale, B, mean, var, epsilon, momentum, spatial=True):
+    """Normalise with the batch statistics; also the updated running statistics.
+
+    Returns (Y, running_mean, running_var, batch_mean, batch_var). The batch variance is the
+    population variance (divided by N, not N - 1), as the spec states.
+    """
+    _bn_check(X, scale, B, mean, var)
+    x = _wide(X)
+    n = x.ndim
+    # spatial: one statistic per channel; otherwise one per (channel, position), over N only.
+    axes = (0,) + tuple(range(2, n)) if spatial else (0,)
+    bm = np.mean(x, axis=axes, keepdims=True)
+    bv = np.mean((x - bm) ** 2, axis=axes, keepdims=True)
+    s, b = (_per_channel(_wide(p).astype(x.dtype, copy=False), n) for p in (scale, B))
+    y = (x - bm) / np.sqrt(bv + x.dtype.type(epsilon)) * s + b
+    bm = bm.reshape(np.asarray(mean).shape)
+    bv = bv.reshape(np.asarray(var).shape)
+    mom = x.dtype.type(momentum)
+    rm = _wide(mean) * mom + bm * (1 - mom)
+    rv = _wide(var) * mom + bv * (1 - mom)
+    mdt, vdt = np.asarray(mean).dtype, np.asarray(var).dtype
+    return _out(y, X.dtype), _out(rm, mdt), _out(rv, vdt), _out(bm, mdt), _out(bv, vdt)
+
+
+@op("BatchNormalization", since=1, contract=BN_1)
+def BatchNormalization_1(
+    X,
+    scale,
+    B,
+    mean,
+    var,
+    *,
+    epsilon=1e-5,
+    momentum=0.9,
+    is_test=0,
+    spatial=1,
+    consumed_inputs=None,
+    noutputs=1,
+):
+    """Batch normalization; training (5 outputs) unless is_test or one output
+    (ONNX BatchNormalization-1/6)."""
+    if is_test or noutputs <= 1:
+        return _bn_infer(X, scale, B, mean, var, epsilon)
+    return _bn_train(X, scale, B, mean, var, epsilon, momentum, bool(spatial))
+
+
+@op("BatchNormalization", since=7, contract=BN_7)
+def BatchNormalization_7(
+    X, scale, B, mean, var, *, epsilon=1e-5, momentum=0.9, spatial=1, noutputs=1
+):
+    """Batch normalization; test mode with one output, training with five; `spatial`=0 takes
+    (C, D1..Dk) parameters (ONNX BatchNormalization-7/9, 9 drops `spatial`)."""
+    if noutputs <= 1:
+        return _bn_infer(X, scale, B, mean, var, epsilon)
+    return _bn_train(X, scale, B, mean, var, epsilon, momentum, bool(spatial))
+
+
+@op("BatchNormalization", since=14, contract=BN_14)
+def BatchNormalization(
+    X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9, training_mode=0
+):
+    """Batch normalization with estimated statistics, or batch statistics and updated running
+    statistics when training_mode (ONNX BatchNormalization-14/15)."""
+    if not training_mode:
+        return _bn_infer(X, scale, B, input_mean, input_var, epsilon)
+    y, rm, rv, _, _ = _bn_train(X, scale, B, input_mean, input_var, epsilon, momentum)
+    return y, rm, rv
+
+
+# ---------------------------------------------------------------- Layer / RMS normalization
+
+LAYER = Contract(nan="propagate", broadcast="unidirectional")
+
+
+def _standardize_tail(x: np.ndarray, axis: int, epsilon: float):
+    """(normalized, mean, inv_std_dev) over axes [axis, rank) of x, in x's dtype."""
+    axes = tuple(range(axis, x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    d = x - mean
+    var = np.mean(d * d, axis=axes, keepdims=True)
+    inv = 1 / np.sqrt(var + x.dtype.type(epsilon))
+    return d * inv, mean, inv.astype(x.dtype, copy=False)
+
+
+@op("LayerNormalization", since=17, contract=LAYER)
+def LayerNormalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """Standardise over axes [axis, rank), then scale and shift (ONNX LayerNormalization-17).
+
+    Stage one (mean, variance, normalisation) runs in `stash_type`; Mean and InvStdDev are
+    returned in that type with shape [d0..d(axis-1), 1, ..., 1].
+    """
+    X = np.asarray(X)
+    if X.ndim == 0:
+        raise KernelError("LayerNormalization needs an input of rank >= 1")
+    ax = _axis(axis, X.ndim)
+    u = _stash(stash_type)
+    normalized, mean, inv = _standardize_tail(X.astype(u), ax, epsilon)
+    try:
+        # Stage two in X's type; low-precision types rounded once at the end.
+        y = _wide(normalized.astype(X.dtype)) * _wide(Scale)
+        if B is not None:
+            y = y + _wide(B)
+        np.broadcast_shapes(y.shape, X.shape)
+    except ValueError:
+        raise KernelError(
+            f"LayerNormalization: Scale {np.shape(Scale)} / B {np.shape(B)} do not broadcast "
+            f"to X {X.shape}"
+        ) from None
+    if y.shape != X.shape:
+        raise KernelError(f"LayerNormalization: Scale/B would change X's shape {X.shape}")
+    return _out(y, X.dtype), mean, inv
+
+
+@op("RMSNormalization", since=23, contract=LAYER)
+def RMSNormalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """X / sqrt(mean(X^2 over axes [axis, rank)) + eps) * scale (ONNX RMSNormalization-23)."""
+    X = np.asarray(X)
+    if X.ndim == 0:
+        raise KernelError("RMSNormalization needs an input of rank >= 1")
+    ax = _axis(axis, X.ndim)
+    xu = X.astype(_stash(stash_type))
+    axes = tuple(range(ax, X.ndim))
+    rms = np.sqrt(np.mean(xu * xu, axis=axes, keepdims=True) + xu.dtype.type(epsilon))
+    # The normalized value is rounded to X's type before the (type V) scale multiplies it.
+    normalized = (xu / rms).astype(X.dtype)
+    out_dt = np.asarray(scale).dtype
+    try:
+        y = _wide(normalized.astype(out_dt)) * _wide(scale)
+    except ValueError:
+        raise KernelError(
+            f"RMSNormalization: scale {np.shape(scale)} does not broadcast to X {X.shape}"
+        ) from None
+    if y.shape != X.shape:
+        raise KernelError(f"RMSNormalization: scale would change X's shape {X.shape}")
+    return _out(y, out_dt)
+
+
+# ---------------------------------------------------------------- Group / Instance normalization
+
+GROUP = Contract(nan="propagate", allowed={"num_groups": such_that(lambda g: g > 0, "> 0")})
+
+
+def _group_standardize(x: np.ndarray, groups: int, epsilon: float) -> np.ndarray:
+    """Standardise x (N, C, ...) per instance per group of C/groups channels."""
+    n, c = x.shape[:2]
+    if groups <= 0 or c % groups:
+        raise KernelError(f"num_groups={groups} does not divide the {c} channels")
+    g = x.reshape(n, groups, -1)
+    mean = np.mean(g, axis=2, keepdims=True)
+    d = g - mean
+    var = np.mean(d * d, axis=2, keepdims=True)
+    return (d / np.sqrt(var + x.dtype.type(epsilon))).reshape(x.shape)
+
+
+def _check_nc(X, name: str):
+    if X.ndim < 2:
+        raise KernelError(f"{name} needs X of shape (N, C, ...), got {X.shape}")
+
+
+@op("GroupNormalization", since=18, contract=GROUP)
+def GroupNormalization_18(X, scale, bias, *, num_groups=None, epsilon=1e-5):
+    """Group normalization with scale and bias given per group (ONNX GroupNormalization-18)."""
+    X = np.asarray(X)
+    _check_nc(X, "GroupNormalization")
+    if num_groups is None:
+        raise KernelError("GroupNormalization needs the attribute num_groups")
+    for name, p in (("scale", scale), ("bias", bias)):
+        if np.asarray(p).shape != (num_groups,):
+            raise KernelError(f"{name} has shape {np.shape(p)}, expected ({num_groups},)")
+    x = _wide(X)
+    normalized = _group_standardize(x, num_groups, epsilon)
+    # Each group's scale/bias applies to every channel of the group.
+    shape = (X.shape[0], num_groups, -1)
+    s = _wide(scale).reshape(1, num_groups, 1)
+    b = _wide(bias).reshape(1, num_groups, 1)
+    y = normalized.reshape(shape) * s + b
+    return _out(y.reshape(X.shape), X.dtype)
+
+
+@op("GroupNormalization", since=21, contract=GROUP)
+def GroupNormalization(X, scale, bias, *, num_groups=None, epsilon=1e-5, stash_type=1):
+    """Group normalization with scale and bias per channel; stage one in `stash_type`
+    (ONNX GroupNormalization-21)."""
+    X = np.asarray(X)
+    _check_nc(X, "GroupNormalization")
+    if num_groups is None:
+        raise KernelError("GroupNormalization needs the attribute num_groups")
+    c = X.shape[1]
+    for name, p in (("scale", scale), ("bias", bias)):
+        if np.asarray(p).shape != (c,):
+            raise KernelError(f"{name} has shape {np.shape(p)}, expected ({c},)")
+    normalized = _group_standardize(X.astype(_stash(stash_type)), num_groups, epsilon)
+    normalized = _wide(normalized.astype(X.dtype))
+    y = normalized * _per_channel(_wide(scale), X.ndim) + _per_channel(_wide(bias), X.ndim)
+    return _out(y, X.dtype)
+
+
+INSTANCE = Contract(nan="propagate")
+
+
+@op("InstanceNormalization", since=1, contract=INSTANCE)
+def InstanceNormalization(input, scale, B, *, epsilon=1e-5, consumed_inputs=None):
+    """Standardise each (instance, channel) over its spatial axes, then per-channel scale and
+    shift (ONNX InstanceNormalization-1/6/22)."""
+    X = np.asarray(input)
+    _check_nc(X, "InstanceNormalization")
+    c = X.shape[1]
+    for name, p in (("scale", scale), ("B", B)):
+        if np.asarray(p).shape != (c,):
+            raise KernelError(f"{name} has shape {np.shape(p)}, expected ({c},)")
+    x = _wide(X)
+    axes = tuple(range(2, x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    d = x - mean
+    var = np.mean(d * d, axis=axes, keepdims=True)
+    y = d / np.sqrt(var + x.dtype.type(epsilon))
+    y = y * _per_channel(_wide(scale), x.ndim) + _per_channel(_wide(B), x.ndim)
+    return _out(y, X.dtype)
+
+
+# ---------------------------------------------------------------- LRN
+
+
+def _lrn_workspace(x_shape, **_attrs) -> int:
+    # Squares and their prefix sum along C (float32 or wider): about two more copies of X.
+    n = int(np.prod(x_shape, dtype=np.int64))
+    return 2 * 8 * n
+
+
+LRN_C = Contract(
+    nan="propagate",
+    workspace_bytes=_lrn_workspace,
+    allowed={"size": such_that(lambda s: s >= 1, ">= 1")},
+)
+
+
+@op("LRN", since=1, contract=LRN_C)
+def LRN(X, *, alpha=0.0001, beta=0.75, bias=1.0, size=None):
+    """Local response normalization across channels:
+    y = x / (bias + alpha / size * square_sum) ** beta (ONNX LRN-1/13)."""
+    X = np.asarray(X)
+    if size is None:
+        raise KernelError("LRN needs the attribute size")
+    _check_nc(X, "LRN")
+    x = _wide(X)
+    c = x.shape[1]
+    lo, hi = (size - 1) // 2, size // 2  # floor((size-1)/2) before c, ceil((size-1)/2) after
+    # square_sum over the window [c - lo, c + hi] clipped to [0, C-1], from a prefix sum.
+    sq = x * x
+    zeros = np.zeros_like(sq[:, :1])
+    prefix = np.concatenate([zeros, np.cumsum(sq, axis=1)], axis=1)  # prefix[:, k] = sum[:k]
+    idx = np.arange(c)
+    start = np.clip(idx - lo, 0, c)
+    stop = np.clip(idx + hi + 1, 0, c)
+    square_sum = np.take(prefix, stop, axis=1) - np.take(prefix, start, axis=1)
+    t = x.dtype.type
+    y = x / (t(bias) + t(alpha) / t(size) * square_sum) ** t(beta)
+    return _out(y, X.dtype)
+
+
+# ---------------------------------------------------------------- MVN / LpNormalization
+
+MVN = Contract(nan="propagate")
+
+
+@op("MeanVarianceNormalization", since=9, contract=MVN)
+def MeanVarianceNormalization(X, *, axes=(0, 2, 3)):
+    """(X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9) over `axes`
+    (ONNX MeanVarianceNormalization-9/13, as its function body computes it)."""
+    X = np.asarray(X)
+    ax = tuple(sorted({_axis(int(a), X.ndim) for a in axes}))
+    x = _wide(X)
+    mean = np.mean(x, axis=ax, keepdims=True)
+    mean_sq = np.mean(x * x, axis=ax, keepdims=True)
+    # Rounding can make E[X^2] - E[X]^2 slightly negative; the variance is >= 0.
+    std = np.sqrt(np.maximum(mean_sq - mean * mean, 0))
+    y = (x - mean) / (std + x.dtype.type(1e-9))
+    return _out(y, X.dtype)
+
+
+LP = Contract(nan="propagate", allowed={"p": one_of(1, 2)})
+
+
+@op("LpNormalization", since=1, contract=LP)
+def LpNormalization(input, *, axis=-1, p=2):
+    """input / Lp_norm(input, axis), 0 where the norm is 0 (ONNX LpNormalization-1/22)."""
+    X = np.asarray(input)
+    if X.ndim == 0:
+        raise KernelError("LpNormalization needs an input of rank >= 1")
+    ax = _axis(axis, X.ndim)
+    x = _wide(X)
+    if p == 1:
+        norm = np.sum(np.abs(x), axis=ax, keepdims=True)
+    elif p == 2:
+        norm = np.sqrt(np.sum(x * x, axis=ax, keepdims=True))
+    else:
+        raise KernelError(f"LpNormalization supports p=1 or p=2, got {p}")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = np.where(norm == 0, x.dtype.type(0), x / norm)
+    return _out(y, X.dtype)

@@ -1,1 +1,648 @@
-"""Operators: shape family."""
+"""Operators: shape family (reshaping, joining, splitting, padding and constant-making ops)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from onnx import numpy_helper
+
+from ..contract import Contract, one_of
+from ..dtypes import np_dtype
+from ..errors import KernelError
+from .base import op
+
+# Reshape-like ops return NumPy views when they can; a copy is made for non-contiguous input.
+RESHAPE_LIKE = Contract(may_alias=((0, 0),))
+PAD_MODES = one_of("constant", "reflect", "edge", "wrap")
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _ints(x, what: str) -> list[int]:
+    """A shape-like input or attribute (tensor, list or None) as a list of Python ints."""
+    if x is None:
+        return []
+    arr = np.asarray(x)
+    if arr.ndim > 1:
+        raise KernelError(f"{what} must be a 1-D tensor, got shape {arr.shape}")
+    return [int(v) for v in arr.reshape(-1)]
+
+
+def _scalar(x, what: str):
+    """The single value of a scalar (or one-element) input."""
+    arr = np.asarray(x)
+    if arr.size != 1:
+        raise KernelError(f"{what} must hold exactly one value, got shape {arr.shape}")
+    return arr.reshape(-1)[0]
+
+
+def _axis(axis: int, rank: int, what: str = "axis") -> int:
+    """Normalize a possibly negative axis into [0, rank)."""
+    a = int(axis)
+    if not -rank <= a < rank:
+        raise KernelError(f"{what} {a} is out of range for a tensor of rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def _axes(axes, rank: int, what: str = "axes") -> list[int]:
+    """Normalize a list of axes; duplicates are an error."""
+    out = [_axis(a, rank, what) for a in axes]
+    if len(set(out)) != len(out):
+        raise KernelError(f"{what} {list(axes)} contains duplicates")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reshape
+
+
+def _reshape(data: np.ndarray, shape: list[int], allowzero: int) -> np.ndarray:
+    if shape.count(-1) > 1:
+        raise KernelError(f"Reshape: shape {shape} has more than one -1")
+    dims = list(shape)
+    for i, d in enumerate(dims):
+        if d < -1:
+            raise KernelError(f"Reshape: shape {shape} has invalid dimension {d}")
+        if d == 0 and not allowzero:
+            # 0 copies the input's dimension at the same position.
+            if i >= data.ndim:
+                raise KernelError(
+                    f"Reshape: shape {shape} has 0 at position {i} but data has rank {data.ndim}"
+                )
+            dims[i] = data.shape[i]
+    if allowzero and 0 in dims and -1 in dims:
+        raise KernelError(f"Reshape: shape {shape} has both 0 and -1 with allowzero=1")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        if known == 0 or data.size % known:
+            raise KernelError(f"Reshape: cannot infer -1 in {shape} for data of shape {data.shape}")
+        dims[dims.index(-1)] = data.size // known
+    if math.prod(dims) != data.size:
+        raise KernelError(f"Reshape: cannot reshape data of shape {data.shape} to {shape}")
+    return data.reshape(dims)
+
+
+@op("Reshape", since=1, contract=RESHAPE_LIKE)
+def Reshape_1(data, *, shape=None, consumed_inputs=None):
+    """Reshape to the `shape` attribute; 0 copies a dim, -1 is inferred (ONNX Reshape-1)."""
+    return _reshape(data, _ints(shape, "shape"), 0)
+
+
+@op("Reshape", since=5, contract=RESHAPE_LIKE)
+def Reshape_5(data, shape):
+    """Reshape to the `shape` input; 0 copies a dim, -1 is inferred (ONNX Reshape-5)."""
+    return _reshape(data, _ints(shape, "shape"), 0)
+
+
+@op("Reshape", since=14, contract=RESHAPE_LIKE)
+def Reshape(data, shape, *, allowzero=0):
+    """Reshape; with allowzero=1 a 0 in `shape` means an empty dim (ONNX Reshape-14)."""
+    return _reshape(data, _ints(shape, "shape"), allowzero)
+
+
+@op("Flatten", since=1, contract=RESHAPE_LIKE)
+def Flatten(input, *, axis=1):
+    """Flatten to 2-D: dims before `axis` and from `axis` on (ONNX Flatten-1..13)."""
+    r = input.ndim
+    if not -r <= axis <= r:
+        raise KernelError(f"Flatten: axis {axis} is out of range for rank {r}")
+    a = axis + r if axis < 0 else axis
+    return input.reshape(math.prod(input.shape[:a]), math.prod(input.shape[a:]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Squeeze / Unsqueeze
+
+
+def _squeeze(data: np.ndarray, axes) -> np.ndarray:
+    if axes is None or len(axes) == 0:
+        return data.reshape([d for d in data.shape if d != 1])
+    ax = _axes(axes, data.ndim)
+    for a in ax:
+        if data.shape[a] != 1:
+            raise KernelError(
+                f"Squeeze: axis {a} has size {data.shape[a]}, not 1 (data shape {data.shape})"
+            )
+    return data.reshape([d for i, d in enumerate(data.shape) if i not in ax])
+
+
+@op("Squeeze", since=1, contract=RESHAPE_LIKE)
+def Squeeze_1(data, *, axes=None):
+    """Remove size-1 dims listed in the `axes` attribute, or all (ONNX Squeeze-1/11)."""
+    return _squeeze(data, axes)
+
+
+@op("Squeeze", since=13, contract=RESHAPE_LIKE)
+def Squeeze(data, axes=None):
+    """Remove size-1 dims listed in the `axes` input, or all (ONNX Squeeze-13)."""
+    return _squeeze(data, None if axes is None else _ints(axes, "axes"))
+
+
+def _unsqueeze(data: np.ndarray, axes) -> np.ndarray:
+    out_rank = data.ndim + len(axes)
+    ax = set(_axes(axes, out_rank))
+    rest = iter(data.shape)
+    return data.reshape([1 if i in ax else next(rest) for i in range(out_rank)])
+
+
+@op("Unsqueeze", since=1, contract=RESHAPE_LIKE)
+def Unsqueeze_1(data, *, axes=None):
+    """Insert size-1 dims at the `axes` attribute (output positions) (ONNX Unsqueeze-1/11)."""
+    return _unsqueeze(data, _ints(axes, "axes"))
+
+
+@op("Unsqueeze", since=13, contract=RESHAPE_LIKE)
+def Unsqueeze(data, axes):
+    """Insert size-1 dims at the `axes` input (output positions) (ONNX Unsqueeze-13)."""
+    return _unsqueeze(data, _ints(axes, "axes"))
+
+
+@op("Transpose", since=1, contract=RESHAPE_LIKE)
+def Transpose(data, *, perm=None):
+    """Permute dims by `perm`, reversing them by default (ONNX Transpose-1..13)."""
+    if perm is None:
+        return data.transpose()
+    if sorted(perm) != list(range(data.ndim)):
+        raise KernelError(f"Transpose: perm {list(perm)} is not a permutation of rank {data.ndim}")
+    return data.transpose(perm)
+
+
+# ---------------------------------------------------------------------------------------------
+# Concat / Split
+
+
+@op("Concat", since=1)
+def Concat(*inputs, axis=1):
+    """Join tensors along `axis`, negative allowed (ONNX Concat-1..13)."""
+    if not inputs:
+        raise KernelError("Concat: needs at least one input")
+    r = inputs[0].ndim
+    a = _axis(axis, r)
+    for i, x in enumerate(inputs):
+        if (
+            x.ndim != r
+            or x.shape[:a] + x.shape[a + 1 :] != inputs[0].shape[:a] + inputs[0].shape[a + 1 :]
+        ):
+            raise KernelError(
+                f"Concat: input {i} has shape {x.shape}, incompatible with {inputs[0].shape} "
+                f"along axis {a}"
+            )
+    return np.concatenate(inputs, axis=a)
+
+
+def _split(data: np.ndarray, sizes: list[int], axis: int) -> tuple[np.ndarray, ...]:
+    a = _axis(axis, data.ndim)
+    if any(s < 0 for s in sizes) or sum(sizes) != data.shape[a]:
+        raise KernelError(f"Split: sizes {sizes} do not sum to dimension {data.shape[a]}")
+    bounds = np.cumsum(sizes)[:-1]
+    # Copies: each output owns its buffer.
+    return tuple(p.copy() for p in np.split(data, bounds, axis=a))
+
+
+def _equal_sizes(dim: int, n: int) -> list[int]:
+    if n <= 0 or dim % n:
+        raise KernelError(f"Split: dimension {dim} cannot be split evenly into {n} outputs")
+    return [dim // n] * n
+
+
+@op("Split", since=2)
+def Split_2(input, *, axis=0, split=None, noutputs=1):
+    """Split along `axis` by the `split` attribute, or evenly (ONNX Split-2/11)."""
+    a = _axis(axis, input.ndim)
+    sizes = _ints(split, "split") if split else _equal_sizes(input.shape[a], noutputs)
+    return _split(input, sizes, a)
+
+
+@op("Split", since=13)
+def Split_13(input, split=None, *, axis=0, noutputs=1):
+    """Split along `axis` by the `split` input, or evenly (ONNX Split-13)."""
+    a = _axis(axis, input.ndim)
+    sizes = _ints(split, "split") if split is not None else []
+    if not sizes:
+        sizes = _equal_sizes(input.shape[a], noutputs)
+    return _split(input, sizes, a)
+
+
+@op("Split", since=18)
+def Split(input, split=None, *, axis=0, num_outputs=None, noutputs=1):
+    """Split by the `split` input or into `num_outputs` chunks, last smaller (ONNX Split-18)."""
+    a = _axis(axis, input.ndim)
+    if split is not None:
+        return _split(input, _ints(split, "split"), a)
+    n = num_outputs if num_outputs is not None else noutputs
+    if n <= 0:
+        raise KernelError(f"Split: num_outputs must be positive, got {n}")
+    dim = input.shape[a]
+    chunk = -(-dim // n)  # ceil: all chunks equal except a smaller last one
+    sizes = [min(chunk, max(dim - i * chunk, 0)) for i in range(n)]
+    return _split(input, sizes, a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape / Size / Identity / Dropout
+
+
+@op("Shape", since=1, contract=Contract(nan="none"))
+def Shape_1(data):
+    """The input's shape as a 1-D int64 tensor (ONNX Shape-1/13)."""
+    return np.asarray(data.shape, dtype=np.int64).reshape(-1)
+
+
+@op("Shape", since=15, contract=Contract(nan="none"))
+def Shape(data, *, start=0, end=None):
+    """The input's shape sliced to [start, end), clamped (ONNX Shape-15)."""
+    r = data.ndim
+    s = start + r if start < 0 else start
+    e = r if end is None else (end + r if end < 0 else end)
+    s, e = min(max(s, 0), r), min(max(e, 0), r)
+    return np.asarray(data.shape[s:e], dtype=np.int64).reshape(-1)
+
+
+@op("Size", since=1, contract=Contract(nan="none"))
+def Size(data):
+    """Number of elements as an int64 scalar (ONNX Size-1..)."""
+    return np.asarray(np.asarray(data).size, dtype=np.int64)
+
+
+@op("Identity", since=1, contract=Contract(must_alias=((0, 0),)))
+def Identity(input):
+    """The input itself: a tensor, sequence or optional (ONNX Identity-1..)."""
+    return input
+
+
+def _dropout_mask(shape, ratio: float, seed) -> np.ndarray:
+    """Keep-mask: each element kept with probability 1 - ratio."""
+    rng = np.random.RandomState(seed) if seed is not None else np.random.RandomState()
+    return rng.uniform(0.0, 1.0, shape) >= ratio
+
+
+def _dropout_train(data: np.ndarray, ratio: float, seed) -> tuple[np.ndarray, np.ndarray]:
+    mask = _dropout_mask(data.shape, ratio, seed)
+    scale = data.dtype.type(1.0 / (1.0 - ratio))
+    out = np.where(mask, data * scale, data.dtype.type(0)).astype(data.dtype, copy=False)
+    return out, mask
+
+
+def _dropout_old(data: np.ndarray, is_test: int, ratio: float):
+    if is_test:
+        return data, np.ones(data.shape, dtype=data.dtype)
+    # Opset-6 training dropout does not rescale the kept values.
+    mask = _dropout_mask(data.shape, ratio, None)
+    out = np.where(mask, data, data.dtype.type(0)).astype(data.dtype, copy=False)
+    return out, mask.astype(data.dtype)
+
+
+@op("Dropout", since=1, contract=Contract(may_alias=((0, 0),), deterministic=False))
+def Dropout_1(data, *, consumed_inputs=None, is_test=0, ratio=0.5):
+    """Random dropout unless is_test; mask has data's type (ONNX Dropout-1)."""
+    return _dropout_old(data, is_test, ratio)
+
+
+@op("Dropout", since=6, contract=Contract(may_alias=((0, 0),), deterministic=False))
+def Dropout_6(data, *, is_test=0, ratio=0.5):
+    """Random dropout unless is_test; mask has data's type (ONNX Dropout-6)."""
+    return _dropout_old(data, is_test, ratio)
+
+
+@op("Dropout", since=7, contract=Contract(may_alias=((0, 0),)))
+def Dropout_7(data, *, ratio=0.5):
+    """Inference: output is data, mask all ones of data's type (ONNX Dropout-7)."""
+    return data, np.ones(data.shape, dtype=data.dtype)
+
+
+@op("Dropout", since=10, contract=Contract(may_alias=((0, 0),)))
+def Dropout_10(data, *, ratio=0.5):
+    """Inference: output is data, mask all True (ONNX Dropout-10)."""
+    return data, np.ones(data.shape, dtype=np.bool_)
+
+
+@op("Dropout", since=12, contract=Contract(may_alias=((0, 0),), deterministic=False))
+def Dropout(data, ratio=None, training_mode=None, *, seed=None):
+    """Identity unless training_mode; then drop with `ratio` and scale by 1/(1-ratio)
+    (ONNX Dropout-12/13/22)."""
+    r = 0.5 if ratio is None else float(_scalar(ratio, "ratio"))
+    training = training_mode is not None and bool(_scalar(training_mode, "training_mode"))
+    if not training or r == 0.0:
+        return data, np.ones(data.shape, dtype=np.bool_)
+    if not 0.0 <= r < 1.0:
+        raise KernelError(f"Dropout: ratio must be in [0, 1), got {r}")
+    return _dropout_train(data, r, seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Expand / Tile
+
+
+@op("Expand", since=8)
+def Expand(input, shape):
+    """Broadcast input to the bidirectional broadcast of its shape and `shape` (ONNX Expand-8)."""
+    dims = _ints(shape, "shape")
+    try:
+        out_shape = np.broadcast_shapes(input.shape, tuple(dims))
+    except ValueError:
+        raise KernelError(f"Expand: shape {dims} is not broadcastable with {input.shape}") from None
+    return np.broadcast_to(input, out_shape).copy()
+
+
+@op("Tile", since=1)
+def Tile_1(input, tiles, axis):
+    """Repeat the input `tiles` times along `axis` (ONNX Tile-1)."""
+    reps = [1] * input.ndim
+    reps[_axis(int(_scalar(axis, "axis")), input.ndim)] = int(_scalar(tiles, "tiles"))
+    return np.tile(input, reps)
+
+
+@op("Tile", since=6)
+def Tile(input, repeats):
+    """Repeat the input `repeats[i]` times along each dim i (ONNX Tile-6/13)."""
+    reps = _ints(repeats, "repeats")
+    if len(reps) != input.ndim:
+        raise KernelError(f"Tile: repeats has {len(reps)} values, input has rank {input.ndim}")
+    if any(r < 0 for r in reps):
+        raise KernelError(f"Tile: repeats {reps} must be non-negative")
+    return np.tile(input, reps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Constants
+
+
+@op("ConstantOfShape", since=9)
+def ConstantOfShape(input, *, value=None):
+    """A tensor of shape `input` filled with `value`'s one element, default float32 0
+    (ONNX ConstantOfShape-9..)."""
+    dims = _ints(input, "input")
+    if any(d < 0 for d in dims):
+        raise KernelError(f"ConstantOfShape: shape {dims} has a negative dimension")
+    if value is None:
+        return np.zeros(dims, dtype=np.float32)
+    v = np.asarray(value)
+    if v.size != 1:
+        raise KernelError(f"ConstantOfShape: value must hold one element, got shape {v.shape}")
+    return np.full(dims, v.reshape(-1)[0], dtype=v.dtype)
+
+
+def _dense_from_sparse(sp) -> np.ndarray:
+    """Densify a SparseTensorProto (indices linear [NNZ] or coordinates [NNZ, rank])."""
+    values = numpy_helper.to_array(sp.values)
+    indices = numpy_helper.to_array(sp.indices).astype(np.int64)
+    dims = tuple(int(d) for d in sp.dims)
+    out = np.zeros(math.prod(dims), dtype=values.dtype)
+    if indices.ndim == 2:
+        flat = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices[:, 0]
+    else:
+        flat = indices
+    out[flat] = values.reshape(-1)
+    return out.reshape(dims)
+
+
+@op("Constant", since=1)
+def Constant(
+    *,
+    value=None,
+    sparse_value=None,
+    value_float=None,
+    value_floats=None,
+    value_int=None,
+    value_ints=None,
+    value_string=None,
+    value_strings=None,
+):
+    """The tensor given by whichever `value*` attribute is set (ONNX Constant-1..)."""
+    given = {
+        k: v
+        for k, v in {
+            "value": value,
+            "sparse_value": sparse_value,
+            "value_float": value_float,
+            "value_floats": value_floats,
+            "value_int": value_int,
+            "value_ints": value_ints,
+            "value_string": value_string,
+            "value_strings": value_strings,
+        }.items()
+        if v is not None
+    }
+    if len(given) != 1:
+        raise KernelError(f"Constant: exactly one value attribute must be set, got {sorted(given)}")
+    name, v = next(iter(given.items()))
+    if name == "value":
+        return np.array(v)
+    if name == "sparse_value":
+        return _dense_from_sparse(v)
+    if name in ("value_float", "value_floats"):
+        return np.asarray(v, dtype=np.float32)
+    if name in ("value_int", "value_ints"):
+        return np.asarray(v, dtype=np.int64)
+    # Strings: object arrays of Python str.
+    if name == "value_string":
+        out = np.empty((), dtype=object)
+        out[()] = v
+        return out
+    return np.array(list(v), dtype=object).reshape(len(v))
+
+
+@op("EyeLike", since=9)
+def EyeLike(input, *, dtype=None, k=0):
+    """A 2-D tensor shaped like input with ones on diagonal `k` (ONNX EyeLike-9/22)."""
+    if input.ndim != 2:
+        raise KernelError(f"EyeLike: input must be 2-D, got shape {input.shape}")
+    dt = input.dtype if dtype is None else np_dtype(dtype)
+    return np.eye(input.shape[0], input.shape[1], k=k, dtype=dt)
+
+
+def _range(start, limit, delta) -> np.ndarray:
+    dt = np.asarray(start).dtype
+    s, lim, d = (_scalar(v, n) for v, n in ((start, "start"), (limit, "limit"), (delta, "delta")))
+    if d == 0:
+        raise KernelError("Range: delta must not be zero")
+    if dt.kind in "iu":
+        s, lim, d = int(s), int(lim), int(d)
+        n = max(-((s - lim) // d), 0)  # ceil((lim - s) / d) in exact integer arithmetic
+        return (s + d * np.arange(n, dtype=np.int64)).astype(dt)
+    n = max(math.ceil((float(lim) - float(s)) / float(d)), 0)
+    # start + i * delta in the input's own precision.
+    return (np.asarray(s, dtype=dt) + np.arange(n).astype(dt) * np.asarray(d, dtype=dt)).astype(dt)
+
+
+@op("Range", since=11, contract=Contract())
+def Range_11(start, limit, delta):
+    """start, start+delta, ... up to limit exclusive (ONNX Range-11)."""
+    return _range(start, limit, delta)
+
+
+@op("Range", since=27, contract=Contract())
+def Range(start, limit, delta, *, stash_type=1):
+    """Range; float16/bfloat16 computed in float32 when stash_type=1 (ONNX Range-27)."""
+    dt = np.asarray(start).dtype
+    if stash_type == 1 and dt in (np.dtype(np.float16), np_dtype(16)):
+        f32 = [np.asarray(v).astype(np.float32) for v in (start, limit, delta)]
+        return _range(*f32).astype(dt)
+    return _range(start, limit, delta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Space/depth rearrangements
+
+
+def _check_4d(x: np.ndarray, name: str) -> None:
+    if x.ndim != 4:
+        raise KernelError(f"{name}: input must be 4-D (N, C, H, W), got shape {x.shape}")
+
+
+def _space_to_depth(x: np.ndarray, b: int, mode: str) -> np.ndarray:
+    _check_4d(x, "SpaceToDepth")
+    n, c, h, w = x.shape
+    if b <= 0 or h % b or w % b:
+        raise KernelError(f"SpaceToDepth: H={h} and W={w} must be divisible by blocksize {b}")
+    t = x.reshape(n, c, h // b, b, w // b, b)
+    # DCR: channel index = (bh * b + bw) * C + c; CRD: c * b * b + bh * b + bw.
+    perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    return t.transpose(perm).reshape(n, c * b * b, h // b, w // b)
+
+
+@op("SpaceToDepth", since=1)
+def SpaceToDepth_1(input, *, blocksize=None):
+    """Move spatial blocks into channels, DCR order (ONNX SpaceToDepth-1/13)."""
+    return _space_to_depth(input, int(blocksize), "DCR")
+
+
+@op("SpaceToDepth", since=28, contract=Contract(allowed={"mode": one_of("DCR", "CRD")}))
+def SpaceToDepth(input, *, blocksize=None, mode="DCR"):
+    """Move spatial blocks into channels in DCR or CRD order (ONNX SpaceToDepth-28)."""
+    return _space_to_depth(input, int(blocksize), mode)
+
+
+@op("DepthToSpace", since=1)
+def DepthToSpace_1(input, *, blocksize=None):
+    """Move channels into blocksize x blocksize spatial blocks, DCR order (ONNX DepthToSpace-1)."""
+    return _depth_to_space(input, int(blocksize), "DCR")
+
+
+@op("DepthToSpace", since=11, contract=Contract(allowed={"mode": one_of("DCR", "CRD")}))
+def DepthToSpace(input, *, blocksize=None, mode="DCR"):
+    """Move channels into spatial blocks, DCR or CRD order (ONNX DepthToSpace-11..28)."""
+    return _depth_to_space(input, int(blocksize), mode)
+
+
+def _depth_to_space(input: np.ndarray, b: int, mode: str) -> np.ndarray:
+    _check_4d(input, "DepthToSpace")
+    n, c, h, w = input.shape
+    if b <= 0 or c % (b * b):
+        raise KernelError(f"DepthToSpace: C={c} must be divisible by blocksize^2 = {b * b}")
+    oc = c // (b * b)
+    if mode == "DCR":
+        t = input.reshape(n, b, b, oc, h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        t = input.reshape(n, oc, b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return t.reshape(n, oc, h * b, w * b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Padding and cropping
+
+
+@op("CenterCropPad", since=18)
+def CenterCropPad(input_data, shape, *, axes=None):
+    """Center-crop or zero-pad each listed axis to `shape` (ONNX CenterCropPad-18)."""
+    r = input_data.ndim
+    ax = _axes(axes, r) if axes else list(range(r))
+    target = _ints(shape, "shape")
+    if len(target) != len(ax):
+        raise KernelError(f"CenterCropPad: shape has {len(target)} values for {len(ax)} axes")
+    crop = [slice(None)] * r
+    pads = [(0, 0)] * r
+    for a, t in zip(ax, target):
+        if t < 0:
+            raise KernelError(f"CenterCropPad: shape {target} has a negative dimension")
+        d = input_data.shape[a]
+        if d >= t:
+            # Crop window start rounds down.
+            s = (d - t) // 2
+            crop[a] = slice(s, s + t)
+        else:
+            # The odd extra pad pixel goes to the end.
+            before = (t - d) // 2
+            pads[a] = (before, t - d - before)
+    return np.pad(input_data[tuple(crop)], pads, mode="constant")
+
+
+def _pad(data: np.ndarray, pads: list[int], mode: str, value, axes=None) -> np.ndarray:
+    r = data.ndim
+    ax = _axes(axes, r) if axes is not None else list(range(r))
+    if len(pads) != 2 * len(ax):
+        raise KernelError(f"Pad: pads has {len(pads)} values, expected {2 * len(ax)}")
+    begins, ends = [0] * r, [0] * r
+    for i, a in enumerate(ax):
+        begins[a], ends[a] = pads[i], pads[i + len(ax)]
+    # Negative pads crop first; positive pads are then added.
+    crop = tuple(
+        slice(max(-b, 0), data.shape[a] - max(-e, 0)) for a, (b, e) in enumerate(zip(begins, ends))
+    )
+    for a, (b, e) in enumerate(zip(begins, ends)):
+        if max(-b, 0) + max(-e, 0) > data.shape[a]:
+            raise KernelError(f"Pad: negative pads ({b}, {e}) exceed dimension {data.shape[a]}")
+    x = data[crop]
+    width = [(max(b, 0), max(e, 0)) for b, e in zip(begins, ends)]
+    if mode == "constant":
+        if value is None:
+            v = data.dtype.type(0) if data.dtype != object else ""
+        else:
+            v = np.asarray(value).astype(data.dtype).reshape(-1)[0]
+        if data.dtype == object:
+            # np.pad cannot fill object arrays with a constant reliably; build the output.
+            out = np.full(tuple(s + b + e for s, (b, e) in zip(x.shape, width)), v, dtype=object)
+            out[tuple(slice(b, b + s) for s, (b, _) in zip(x.shape, width))] = x
+            return out
+        return np.pad(x, width, mode="constant", constant_values=v)
+    for a, (b, e) in enumerate(width):
+        if (b or e) and x.shape[a] == 0:
+            raise KernelError(f"Pad: cannot {mode}-pad empty axis {a}")
+    if mode not in ("reflect", "edge", "wrap"):
+        raise KernelError(f"Pad: unknown mode {mode!r}")
+    # NumPy's reflect/edge/wrap match ONNX's (reflect excludes the edge value).
+    return np.pad(x, width, mode=mode)
+
+
+@op("Pad", since=1, contract=Contract(allowed={"mode": one_of("constant", "reflect", "edge")}))
+def Pad_1(data, *, mode="constant", paddings=None, value=0.0):
+    """Pad by the `paddings` attribute (ONNX Pad-1)."""
+    return _pad(data, _ints(paddings, "paddings"), mode, value)
+
+
+@op("Pad", since=2, contract=Contract(allowed={"mode": one_of("constant", "reflect", "edge")}))
+def Pad_2(data, *, mode="constant", pads=None, value=0.0):
+    """Pad by the `pads` attribute [x1_begin, ..., x1_end, ...] (ONNX Pad-2)."""
+    return _pad(data, _ints(pads, "pads"), mode, value)
+
+
+@op("Pad", since=11, contract=Contract(allowed={"mode": one_of("constant", "reflect", "edge")}))
+def Pad_11(data, pads, constant_value=None, *, mode="constant"):
+    """Pad by the `pads` input; negative pads crop (ONNX Pad-11/13)."""
+    return _pad(data, _ints(pads, "pads"), mode, constant_value)
+
+
+@op("Pad", since=18, contract=Contract(allowed={"mode": one_of("constant", "reflect", "edge")}))
+def Pad_18(data, pads, constant_value=None, axes=None, *, mode="constant"):
+    """Pad the listed `axes` (default all) by the `pads` input (ONNX Pad-18)."""
+    ax = None if axes is None else _ints(axes, "axes")
+    return _pad(data, _ints(pads, "pads"), mode, constant_value, ax)
+
+
+@op("Pad", since=19, contract=Contract(allowed={"mode": PAD_MODES}))
+def Pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
+    """Pad the listed `axes` by `pads`; modes constant/reflect/edge/wrap (ONNX Pad-19..)."""
+    ax = None if axes is None else _ints(axes, "axes")
+    return _pad(data, _ints(pads, "pads"), mode, constant_value, ax)
+
+
+@op("Trilu", since=14)
+def Trilu(input, k=None, *, upper=1):
+    """Upper or lower triangle of the last two dims, offset by diagonal `k` (ONNX Trilu-14)."""
+    if input.ndim < 2:
+        raise KernelError(f"Trilu: input must have rank >= 2, got shape {input.shape}")
+    kk = 0 if k is None else int(_scalar(k, "k"))
+    return np.triu(input, kk) if upper else np.tril(input, kk)
