@@ -73,11 +73,39 @@ def type_fact(tp: onnx.TypeProto) -> tuple[str, TensorFact]:
     return kinds.get(which or "", "unknown"), TensorFact(None, None)
 
 
+SMALL_INITIALIZER = 4096  # elements; larger weights are given to shape inference as typed inputs
+
+
+def _light_copy(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model without big weight payloads, for shape inference (which serializes it)."""
+    light = onnx.ModelProto()
+    light.ir_version = max(proto.ir_version, 4)
+    light.opset_import.extend(proto.opset_import)
+    light.functions.extend(proto.functions)
+    src, g = proto.graph, light.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    declared = {i.name for i in src.input}
+    g.input.extend(src.input)
+    for t in src.initializer:
+        n = 1
+        for d in t.dims:
+            n *= d
+        if n <= SMALL_INITIALIZER and t.data_location != onnx.TensorProto.EXTERNAL:
+            g.initializer.append(t)
+        elif t.name not in declared:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return light
+
+
 def _infer(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Types of every value shape inference can tell (failures leave facts unknown)."""
     types: dict[str, onnx.TypeProto] = {}
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
+        light = _light_copy(proto)
+        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
         g = inferred.graph
     except Exception:  # noqa: BLE001 - onnx's inference raises on many malformed models
         g = proto.graph
