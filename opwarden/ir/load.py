@@ -238,6 +238,12 @@ class _Builder:
     def node(
         self, n: onnx.NodeProto, g: Graph, index: int, local_types, reuse: bool = False
     ) -> Node:
+        for field_ in (n.op_type, n.domain, n.name, *n.input, *n.output):
+            if not isinstance(field_, str):
+                raise ModelError(
+                    f"node {index} of graph {g.name!r} has a name or type that is not valid "
+                    f"UTF-8: {field_!r}"
+                )
         domain = canonical_domain(n.domain)
         name = n.name or f"{n.op_type}_{index}"
         if name in self.names:

@@ -1,1 +1,371 @@
-"""Operators: contrib family."""
+"""Operators: contrib family (domain com.microsoft, as ONNX Runtime documents them).
+
+onnx.defs does not know these operators, so each declares its schema here. Semantics follow
+ONNX Runtime's ContribOperators.md; half-precision inputs compute in float32, as ORT does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..contract import Contract, one_of
+from ..errors import KernelError
+from .base import op
+from .elementwise import erf
+
+MS = "com.microsoft"
+FLOATS = ["float32", "float16", "float64", "bfloat16"]
+_ELEMENTWISE = Contract(may_alias=((0, 0),), nan="propagate")
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    """x in its compute dtype: float64 stays, narrower floats become float32."""
+    return x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """Exact GELU x/2 * (1 + erf(x/sqrt 2)) in x's (wide) dtype."""
+    return x * (0.5 * (1.0 + erf(x / math.sqrt(2.0)).astype(x.dtype)))
+
+
+def _fast_gelu(x: np.ndarray) -> np.ndarray:
+    """The tanh approximation of GELU."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def _check_bias(bias: np.ndarray, x: np.ndarray, what: str) -> None:
+    if bias.ndim != 1 or bias.shape[0] != x.shape[-1]:
+        raise KernelError(f"{what} must be 1-D of length {x.shape[-1]}, got shape {bias.shape}")
+
+
+# --------------------------------------------------------------------------------------------
+# GELU family
+# --------------------------------------------------------------------------------------------
+
+
+@op("Gelu", domain=MS, since=1, inputs=["X: T"], outputs=["Y: T"], types={"T": FLOATS},
+    contract=_ELEMENTWISE)
+def Gelu(X):
+    """x/2 * (1 + erf(x/sqrt 2)) (com.microsoft Gelu-1)."""
+    return _gelu(_wide(X)).astype(X.dtype)
+
+
+@op("BiasGelu", domain=MS, since=1, inputs=["A: T", "B: T"], outputs=["C: T"],
+    types={"T": FLOATS}, contract=Contract(may_alias=((0, 0),), nan="propagate",
+                                           broadcast="unidirectional"))
+def BiasGelu(A, B):
+    """Gelu(A + B) with B a bias over A's last axis (com.microsoft BiasGelu-1)."""
+    _check_bias(B, A, "BiasGelu bias")
+    return _gelu(_wide(A) + _wide(B)).astype(A.dtype)
+
+
+@op("FastGelu", domain=MS, since=1, inputs=["X: T", "bias?: T"], outputs=["Y: T"],
+    types={"T": FLOATS}, contract=_ELEMENTWISE)
+def FastGelu(X, bias=None):
+    """Tanh-approximated GELU of X (+ bias) (com.microsoft FastGelu-1)."""
+    x = _wide(X)
+    if bias is not None:
+        _check_bias(bias, X, "FastGelu bias")
+        x = x + _wide(bias)
+    return _fast_gelu(x).astype(X.dtype)
+
+
+@op("QuickGelu", domain=MS, since=1, inputs=["X: T"], outputs=["Y: T"], types={"T": FLOATS},
+    attrs={"alpha": 1.702}, contract=_ELEMENTWISE)
+def QuickGelu(X, *, alpha=1.702):
+    """x * sigmoid(alpha * x) (com.microsoft QuickGelu-1)."""
+    x = _wide(X)
+    z = alpha * x
+    # Split by sign so exp never overflows.
+    e = np.exp(-np.abs(z))
+    sig = np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    return (x * sig).astype(X.dtype)
+
+
+@op("BiasAdd", domain=MS, since=1, inputs=["X: T", "bias: T", "skip: T"], outputs=["Y: T"],
+    types={"T": ["float32", "float16"]}, contract=Contract(may_alias=((0, 0),)))
+def BiasAdd(X, bias, skip):
+    """X + bias + skip for (N, S, C) activations and a (C,) bias (com.microsoft BiasAdd-1)."""
+    if X.ndim != 3:
+        raise KernelError(f"BiasAdd input must be 3-D (N, S, C), got shape {X.shape}")
+    _check_bias(bias, X, "BiasAdd bias")
+    if skip.shape != X.shape:
+        raise KernelError(f"BiasAdd skip shape {skip.shape} != input shape {X.shape}")
+    return (_wide(X) + _wide(bias) + _wide(skip)).astype(X.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# MatMul variants
+# --------------------------------------------------------------------------------------------
+
+
+def _fused_operand(x: np.ndarray, trans: int, trans_batch: int) -> np.ndarray:
+    """Apply FusedMatMul's layout flags to one operand.
+
+    transBatch moves the leading dimension to just before the last one (so a [K, B, M]
+    operand is read as [B, K, M]); trans then swaps the two trailing dimensions.
+    """
+    if x.ndim == 1:
+        return x
+    if trans_batch and x.ndim > 2:
+        perm = list(range(1, x.ndim - 1)) + [0, x.ndim - 1]
+        x = x.transpose(perm)
+    if trans:
+        x = np.swapaxes(x, -1, -2)
+    return x
+
+
+@op("FusedMatMul", domain=MS, since=1, inputs=["A: T", "B: T"], outputs=["Y: T"],
+    types={"T": FLOATS},
+    attrs={"alpha": 1.0, "transA": 0, "transB": 0, "transBatchA": 0, "transBatchB": 0},
+    contract=Contract(nan="propagate", allowed={
+        "transA": one_of(0, 1), "transB": one_of(0, 1),
+        "transBatchA": one_of(0, 1), "transBatchB": one_of(0, 1)}))
+def FusedMatMul(A, B, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
+    """alpha * op(A) @ op(B), batched like MatMul (com.microsoft FusedMatMul-1)."""
+    a = _fused_operand(_wide(A), transA, transBatchA)
+    b = _fused_operand(_wide(B), transB, transBatchB)
+    try:
+        y = np.matmul(a, b)
+    except ValueError as e:
+        raise KernelError(f"FusedMatMul shapes {a.shape} and {b.shape} do not match: {e}") from e
+    return np.asarray(alpha * y).astype(A.dtype)
+
+
+def _dynamic_quant_uint8(a: np.ndarray) -> tuple[np.ndarray, np.float32, np.int32]:
+    """Asymmetric uint8 quantization of `a` with its range widened to include 0."""
+    lo = min(float(a.min()) if a.size else 0.0, 0.0)
+    hi = max(float(a.max()) if a.size else 0.0, 0.0)
+    scale = np.float32(1.0 if hi == lo else (hi - lo) / 255.0)
+    zp = np.int32(np.rint(np.clip(0.0 - lo / scale, 0.0, 255.0)))
+    q = np.clip(np.rint(a / scale) + zp, 0, 255).astype(np.int32)
+    return q, scale, zp
+
+
+@op("DynamicQuantizeMatMul", domain=MS, since=1,
+    inputs=["A: T1", "B: T2", "b_scale: T1", "b_zero_point?: T2", "bias?: T1"],
+    outputs=["Y: T1"], types={"T1": ["float32"], "T2": ["int8", "uint8"]},
+    contract=Contract(nan="propagate"))
+def DynamicQuantizeMatMul(A, B, b_scale, b_zero_point=None, bias=None):
+    """A quantized to uint8 on the fly, integer MatMul with B, then rescale
+    (com.microsoft DynamicQuantizeMatMul-1)."""
+    qa, sa, za = _dynamic_quant_uint8(A.astype(np.float32))
+    n = B.shape[-1]
+    bs = np.asarray(b_scale, dtype=np.float32)
+    if bs.size not in (1, n):
+        raise KernelError(f"b_scale must be a scalar or have {n} entries, got shape {bs.shape}")
+    zb = np.zeros((), np.int32) if b_zero_point is None else b_zero_point.astype(np.int32)
+    if zb.size not in (1, n):
+        raise KernelError(f"b_zero_point must be a scalar or have {n} entries, got {zb.shape}")
+    acc = np.matmul((qa - za).astype(np.int64), (B.astype(np.int32) - zb).astype(np.int64))
+    y = acc.astype(np.float32) * (sa * bs)
+    if bias is not None:
+        y = y + bias.astype(np.float32)
+    return y.astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Normalizations
+# --------------------------------------------------------------------------------------------
+
+_NORM_CONTRACT = Contract(nan="propagate")
+
+
+def _skip_sum(input, skip, bias, what: str) -> np.ndarray:
+    """input + skip (+ bias) in the compute dtype, checking the shapes ORT accepts."""
+    if input.ndim not in (2, 3):
+        raise KernelError(f"{what} input must be 2-D or 3-D, got shape {input.shape}")
+    if skip.shape[-1] != input.shape[-1]:
+        raise KernelError(f"{what} skip shape {skip.shape} does not match input {input.shape}")
+    try:
+        s = _wide(input) + _wide(skip)
+    except ValueError as e:
+        raise KernelError(f"{what} skip shape {skip.shape} not broadcastable to input") from e
+    if s.shape != input.shape:
+        raise KernelError(f"{what} skip shape {skip.shape} not broadcastable to {input.shape}")
+    if bias is not None:
+        _check_bias(bias, input, f"{what} bias")
+        s = s + _wide(bias)
+    return s
+
+
+@op("SkipLayerNormalization", domain=MS, since=1,
+    inputs=["input: T", "skip: T", "gamma: T", "beta?: T", "bias?: T"],
+    outputs=["output: T", "mean?: U", "inv_std_var?: U", "input_skip_bias_sum?: T"],
+    types={"T": ["float32", "float16", "float64", "bfloat16"], "U": ["float32", "float64"]},
+    attrs={"epsilon": 1e-12}, contract=_NORM_CONTRACT)
+def SkipLayerNormalization(input, skip, gamma, beta=None, bias=None, *, epsilon=1e-12):
+    """LayerNorm(input + skip + bias) * gamma + beta over the last axis
+    (com.microsoft SkipLayerNormalization-1)."""
+    s = _skip_sum(input, skip, bias, "SkipLayerNormalization")
+    _check_bias(gamma, input, "SkipLayerNormalization gamma")
+    mean = s.mean(axis=-1, keepdims=True)
+    var = np.mean(np.square(s - mean), axis=-1, keepdims=True)
+    inv_std = 1.0 / np.sqrt(var + epsilon)
+    y = (s - mean) * inv_std * _wide(gamma)
+    if beta is not None:
+        _check_bias(beta, input, "SkipLayerNormalization beta")
+        y = y + _wide(beta)
+    u = np.float64 if input.dtype == np.float64 else np.float32
+    return y.astype(input.dtype), mean.astype(u), inv_std.astype(u), s.astype(input.dtype)
+
+
+@op("SkipSimplifiedLayerNormalization", domain=MS, since=1,
+    inputs=["input: T", "skip: T", "gamma: T", "bias?: T"],
+    outputs=["output: T", "mean?: U", "inv_std_var?: U", "input_skip_bias_sum?: T"],
+    types={"T": ["float32", "float16", "float64", "bfloat16"], "U": ["float32", "float64"]},
+    attrs={"epsilon": 1e-12}, contract=_NORM_CONTRACT)
+def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, *, epsilon=1e-12):
+    """RMSNorm(input + skip + bias) * gamma over the last axis
+    (com.microsoft SkipSimplifiedLayerNormalization-1). `mean` is reported as zeros."""
+    s = _skip_sum(input, skip, bias, "SkipSimplifiedLayerNormalization")
+    _check_bias(gamma, input, "SkipSimplifiedLayerNormalization gamma")
+    inv_rms = 1.0 / np.sqrt(np.mean(np.square(s), axis=-1, keepdims=True) + epsilon)
+    y = s * inv_rms * _wide(gamma)
+    u = np.float64 if input.dtype == np.float64 else np.float32
+    mean = np.zeros(inv_rms.shape, dtype=u)  # RMS normalization subtracts no mean
+    return y.astype(input.dtype), mean, inv_rms.astype(u), s.astype(input.dtype)
+
+
+@op("SimplifiedLayerNormalization", domain=MS, since=1,
+    inputs=["X: T", "scale: V"], outputs=["Y: V", "inv_std_var?: U"],
+    types={"T": ["float32", "float16", "float64", "bfloat16"],
+           "V": ["float32", "float16", "float64", "bfloat16"], "U": ["float32", "float64"]},
+    attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1},
+    contract=Contract(nan="propagate", allowed={"stash_type": one_of(1, 11)}))
+def SimplifiedLayerNormalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """RMS normalization over axes [axis, rank) times scale
+    (SimplifiedLayerNormalization-1; ORT also registers it in the default domain)."""
+    if not -X.ndim <= axis < X.ndim:
+        raise KernelError(f"axis {axis} out of range for rank {X.ndim}")
+    axis = axis % X.ndim
+    u = np.float64 if stash_type == 11 or X.dtype == np.float64 else np.float32
+    x = X.astype(u)
+    axes = tuple(range(axis, X.ndim))
+    inv_rms = 1.0 / np.sqrt(np.mean(np.square(x), axis=axes, keepdims=True) + epsilon)
+    try:
+        y = x * inv_rms * scale.astype(u)
+    except ValueError as e:
+        raise KernelError(f"scale shape {scale.shape} does not broadcast to {X.shape}") from e
+    return y.astype(scale.dtype), inv_rms.astype(u)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention (packed QKV projection, BERT-style masks)
+# --------------------------------------------------------------------------------------------
+
+
+def _mask_from_index(mask_index: np.ndarray, batch: int, seq: int, past: int, total: int,
+                     filt: float) -> np.ndarray:
+    """ORT's mask_index forms as an additive (B, S, total) bias of 0 / mask_filter_value.
+
+    1-D (B): key end positions (right padding); 1-D (2B): end then start positions;
+    2-D (B, total): raw 0/1 mask; 3-D (B, S, total): raw per-query mask;
+    4-D (B, 1, max, max): Megatron-style causal mask, sliced at the past/current window.
+    """
+    m = np.asarray(mask_index)
+    j = np.arange(total)
+    if m.ndim == 1:
+        if m.shape[0] not in (batch, 2 * batch):
+            raise KernelError(f"1-D mask_index must have {batch} or {2 * batch} entries")
+        keep = j[None, :] < m[:batch, None]
+        if m.shape[0] == 2 * batch:
+            keep &= j[None, :] >= m[batch:, None]
+        keep = np.broadcast_to(keep[:, None, :], (batch, seq, total))
+    elif m.ndim == 2:
+        if m.shape != (batch, total):
+            raise KernelError(f"2-D mask_index must be {(batch, total)}, got {m.shape}")
+        keep = np.broadcast_to((m > 0)[:, None, :], (batch, seq, total))
+    elif m.ndim == 3:
+        if m.shape != (batch, seq, total):
+            raise KernelError(f"3-D mask_index must be {(batch, seq, total)}, got {m.shape}")
+        keep = m > 0
+    elif m.ndim == 4:
+        if m.shape[0] != batch or m.shape[2] < total or m.shape[3] < total:
+            raise KernelError(f"4-D mask_index shape {m.shape} too small for {total} positions")
+        keep = m[:, 0, past:past + seq, :total] > 0
+    else:
+        raise KernelError(f"mask_index must be 1-D to 4-D, got shape {m.shape}")
+    return np.where(keep, 0.0, filt).astype(np.float32)
+
+
+def _contrib_attention_workspace(inp, weights, *rest, **attrs) -> int:
+    """Scratch: the packed QKV projection plus one (B, N, S, S) score matrix, float32."""
+    b, s = inp[0], inp[1]
+    heads = attrs.get("num_heads") or 1
+    return int(4 * (b * s * weights[-1] + b * heads * s * s))
+
+
+@op("Attention", domain=MS, since=1,
+    inputs=["input: T", "weights: T", "bias?: T", "mask_index?: M", "past?: T",
+            "attention_bias?: T", "past_sequence_length?: M"],
+    outputs=["output: T", "present?: T"],
+    types={"T": ["float32", "float16"], "M": ["int32"]},
+    attrs={"num_heads": "INT", "unidirectional": 0, "qkv_hidden_sizes": ("INTS", None),
+           "mask_filter_value": -10000.0, "scale": 0.0, "do_rotary": 0,
+           "rotary_embedding_dim": 0, "past_present_share_buffer": 0},
+    contract=Contract(nan="propagate", workspace_bytes=_contrib_attention_workspace, allowed={
+        "unidirectional": one_of(0, 1), "do_rotary": one_of(0),
+        "past_present_share_buffer": one_of(0)}))
+def ContribAttention(input, weights, bias=None, mask_index=None, past=None, attention_bias=None,
+                     past_sequence_length=None, *, num_heads=None, unidirectional=0,
+                     qkv_hidden_sizes=None, mask_filter_value=-10000.0, scale=0.0, do_rotary=0,
+                     rotary_embedding_dim=0, past_present_share_buffer=0):
+    """Multi-head self-attention with a packed QKV projection (com.microsoft Attention-1)."""
+    if input.ndim != 3:
+        raise KernelError(f"Attention input must be (B, S, hidden), got shape {input.shape}")
+    if not num_heads:
+        raise KernelError("Attention needs the num_heads attribute")
+    batch, seq, _ = input.shape
+    width = weights.shape[1]
+    if qkv_hidden_sizes:
+        qh, kh, vh = (int(v) for v in qkv_hidden_sizes)
+    else:
+        qh = kh = vh = width // 3
+    if qh != kh or qh + kh + vh != width or qh % num_heads or vh % num_heads:
+        raise KernelError(
+            f"weights width {width} does not split into Q/K/V sizes {(qh, kh, vh)} "
+            f"divisible by num_heads={num_heads}"
+        )
+    if weights.shape[0] != input.shape[-1]:
+        raise KernelError(f"weights rows {weights.shape[0]} != input hidden {input.shape[-1]}")
+    qkv = _wide(input) @ _wide(weights)
+    if bias is not None:
+        _check_bias(bias, qkv, "Attention bias")
+        qkv = qkv + _wide(bias)
+    head, vhead = qh // num_heads, vh // num_heads
+
+    def heads(x, size):  # (B, S, N*H) -> (B, N, S, H)
+        return x.reshape(batch, seq, num_heads, size).transpose(0, 2, 1, 3)
+
+    q = heads(qkv[..., :qh], head)
+    k = heads(qkv[..., qh:qh + kh], head)
+    v = heads(qkv[..., qh + kh:], vhead)
+    past_len = 0
+    if past is not None:
+        if past.ndim != 5 or past.shape[0] != 2 or past.shape[1] != batch:
+            raise KernelError(f"past must be (2, B, N, P, H), got shape {past.shape}")
+        past_len = past.shape[3]
+        k = np.concatenate([_wide(past[0]), k], axis=2)
+        v = np.concatenate([_wide(past[1]), v], axis=2)
+    total = past_len + seq
+
+    s = float(scale) if scale else 1.0 / math.sqrt(head)
+    scores = (q @ np.swapaxes(k, -1, -2)) * s
+    filt = float(mask_filter_value)
+    if mask_index is not None:
+        scores = scores + _mask_from_index(mask_index, batch, seq, past_len, total, filt)[:, None]
+    if unidirectional:
+        # Keys after a query's own position get the filter value added (ORT adds, not sets).
+        future = np.arange(total)[None, :] > (np.arange(seq)[:, None] + past_len)
+        scores = scores + np.where(future, filt, 0.0).astype(scores.dtype)
+    if attention_bias is not None:
+        scores = scores + _wide(attention_bias)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores)
+    probs = e / e.sum(axis=-1, keepdims=True)
+    y = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, vh)
+    present = np.stack([k, v]).astype(input.dtype) if vhead == head else None
+    return y.astype(input.dtype), present

@@ -95,12 +95,13 @@ def im2col(xp: np.ndarray, kernel, strides, dilations, out_sp) -> np.ndarray:
     """Patches of a padded input (N, C, *padded) as (N, C, K, P), K=prod(kernel), P=prod(out)."""
     n, c = xp.shape[:2]
     if all(k == 1 for k in kernel) and all(s == 1 for s in strides):
-        return xp.reshape(n, c, 1, -1)  # 1x1 kernels: the input already is the patch matrix
+        # 1x1 kernels: the input already is the patch matrix
+        return xp.reshape(n, c, 1, math.prod(xp.shape[2:]))
     cols = np.empty((n, c, math.prod(kernel)) + tuple(out_sp), dtype=xp.dtype)
     for j, off in enumerate(np.ndindex(*kernel)):
         view = window_slices(off, strides, dilations, out_sp)
         cols[:, :, j] = xp[(slice(None), slice(None)) + view]
-    return cols.reshape(n, c, cols.shape[2], -1)
+    return cols.reshape(n, c, cols.shape[2], math.prod(out_sp))
 
 
 def col2im(cols: np.ndarray, kernel, strides, dilations, grid, size) -> np.ndarray:

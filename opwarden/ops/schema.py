@@ -197,10 +197,14 @@ def onnx_function_body(op_type: str, domain: str, version: int) -> onnx.Function
         return None
     if not s.has_function:
         return None
+    fn = s.function_body
     try:
-        return s.get_function_with_opset_version(version) or s.function_body
+        raw = s.get_function_with_opset_version(version)
     except Exception:  # noqa: BLE001 - older onnx builds lack the versioned accessor
-        return s.function_body
+        raw = None
+    if raw:
+        fn = raw if isinstance(raw, onnx.FunctionProto) else onnx.FunctionProto.FromString(raw)
+    return fn
 
 
 def context_function_body(

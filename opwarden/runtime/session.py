@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import dtype_name
-from ..errors import InputError, OptionsError
+from ..errors import InputError, ModelError, OptionsError, OpwardenError
 from ..ir.graph import Model, Value
 from ..ir.load import load
 from ..ir.validate import graphs_of, validate
@@ -79,17 +79,28 @@ class InferenceSession:
             for k, v in kwargs.items():
                 setattr(self.options, k, v)
         self.providers = normalize_providers(providers)
-        self.model: Model = load(path_or_bytes)
+        try:
+            self._prepare(path_or_bytes)
+        except OpwardenError:
+            raise
+        except (RecursionError, MemoryError) as e:
+            raise ModelError(f"model cannot be prepared: {type(e).__name__}") from None
+        except Exception as e:  # noqa: BLE001 - malformed models must not leak other errors
+            raise ModelError(f"model cannot be prepared: {type(e).__name__}: {e}") from None
+        init = self.model.graph.initializers
+        self._inputs = [v for v in self.model.graph.inputs if v.name not in init]
+        self._overridable = [v for v in self.model.graph.inputs if v.name in init]
+        self._outputs = list(self.model.graph.outputs)
+
+    def _prepare(self, source: Any) -> None:
+        """load -> validate -> place -> compile."""
+        self.model: Model = load(source)
         validate(self.model)
         self.placements: list[Placement] = []
         for g in graphs_of(self.model):
             self.placements.extend(place_graph(g, self.providers, self.model.opsets))
         by_node = {id(p.node): p for p in self.placements}
         self.program = Program(self.model.graph, by_node)
-        init = self.model.graph.initializers
-        self._inputs = [v for v in self.model.graph.inputs if v.name not in init]
-        self._overridable = [v for v in self.model.graph.inputs if v.name in init]
-        self._outputs = list(self.model.graph.outputs)
 
     # -- onnxruntime-compatible surface ------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
