@@ -18,11 +18,23 @@ from .place import Placement
 class Step:
     """One node, ready to call."""
 
-    __slots__ = ("fn", "ins", "outs", "kwargs", "graphs", "frees", "placement", "noutputs")
+    __slots__ = (
+        "fn",
+        "ref_fn",
+        "ins",
+        "outs",
+        "kwargs",
+        "graphs",
+        "frees",
+        "placement",
+        "noutputs",
+    )
 
     def __init__(self, placement: Placement, ins, outs, graphs) -> None:
         self.placement = placement
         self.fn = placement.variant.fn
+        op = placement.variant.op
+        self.ref_fn = next((v.fn for v in op.variants if v.reference), op.reference)
         self.ins = ins
         self.outs = outs
         self.kwargs = dict(placement.kwargs)
@@ -36,11 +48,12 @@ class Step:
 class BoundGraph:
     """A subgraph attribute at run time: call it with the subgraph's inputs, get its outputs."""
 
-    __slots__ = ("program", "captured")
+    __slots__ = ("program", "captured", "guard")
 
-    def __init__(self, program: Program, captured: list[Any]) -> None:
+    def __init__(self, program: Program, captured: list[Any], guard: Any = None) -> None:
         self.program = program
         self.captured = captured
+        self.guard = guard
 
     @property
     def input_names(self) -> list[str]:
@@ -51,6 +64,8 @@ class BoundGraph:
         return [v.name for v in self.program.graph.outputs]
 
     def __call__(self, *inputs: Any) -> list[Any]:
+        if self.guard is not None:
+            return self.program.run_guarded(list(inputs), self.captured, self.guard)
         return self.program.run(list(inputs), self.captured)
 
 
@@ -145,12 +160,38 @@ class Program:
                 env[s] = None
         return [env[s] for s in self.output_slots]
 
+    def run_guarded(self, feeds: list[Any], captured: list[Any] | None, guard: Any) -> list[Any]:
+        """`run` with every step under the guard (checks, fallback, deadlines, tracing)."""
+        env = list(self.template)
+        fin: list[Any] = [None] * len(env)
+        for s, x in zip(self.input_slots, feeds):
+            env[s] = x
+        if captured:
+            for s, x in zip(self.capture_slots, captured):
+                env[s] = x
+        for st in self.steps:
+            args = [env[s] if s >= 0 else None for s in st.ins]
+            kw = st.kwargs
+            if st.graphs or st.noutputs:
+                kw = dict(kw)
+                if st.noutputs:
+                    kw["noutputs"] = st.noutputs
+                for k, g in st.graphs.items():
+                    kw[k] = _bind(g, env, guard)
+            outs = guard.call(st, args, kw, fin)
+            for s, o in zip(st.outs, outs):
+                if s >= 0:
+                    env[s] = o
+            for s in st.frees:
+                env[s] = None
+        return [env[s] for s in self.output_slots]
 
-def _bind(g: Any, env: list[Any]) -> Any:
+
+def _bind(g: Any, env: list[Any], guard: Any = None) -> Any:
     if isinstance(g, list):
-        return [BoundGraph(p, [env[s] for s in caps]) for p, caps in g]
+        return [BoundGraph(p, [env[s] for s in caps], guard) for p, caps in g]
     prog, caps = g
-    return BoundGraph(prog, [env[s] for s in caps])
+    return BoundGraph(prog, [env[s] for s in caps], guard)
 
 
 def _store(st: Step, res: Any, env: list[Any]) -> None:

@@ -79,7 +79,9 @@ def _dtype_key(node: Node, dtypes: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def select(node: Node, device: str, layout: str = "NCHW") -> tuple[Variant | None, list]:
+def select(
+    node: Node, device: str, layout: str = "NCHW", quarantine: Any = None
+) -> tuple[Variant | None, list]:
     """The winning variant of `node` on `device` (or None) and (name, reason) for each loser."""
     rejected: list[tuple[str, str]] = []
     candidates: list[Variant] = []
@@ -90,6 +92,9 @@ def select(node: Node, device: str, layout: str = "NCHW") -> tuple[Variant | Non
     for var in node.opdef.variants:
         if var.device != device:
             rejected.append((var.name, f"device {var.device}, not {device}"))
+            continue
+        if quarantine is not None and var.name in quarantine and not var.reference:
+            rejected.append((var.name, f"quarantined as unstable: {quarantine.reason(var.name)}"))
             continue
         ok, why = _dtype_key(node, var.dtypes)
         if not ok:
@@ -162,7 +167,7 @@ def decomposition(node: Node) -> list[onnx.NodeProto] | None:
 
 
 def place_graph(
-    graph: Graph, devices: list[str], opsets: dict[str, int], depth: int = 0
+    graph: Graph, devices: list[str], opsets: dict[str, int], depth: int = 0, quarantine: Any = None
 ) -> list[Placement]:
     """Place every node of `graph` (rewriting unsupported ones); returns placements in order."""
     from ..ir.load import _Builder
@@ -170,7 +175,7 @@ def place_graph(
     placements: list[Placement] = []
     new_nodes: list[Node] = []
     for node in graph.nodes:
-        placed = _place_node(node, devices)
+        placed = _place_node(node, devices, quarantine)
         if placed is not None:
             new_nodes.append(node)
             placements.append(placed)
@@ -188,7 +193,7 @@ def place_graph(
             sub_nodes.append(inner)
         tmp = Graph(graph.name, nodes=sub_nodes, values=graph.values, outer=graph.outer)
         tmp.captures = graph.captures
-        for pl in place_graph(tmp, devices, opsets, depth + 1):
+        for pl in place_graph(tmp, devices, opsets, depth + 1, quarantine):
             pl.decomposed_from = pl.decomposed_from or node.name
             placements.append(pl)
         new_nodes.extend(tmp.nodes)
@@ -197,10 +202,10 @@ def place_graph(
     return placements
 
 
-def _place_node(node: Node, devices: list[str]) -> Placement | None:
+def _place_node(node: Node, devices: list[str], quarantine: Any = None) -> Placement | None:
     rejected: list[tuple[str, str]] = []
     for device in devices:
-        var, why = select(node, device)
+        var, why = select(node, device, quarantine=quarantine)
         rejected.extend(why)
         if var is not None:
             return Placement(node, device, var, kernel_kwargs(node), rejected)

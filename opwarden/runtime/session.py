@@ -10,9 +10,12 @@ import numpy as np
 
 from ..dtypes import dtype_name
 from ..errors import InputError, ModelError, OptionsError, OpwardenError
+from ..guard.faults import FaultRecord
+from ..guard.guard import Guard
 from ..ir.graph import Model, Value
 from ..ir.load import load
 from ..ir.validate import graphs_of, validate
+from ..trace.records import OpRecord, chrome_trace, default_trace_path
 from .executor import Program, describe_value
 from .options import SessionOptions
 from .place import Placement, place_graph
@@ -79,6 +82,7 @@ class InferenceSession:
             for k, v in kwargs.items():
                 setattr(self.options, k, v)
         self.providers = normalize_providers(providers)
+        self.guard = Guard(self.options)
         try:
             self._prepare(path_or_bytes)
         except OpwardenError:
@@ -98,7 +102,9 @@ class InferenceSession:
         validate(self.model)
         self.placements: list[Placement] = []
         for g in graphs_of(self.model):
-            self.placements.extend(place_graph(g, self.providers, self.model.opsets))
+            self.placements.extend(
+                place_graph(g, self.providers, self.model.opsets, quarantine=self.guard.quarantine)
+            )
         by_node = {id(p.node): p for p in self.placements}
         self.program = Program(self.model.graph, by_node)
 
@@ -124,8 +130,35 @@ class InferenceSession:
         """Run the model; returns the requested outputs (all when output_names is None)."""
         picks = self._output_indices(output_names)
         feeds = self._feeds(input_feed)
-        outs = self.program.run(feeds)
+        if not self.guard.active:
+            outs = self.program.run(feeds)
+        else:
+            self.guard.begin_run()
+            try:
+                outs = self.program.run_guarded(feeds, None, self.guard)
+            finally:
+                self.guard.end_run()
         return [outs[i] for i in picks]
+
+    # -- guard and trace ---------------------------------------------------------------------
+    @property
+    def trace(self) -> list[OpRecord]:
+        """Op records of the last run (tracing on: SessionOptions(trace=True))."""
+        return list(self.guard.records)
+
+    @property
+    def faults(self) -> list[FaultRecord]:
+        """Every fault the guard has seen in this session, oldest first."""
+        return list(self.guard.faults)
+
+    def health(self) -> dict[str, Any]:
+        """Per-variant counters (calls, faults by kind, fallbacks), faults and quarantine."""
+        return self.guard.report()
+
+    def end_profiling(self, path: str | None = None) -> str:
+        """Write every traced op of this session as Chrome-trace JSON; returns the path."""
+        out = path or default_trace_path(self.options.profile_file_prefix)
+        return chrome_trace(self.guard.all_records, out)
 
     # -- explanation -------------------------------------------------------------------------
     def explain(self) -> list[dict[str, Any]]:

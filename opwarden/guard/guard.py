@@ -1,0 +1,305 @@
+"""The guard: runs one step under health checks, falls back on faults, records the trace.
+
+On a fault (a kernel exception, a deadline miss, a mutated input, an undeclared alias, a wrong
+output count/shape/dtype, NaN/Inf out of finite inputs) the guard records the context, reruns
+the node with the operator's reference kernel, marks the variant unstable (quarantine) and
+carries on; later calls of a quarantined variant go straight to the reference kernel.
+With ``on_fault="raise"`` it raises KernelError naming the node and the failed check.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import KernelError
+from ..trace.records import OpRecord
+from . import checks as C
+from .faults import FaultRecord, Quarantine, VariantStats
+
+MAX_RECORDS = 1_000_000
+HARD_FAULTS = ("exception", "deadline", "mutation", "outputs", "alias", "shape", "dtype")
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+def _desc(x: Any) -> tuple[Any, str]:
+    if isinstance(x, np.ndarray):
+        return list(x.shape), ("string" if x.dtype.kind in "OUS" else x.dtype.name)
+    if x is None:
+        return None, "none"
+    if isinstance(x, list):
+        return [len(x)], "sequence"
+    return None, type(x).__name__
+
+
+def _attrs_for_record(kw: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in kw.items():
+        if isinstance(v, np.ndarray):
+            out[k] = f"tensor{list(v.shape)}"
+        elif isinstance(v, (int, float, str, bool)) or v is None:
+            out[k] = v
+        elif isinstance(v, list) and all(isinstance(i, (int, float, str)) for i in v):
+            out[k] = v
+        else:
+            out[k] = type(v).__name__
+    return out
+
+
+class Guard:
+    """Per-session guard state: options, quarantine, counters, faults, trace."""
+
+    def __init__(self, options: Any) -> None:
+        self.checks = C.normalize(options.checks)
+        self.on_fault = options.on_fault
+        self.trace = bool(options.trace or options.enable_profiling)
+        self.timeout = options.op_timeout_ms
+        self.quarantine = Quarantine(options.quarantine_file)
+        self.stats: dict[str, VariantStats] = {}
+        self.faults: list[FaultRecord] = []
+        self.records: list[OpRecord] = []  # last run
+        self.all_records: list[OpRecord] = []
+        self.runs = 0
+        self._t0 = 0.0
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.checks or self.trace or self.timeout or self.quarantine.entries)
+
+    # -- run bookkeeping ---------------------------------------------------------------------
+    def begin_run(self) -> None:
+        self.runs += 1
+        self.records = []
+        self._t0 = time.perf_counter()
+
+    def end_run(self) -> None:
+        room = MAX_RECORDS - len(self.all_records)
+        if room > 0:
+            self.all_records.extend(self.records[:room])
+
+    def deadline_ms(self, op_type: str) -> float | None:
+        t = self.timeout
+        if t is None:
+            return None
+        if isinstance(t, dict):
+            return t.get(op_type, t.get("*"))
+        return float(t)
+
+    # -- the guarded call --------------------------------------------------------------------
+    def call(self, st: Any, args: list[Any], kw: dict[str, Any], fin: list[Any]) -> Any:
+        """Run one step; returns its outputs (possibly from the reference kernel)."""
+        pl = st.placement
+        var = pl.variant
+        stats = self.stats.setdefault(var.name, VariantStats())
+        stats.calls += 1
+        rec = self._record(st, args, kw) if self.trace else None
+        self._outs_finite = False
+        t_start = time.perf_counter()
+        if var.name in self.quarantine and not var.reference:
+            res, status = self._reference(st, args, kw), "fallback"
+            stats.fallbacks += 1
+            outs = self._as_list(st, res)
+            faults: list[tuple[str, str]] = []
+        else:
+            outs, faults = self._checked_call(st, args, kw, fin)
+            status = "ok"
+            if faults:
+                outs, status = self._on_fault(st, args, kw, faults, stats)
+        if rec is not None:
+            self._finish(rec, outs, t_start, status, faults)
+        return outs
+
+    def _checked_call(self, st, args, kw, fin) -> tuple[list[Any], list[tuple[str, str]]]:
+        pl = st.placement
+        contract = pl.variant.op.contract
+        call_args = [C.readonly(a) for a in args] if "contract" in self.checks else args
+        try:
+            res = self._invoke(st.fn, call_args, kw, pl.node.op_type)
+        except DeadlineExceeded as e:
+            return [], [("deadline", str(e))]
+        except ValueError as e:
+            if "read-only" in str(e):
+                return [], [("mutation", f"kernel wrote into a read-only input: {e}")]
+            return [], [("exception", f"ValueError: {e}")]
+        except Exception as e:  # noqa: BLE001 - every kernel failure is a fault
+            return [], [("exception", f"{type(e).__name__}: {e}")]
+        try:
+            outs = self._as_list(st, res)
+        except KernelError as e:
+            return [], [("outputs", str(e))]
+        faults: list[tuple[str, str]] = []
+        if "contract" in self.checks:
+            allowed = set(contract.may_alias) | set(contract.must_alias)
+            faults += C.alias_faults(args, outs, allowed)
+        if self.checks & {"shape", "dtype"}:
+            facts = [v.fact if v is not None else None for v in pl.node.outputs]
+            faults += C.fact_faults(outs, facts, self.checks)
+        if self.checks & {"nan", "inf"}:
+            faults += self._numeric(st, args, outs, fin, contract.nan)
+        return outs, faults
+
+    def _numeric(self, st, args, outs, fin, nan_policy) -> list[tuple[str, str]]:
+        # Each tensor is scanned once: `fin` caches "all finite" per slot for this run.
+        ins_finite = True
+        for s, a in zip(st.ins, args):
+            if s < 0 or not C._floatish(a):
+                continue
+            f = fin[s]
+            if f is None:
+                f = fin[s] = C.all_finite(a)
+            ins_finite = ins_finite and f
+        out_finite = [C.all_finite(o) if C._floatish(o) else True for o in outs]
+        for s, f in zip(st.outs, out_finite):
+            if s >= 0:
+                fin[s] = f
+        self._outs_finite = all(out_finite)
+        if self._outs_finite or not ins_finite:
+            return []
+        return C.numeric_faults([], outs, self.checks, nan_policy)
+
+    def _invoke(self, fn, args, kw, op_type: str) -> Any:
+        limit = self.deadline_ms(op_type)
+        if limit is None:
+            return fn(*args, **kw)
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="opwarden-op")
+        fut = self._pool.submit(fn, *args, **kw)
+        try:
+            return fut.result(timeout=limit / 1000.0)
+        except cf.TimeoutError:
+            # Abandon the kernel: its thread finishes on its own; a fresh worker serves the rest.
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+            raise DeadlineExceeded(f"kernel ran past its {limit:g} ms deadline") from None
+
+    def _as_list(self, st, res) -> list[Any]:
+        n = len(st.outs)
+        if type(res) is tuple:
+            outs = list(res)
+        else:
+            outs = [res]
+        if len(outs) < n and any(s >= 0 for s in st.outs[len(outs) :]):
+            raise KernelError(f"kernel returned {len(outs)} outputs, node needs {n}")
+        return [np.asarray(o) if isinstance(o, np.generic) else o for o in outs[:n]]
+
+    def _reference(self, st, args, kw) -> Any:
+        return st.ref_fn(*args, **kw)
+
+    def _on_fault(self, st, args, kw, faults, stats) -> tuple[list[Any], str]:
+        pl = st.placement
+        var = pl.variant
+        kind, detail = faults[0]
+        shapes, dtypes = zip(*[_desc(a) for a in args]) if args else ((), ())
+        rec = FaultRecord(
+            node=pl.node.name,
+            op_type=pl.node.op_type,
+            variant=var.name,
+            device=pl.device,
+            check=kind,
+            detail=detail,
+            input_shapes=list(shapes),
+            input_dtypes=list(dtypes),
+            attrs=_attrs_for_record(kw),
+        )
+        for k, _ in faults:
+            stats.faults[k] += 1
+        where = f"node {pl.node.label}: check {kind!r} failed for variant {var.name} on {pl.device}"
+        if self.on_fault == "raise":
+            rec.action = "raise"
+            self.faults.append(rec)
+            raise KernelError(f"{where}: {detail}")
+        if var.reference:
+            if kind in ("exception", "deadline", "mutation", "outputs"):
+                rec.action = "raise"
+                self.faults.append(rec)
+                raise KernelError(
+                    f"{where} (the reference kernel; nothing to fall back to): {detail}"
+                )
+            # A reference kernel disagreeing with a check is recorded, not hidden or retried.
+            rec.action = "recorded"
+            self.faults.append(rec)
+            outs, _ = self._plain(st, args, kw)
+            return outs, "ok"
+        ref_outs, ref_err = self._plain(st, args, kw, reference=True)
+        if ref_err is not None:
+            rec.action = "raise"
+            self.faults.append(rec)
+            raise KernelError(f"{where}; the reference kernel failed too: {ref_err}")
+        if kind in ("nan", "inf") and all(k in ("nan", "inf") for k, _ in faults):
+            ref_bad = any((C.has_nan(o) if kind == "nan" else C.has_inf(o)) for o in ref_outs)
+            if ref_bad:  # the math itself gives NaN/Inf here: an anomaly, not a faulty kernel
+                rec.action = "recorded"
+                self.faults.append(rec)
+                return ref_outs, "ok"
+        self.faults.append(rec)
+        stats.fallbacks += 1
+        self.quarantine.add(var.name, f"{kind}: {detail} (node {pl.node.name})")
+        return ref_outs, "fallback"
+
+    def _plain(self, st, args, kw, reference: bool = False):
+        fn = st.ref_fn if reference else st.fn
+        try:
+            return self._as_list(st, fn(*args, **kw)), None
+        except Exception as e:  # noqa: BLE001
+            return [], f"{type(e).__name__}: {e}"
+
+    # -- tracing -----------------------------------------------------------------------------
+    def _record(self, st, args, kw) -> OpRecord:
+        pl = st.placement
+        shapes, dtypes = zip(*[_desc(a) for a in args]) if args else ((), ())
+        ws = 0
+        try:
+            ws = pl.variant.op.contract.workspace(
+                [a.shape if isinstance(a, np.ndarray) else () for a in args], kw
+            )
+        except Exception:  # noqa: BLE001 - a workspace rule that cannot evaluate reports 0
+            ws = 0
+        return OpRecord(
+            node=pl.node.name,
+            op_type=pl.node.op_type,
+            device=pl.device,
+            variant=pl.variant.name,
+            input_shapes=list(shapes),
+            input_dtypes=list(dtypes),
+            workspace_bytes=ws,
+            run=self.runs,
+        )
+
+    def _finish(self, rec: OpRecord, outs, t_start: float, status: str, faults) -> None:
+        t_end = time.perf_counter()
+        rec.start_us = (t_start - self._t0) * 1e6
+        rec.exec_us = (t_end - t_start) * 1e6
+        rec.status = status
+        descs = [_desc(o) for o in outs]
+        rec.output_shapes = [d[0] for d in descs]
+        rec.output_dtypes = [d[1] for d in descs]
+        if self.checks & {"nan", "inf"} and getattr(self, "_outs_finite", False) and not faults:
+            rec.checks = {"nan": 0, "inf": 0}
+        elif self.checks & {"nan", "inf"}:
+            rec.checks = {
+                "nan": sum(C.count_nan(o) for o in outs),
+                "inf": sum(C.count_inf(o) for o in outs),
+            }
+        if faults:
+            rec.error = "; ".join(f"{k}: {d}" for k, d in faults)
+            if status == "fallback":
+                rec.variant = f"{rec.variant} -> {self._ref_name(rec)}"
+        self.records.append(rec)
+
+    @staticmethod
+    def _ref_name(rec: OpRecord) -> str:
+        return f"{rec.op_type.lower()}.ref"
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "variants": {k: v.as_dict() for k, v in self.stats.items()},
+            "faults": [f.as_dict() for f in self.faults],
+            "quarantine": dict(self.quarantine.entries),
+        }
