@@ -225,6 +225,76 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    import os
+
+    from .runtime.options import SessionOptions
+    from .runtime.session import InferenceSession
+    from .trace import report
+
+    source, label = (args.model, args.model) if args.model else _load_default()
+    opts = SessionOptions(trace=True, checks=args.checks.split(",") if args.checks else ())
+    sess = InferenceSession(source, sess_options=opts)
+    feeds = _random_feeds(sess, 0)
+    feeds.update(_parse_inputs(args.input or []))
+    records = []
+    show = not args.json and sys.stderr.isatty() and args.runs > 1
+    if show:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task("profiling", total=args.runs)
+            for _ in range(args.runs):
+                sess.run(None, feeds)
+                records.extend(sess.trace)
+                bar.advance(task)
+    else:
+        for _ in range(args.runs):
+            sess.run(None, feeds)
+            records.extend(sess.trace)
+    os.makedirs(args.out, exist_ok=True)
+    trace_path = sess.end_profiling(os.path.join(args.out, "trace.json"))
+    flame_path = report.flame_svg(records, os.path.join(args.out, "flame.svg"))
+    table = report.by_op_type(records)
+    top = report.anomalies(sess.trace, sess.faults)
+    result = {
+        "model": label,
+        "runs": args.runs,
+        "by_op_type": table,
+        "anomalies": top,
+        "faults": [f.as_dict() for f in sess.faults],
+        "trace": trace_path,
+        "flame": flame_path,
+    }
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"{label}: {args.runs} run(s), time by op type")
+    for col in ("op type", "count", "total ms", "mean µs", "max µs", "share"):
+        t.add_column(col, justify="right" if col != "op type" else "left")
+    for r in table:
+        t.add_row(
+            r["op_type"],
+            str(r["count"]),
+            f"{r['total_us'] / 1e3:.2f}",
+            f"{r['mean_us']:.0f}",
+            f"{r['max_us']:.0f}",
+            f"{100 * r['share']:.1f}%",
+        )
+    con = _console()
+    con.print(t)
+    a = Table(title="top anomalies")
+    for col in ("node", "op type", "variant", "µs", "why"):
+        a.add_column(col)
+    for r in top:
+        a.add_row(r["node"], r["op_type"], r["variant"], f"{r['exec_us']:.0f}", r["reason"])
+    con.print(a)
+    con.print(f"trace: {trace_path}\nflame graph: {flame_path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opwarden", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -253,6 +323,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--providers")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_explain)
+    pr = sub.add_parser("profile", help="run with tracing: per-op-type table, anomalies, trace")
+    pr.add_argument("model", nargs="?")
+    pr.add_argument("--runs", type=int, default=3)
+    pr.add_argument("--checks", help="comma-separated: nan,inf,shape,dtype,contract or all")
+    pr.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    pr.add_argument("--json", action="store_true")
+    pr.add_argument("--out", default="opwarden_profile")
+    pr.set_defaults(fn=cmd_profile)
     return p
 
 

@@ -54,3 +54,21 @@ def test_explain_json(tmp_path, capsys):
     assert main(["explain", str(path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["op_type"] for r in rows][:2] == ["Conv", "Relu"]
+
+
+def test_profile_writes_trace_and_flame(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(small_cnn(batch=2).SerializeToString())
+    out = tmp_path / "prof"
+    assert (
+        main(["profile", str(path), "--runs", "2", "--checks", "all", "--json", "--out", str(out)])
+        == 0
+    )
+    res = json.loads(capsys.readouterr().out)
+    assert {r["op_type"] for r in res["by_op_type"]} >= {"Conv", "Relu", "Gemm"}
+    assert sum(r["count"] for r in res["by_op_type"]) == 2 * 7
+    assert abs(sum(r["share"] for r in res["by_op_type"]) - 1) < 1e-6
+    assert 1 <= len(res["anomalies"]) <= 5
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert sum(e["ph"] == "X" for e in events) == 14
+    assert (out / "flame.svg").read_text().startswith("<svg")

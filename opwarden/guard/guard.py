@@ -106,7 +106,7 @@ class Guard:
             res, status = self._reference(st, args, kw), "fallback"
             stats.fallbacks += 1
             outs = self._as_list(st, res)
-            faults: list[tuple[str, str]] = []
+            faults: list[tuple[str, str]] = [("quarantined", self.quarantine.reason(var.name))]
         else:
             outs, faults = self._checked_call(st, args, kw, fin)
             status = "ok"
@@ -141,7 +141,7 @@ class Guard:
         if self.checks & {"shape", "dtype"}:
             facts = [v.fact if v is not None else None for v in pl.node.outputs]
             faults += C.fact_faults(outs, facts, self.checks)
-        if self.checks & {"nan", "inf"}:
+        if self.checks & {"nan", "inf"} and st.ins:
             faults += self._numeric(st, args, outs, fin, contract.nan)
         return outs, faults
 

@@ -111,7 +111,8 @@ def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
 
 # ---------------------------------------------------------------- Einsum
 
-EINSUM = Contract(nan="propagate", overflow="wrap")
+# numpy.einsum returns a view for pure axis permutations of one operand.
+EINSUM = Contract(nan="propagate", overflow="wrap", may_alias=((0, 0),))
 
 
 @op("Einsum", since=12, contract=EINSUM)

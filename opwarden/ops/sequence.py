@@ -9,6 +9,8 @@ from ..errors import KernelError
 from .base import op
 
 SEQ = Contract(nan="propagate")
+# Optionals hold their value as is: the output is the input.
+HOLDER = Contract(nan="propagate", must_alias=((0, 0),))
 
 
 def _position(seq: list, position, insert: bool) -> int:
@@ -112,7 +114,7 @@ def SequenceMap(input_sequence, *additional_inputs, body=None):
     return tuple(results)
 
 
-@op("Optional", since=15, contract=SEQ)
+@op("Optional", since=15, contract=HOLDER)
 def Optional(input=None, *, type=None):
     """An optional holding `input`, or an empty optional (ONNX Optional-15)."""
     return input
@@ -124,7 +126,7 @@ def OptionalHasElement(input=None):
     return np.array(input is not None)
 
 
-@op("OptionalGetElement", since=15, contract=SEQ)
+@op("OptionalGetElement", since=15, contract=HOLDER)
 def OptionalGetElement(input):
     """The value inside an optional; error when empty (ONNX OptionalGetElement-15/18)."""
     if input is None:

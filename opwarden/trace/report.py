@@ -1,0 +1,179 @@
+"""Reports over op records: per-op-type table, top anomalies, flame graph SVG."""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from .records import OpRecord
+
+_PEAKS: dict[str, float] = {}
+
+
+def machine_peaks() -> dict[str, float]:
+    """Compute peak (GFLOP/s, sgemm 512) and memory bandwidth (GB/s, copy), measured once."""
+    if not _PEAKS:
+        a = np.ones((512, 512), np.float32)
+        a @ a
+        t0 = time.perf_counter()
+        for _ in range(5):
+            a @ a
+        flops = 5 * 2 * 512**3 / (time.perf_counter() - t0)
+        x = np.ones(16 << 20, np.uint8)
+        y = np.empty_like(x)
+        np.copyto(y, x)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            np.copyto(y, x)
+        bw = 5 * 2 * x.nbytes / (time.perf_counter() - t0)
+        _PEAKS.update(gflops=flops / 1e9, gbps=bw / 1e9)
+    return dict(_PEAKS)
+
+
+def _elems(shape: Any) -> int:
+    if not isinstance(shape, list):
+        return 0
+    return int(math.prod(d for d in shape if isinstance(d, int)))
+
+
+_ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2}
+
+
+def estimate(rec: OpRecord) -> tuple[float, float]:
+    """(FLOPs, bytes moved) for a record, from its shapes (matmul/conv exact, others by bytes)."""
+    size = sum(
+        _elems(s) * _ITEMSIZE.get(d, 1)
+        for s, d in zip(rec.input_shapes + rec.output_shapes, rec.input_dtypes + rec.output_dtypes)
+    )
+    flops = 0.0
+    ins, outs = rec.input_shapes, rec.output_shapes
+    try:
+        if rec.op_type in ("Conv", "ConvTranspose") and len(ins) >= 2 and outs:
+            w = ins[1]
+            flops = 2.0 * _elems(outs[0]) * _elems(w[1:]) * (1 if rec.op_type == "Conv" else 1)
+        elif rec.op_type in ("Gemm", "MatMul") and len(ins) >= 2 and outs:
+            k = ins[0][-1] if rec.op_type == "MatMul" or len(ins[0]) < 2 else max(ins[0][-2:])
+            flops = 2.0 * _elems(outs[0]) * int(k)
+        else:
+            flops = float(sum(_elems(s) for s in outs))
+    except (TypeError, IndexError, ValueError):
+        flops = 0.0
+    return flops, float(size)
+
+
+def roofline_us(rec: OpRecord, peaks: dict[str, float]) -> float:
+    flops, size = estimate(rec)
+    return max(flops / (peaks["gflops"] * 1e3), size / (peaks["gbps"] * 1e3))
+
+
+def by_op_type(records: list[OpRecord]) -> list[dict[str, Any]]:
+    """count, total/mean/max µs and share of the run time per op type, largest first."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        groups[r.op_type].append(r.exec_us)
+    total = sum(sum(v) for v in groups.values()) or 1.0
+    rows = [
+        {
+            "op_type": k,
+            "count": len(v),
+            "total_us": sum(v),
+            "mean_us": sum(v) / len(v),
+            "max_us": max(v),
+            "share": sum(v) / total,
+        }
+        for k, v in groups.items()
+    ]
+    return sorted(rows, key=lambda r: -r["total_us"])
+
+
+def anomalies(records: list[OpRecord], faults: list[Any], top: int = 5) -> list[dict[str, Any]]:
+    """The most anomalous operators: faults first, then NaN/Inf, then slowest vs roofline."""
+    peaks = machine_peaks()
+    scored: list[tuple[float, dict[str, Any]]] = []
+    fault_nodes = {}
+    for f in faults:
+        fault_nodes.setdefault(f.node, f)
+    seen = set()
+    for r in records:
+        if r.node in seen:
+            continue
+        reason, score = "", 0.0
+        if r.node in fault_nodes:
+            f = fault_nodes[r.node]
+            reason, score = f"fault ({f.check}, {f.action}): {f.detail}", 1e12
+        elif r.status != "ok":
+            reason, score = f"{r.status}: {r.error}", 1e11
+        elif r.checks.get("nan") or r.checks.get("inf"):
+            reason = f"{r.checks.get('nan', 0)} NaN, {r.checks.get('inf', 0)} Inf in outputs"
+            score = 1e10
+        else:
+            bound = roofline_us(r, peaks)
+            ratio = r.exec_us / bound if bound > 0 else 0.0
+            reason, score = f"{ratio:.1f}x its roofline estimate ({bound:.0f} µs)", ratio
+        seen.add(r.node)
+        scored.append(
+            (
+                score,
+                {
+                    "node": r.node,
+                    "op_type": r.op_type,
+                    "variant": r.variant,
+                    "exec_us": r.exec_us,
+                    "reason": reason,
+                },
+            )
+        )
+    scored.sort(key=lambda t: -t[0])
+    return [d for _, d in scored[:top]]
+
+
+def flame_svg(records: list[OpRecord], path: str, width: int = 1200) -> str:
+    """A flame graph (run ▸ op type ▸ node) of total time as an SVG file; returns path."""
+    by_type: dict[str, list[OpRecord]] = defaultdict(list)
+    for r in records:
+        by_type[r.op_type].append(r)
+    total = sum(r.exec_us for r in records) or 1.0
+    row_h, rows = 18, []
+
+    def box(x: float, w: float, level: int, label: str, us: float, hue: int) -> str:
+        y = (2 - level) * (row_h + 2) + 4
+        title = html.escape(f"{label}: {us:.0f} µs ({100 * us / total:.1f}%)")
+        text = html.escape(label) if w > 40 else ""
+        return (
+            f'<g><title>{title}</title><rect x="{x:.1f}" y="{y}" width="{max(w, 0.5):.1f}" '
+            f'height="{row_h}" fill="hsl({hue},70%,60%)" stroke="white"/>'
+            f'<text x="{x + 3:.1f}" y="{y + 13}" font-size="11" font-family="monospace">'
+            f"{text[: int(w / 7)]}</text></g>"
+        )
+
+    rows.append(box(0, width, 0, "run", total, 20))
+    x = 0.0
+    for i, (op_type, recs) in enumerate(
+        sorted(by_type.items(), key=lambda t: -sum(r.exec_us for r in t[1]))
+    ):
+        t_us = sum(r.exec_us for r in recs)
+        w = width * t_us / total
+        hue = (i * 47) % 360
+        rows.append(box(x, w, 1, op_type, t_us, hue))
+        nx = x
+        agg: dict[str, float] = defaultdict(float)
+        for r in recs:
+            agg[r.node] += r.exec_us
+        for node, us in sorted(agg.items(), key=lambda t: -t[1]):
+            nw = width * us / total
+            rows.append(box(nx, nw, 2, node, us, hue))
+            nx += nw
+        x += w
+    height = 3 * (row_h + 2) + 8
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}">' + "".join(rows) + "</svg>"
+    )
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(svg)
+    return path

@@ -1,0 +1,150 @@
+"""Fault injection through the public API on a real model (the light SqueezeNet)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import opwarden as ow
+from opwarden import zoo
+from opwarden.ops import REGISTRY
+
+ort = pytest.importorskip("onnxruntime")
+
+MODEL = zoo.build("squeezenet", seed=0)
+DATA = MODEL.SerializeToString()
+FEEDS = zoo.feeds_for(MODEL, seed=4)
+(WANT,) = ort.InferenceSession(DATA, providers=["CPUExecutionProvider"]).run(None, FEEDS)
+
+
+def _raises(X):
+    raise RuntimeError("simulated driver failure")
+
+
+def _nan(X):
+    return np.full_like(X, np.nan)
+
+
+def _wrong_shape(X):
+    return np.maximum(X[..., :1], 0)
+
+
+def _mutates(X):
+    X *= 0
+    return np.maximum(X, 0)
+
+
+def _sleeps(X):
+    time.sleep(0.4)
+    return np.maximum(X, 0)
+
+
+CASES = {
+    "exception": (_raises, {}),
+    "nan": (_nan, {"checks": "all"}),
+    "shape": (_wrong_shape, {"checks": "all"}),
+    "mutation": (_mutates, {}),
+    "deadline": (_sleeps, {"op_timeout_ms": {"Relu": 100}}),
+}
+
+
+@pytest.fixture
+def bad_relu(request):
+    """Register a misbehaving high-priority Relu variant; remove it afterwards."""
+    fn, opts = CASES[request.param]
+    calls = []
+
+    def variant(X):
+        calls.append(1)
+        return fn(X)
+
+    relu = REGISTRY.latest("Relu")
+    before = list(relu.variants)
+    ow.kernel("Relu", priority=100, name=f"relu.cpu.bad_{request.param}")(variant)
+    yield request.param, opts, calls
+    relu.variants = before
+
+
+def _close(got):
+    assert np.abs(got - WANT).max() <= 1e-3 * np.abs(WANT).max() + 1e-5
+
+
+@pytest.mark.parametrize("bad_relu", list(CASES), indirect=True)
+def test_fault_falls_back_and_quarantines(bad_relu):
+    kind, opts, calls = bad_relu
+    sess = ow.InferenceSession(DATA, trace=True, **opts)
+    assert all(
+        r["variant"].startswith("relu.cpu.bad") for r in sess.explain() if r["op_type"] == "Relu"
+    )
+    (got,) = sess.run(None, FEEDS)
+    _close(got)
+    # the first Relu faulted with the right check; the rest went straight to the reference
+    faults = sess.faults
+    assert faults and faults[0].check == kind and faults[0].op_type == "Relu"
+    assert faults[0].action == "fallback" and faults[0].input_shapes
+    relu_recs = [r for r in sess.trace if r.op_type == "Relu"]
+    assert all(r.status == "fallback" for r in relu_recs)
+    assert kind in relu_recs[0].error
+    assert f"relu.cpu.bad_{kind}" in sess.health()["quarantine"]
+    stats = sess.health()["variants"][f"relu.cpu.bad_{kind}"]
+    assert stats["faults"][kind] == 1 and stats["fallbacks"] == len(relu_recs)
+    n_calls = len(calls)
+    assert n_calls == 1
+    (again,) = sess.run(None, FEEDS)
+    _close(again)
+    assert len(calls) == n_calls, "a quarantined variant must not be called again"
+
+
+@pytest.mark.parametrize("bad_relu", list(CASES), indirect=True)
+def test_on_fault_raise_names_node_and_check(bad_relu):
+    kind, opts, _ = bad_relu
+    sess = ow.InferenceSession(DATA, on_fault="raise", **opts)
+    with pytest.raises(ow.KernelError, match=rf"node '.+' \(Relu\): check '{kind}' failed"):
+        sess.run(None, FEEDS)
+
+
+@pytest.mark.parametrize("bad_relu", ["exception"], indirect=True)
+def test_quarantine_persists_to_a_file(bad_relu, tmp_path):
+    path = str(tmp_path / "quarantine.json")
+    first = ow.InferenceSession(DATA, quarantine_file=path)
+    first.run(None, FEEDS)
+    assert "relu.cpu.bad_exception" in json.load(open(path))["variants"]
+    second = ow.InferenceSession(DATA, quarantine_file=path)
+    relu_rows = [r for r in second.explain() if r["op_type"] == "Relu"]
+    assert all(r["variant"] == "relu.ref" for r in relu_rows)
+    assert any("quarantined" in x["reason"] for x in relu_rows[0]["rejected"])
+    _close(second.run(None, FEEDS)[0])
+
+
+def test_chrome_trace_has_one_complete_event_per_node(tmp_path):
+    sess = ow.InferenceSession(DATA, enable_profiling=True)
+    sess.run(None, FEEDS)
+    path = sess.end_profiling(str(tmp_path / "trace.json"))
+    events = json.load(open(path))["traceEvents"]
+    xs = [e for e in events if e["ph"] == "X"]
+    assert len(xs) == len(sess.model.graph.nodes) == len(sess.trace)
+    assert {e["name"] for e in xs} == {n.name for n in sess.model.graph.nodes}
+    rec = xs[0]["args"]
+    for key in (
+        "op_type",
+        "device",
+        "variant",
+        "input_shapes",
+        "output_shapes",
+        "exec_us",
+        "status",
+        "workspace_bytes",
+    ):
+        assert key in rec
+
+
+def test_math_nan_is_recorded_not_blamed_on_the_reference():
+    from tests.models import one_node
+
+    sess = ow.InferenceSession(one_node("Log", [("x", 1, [3])], [("y", 1, [3])]), checks="all")
+    (y,) = sess.run(None, {"x": np.array([-1.0, 0.0, 1.0], np.float32)})
+    assert np.isnan(y[0]) and np.isinf(y[1])
+    assert [f.action for f in sess.faults] == ["recorded"]
