@@ -369,3 +369,125 @@ def ContribAttention(input, weights, bias=None, mask_index=None, past=None, atte
     y = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, vh)
     present = np.stack([k, v]).astype(input.dtype) if vhead == head else None
     return y.astype(input.dtype), present
+
+
+# --------------------------------------------------------------------------------------------
+# Dynamically quantized LSTM
+# --------------------------------------------------------------------------------------------
+
+
+def _quant_matmul(a: np.ndarray, qw: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> np.ndarray:
+    """a @ dequantize(qw) as ORT computes it: all of `a` quantized to uint8 with one scale,
+    an exact integer product, then rescaled per column of qw (float32)."""
+    qa, sa, za = _dynamic_quant_uint8(a)
+    acc = (qa - za).astype(np.int64) @ (qw.astype(np.int64) - zp.astype(np.int64))
+    return acc.astype(np.float32) * (sa * scale)
+
+
+def _per_column(v: np.ndarray, num_dir: int, cols: int, what: str) -> np.ndarray:
+    """A scale / zero point given per direction ([D]) or per column ([D, cols]) as [D, 1|cols]."""
+    v = np.asarray(v)
+    if v.shape in ((num_dir,), (num_dir, 1)) or (num_dir == 1 and v.shape == ()):
+        return v.reshape(num_dir, 1)
+    if v.shape == (num_dir, cols):
+        return v
+    raise KernelError(f"{what} has shape {v.shape}; expected ({num_dir},) or ({num_dir}, {cols})")
+
+
+def _qlstm_shapes(X, W, R, num_dir: int, hidden_size):
+    if X.ndim != 3:
+        raise KernelError(f"X must be [seq, batch, input], got shape {X.shape}")
+    H = R.shape[1] if R.ndim == 3 else -1
+    if hidden_size is not None and int(hidden_size) != H:
+        raise KernelError(f"hidden_size={hidden_size} but R has shape {R.shape}")
+    if W.shape != (num_dir, X.shape[2], 4 * H):
+        raise KernelError(f"W has shape {W.shape}, expected {(num_dir, X.shape[2], 4 * H)}")
+    if R.shape != (num_dir, H, 4 * H):
+        raise KernelError(f"R has shape {R.shape}, expected {(num_dir, H, 4 * H)}")
+    return H
+
+
+def _f32_or_zeros(v, shape, what: str) -> np.ndarray:
+    if v is None:
+        return np.zeros(shape, np.float32)
+    if v.shape != shape:
+        raise KernelError(f"{what} has shape {v.shape}, expected {shape}")
+    return v.astype(np.float32)
+
+
+@op("DynamicQuantizeLSTM", domain=MS, since=1,
+    inputs=["X: T", "W: T2", "R: T2", "B?: T", "sequence_lens?: T1", "initial_h?: T",
+            "initial_c?: T", "P?: T", "W_scale: T", "W_zero_point: T2", "R_scale: T",
+            "R_zero_point: T2"],
+    outputs=["Y?: T", "Y_h?: T", "Y_c?: T"],
+    types={"T": ["float32"], "T1": ["int32"], "T2": ["uint8", "int8"]},
+    attrs={"activation_alpha": ("FLOATS", None), "activation_beta": ("FLOATS", None),
+           "activations": ("STRINGS", None), "clip": ("FLOAT", None),
+           "direction": "forward", "hidden_size": ("INT", None), "input_forget": 0},
+    contract=Contract(nan="propagate", allowed={
+        "direction": one_of("forward", "reverse", "bidirectional"),
+        "input_forget": one_of(0, 1)}))
+def DynamicQuantizeLSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None,
+                        P=None, W_scale=None, W_zero_point=None, R_scale=None,
+                        R_zero_point=None, *, activation_alpha=None, activation_beta=None,
+                        activations=None, clip=None, direction="forward", hidden_size=None,
+                        input_forget=0):
+    """LSTM (gates i|o|f|c) with int8/uint8 W [D, input, 4H] and R [D, H, 4H]; X and each
+    step's hidden state are quantized to uint8 on the fly (com.microsoft DynamicQuantizeLSTM-1).
+
+    As in ORT (run single-threaded), the input projection quantizes X[:max(sequence_lens)]
+    with one scale and each recurrent step quantizes the whole batch's previous output.
+    """
+    from .rnn import _activation_list, _clipper, _reverse_index, _seq_lens
+
+    if W_scale is None or W_zero_point is None or R_scale is None or R_zero_point is None:
+        raise KernelError("DynamicQuantizeLSTM needs W_scale, W_zero_point, R_scale, R_zero_point")
+    num_dir = 2 if direction == "bidirectional" else 1
+    H = _qlstm_shapes(X, W, R, num_dir, hidden_size)
+    T, Bsz = X.shape[0], X.shape[1]
+    lens = _seq_lens(sequence_lens, T, Bsz)
+    ws = _per_column(W_scale, num_dir, 4 * H, "W_scale").astype(np.float32)
+    wz = _per_column(W_zero_point, num_dir, 4 * H, "W_zero_point")
+    rs = _per_column(R_scale, num_dir, 4 * H, "R_scale").astype(np.float32)
+    rz = _per_column(R_zero_point, num_dir, 4 * H, "R_zero_point")
+    b = _f32_or_zeros(B, (num_dir, 8 * H), "B")
+    bias = b[:, :4 * H] + b[:, 4 * H:]
+    p = _f32_or_zeros(P, (num_dir, 3 * H), "P")
+    h0 = _f32_or_zeros(initial_h, (num_dir, Bsz, H), "initial_h")
+    c0 = _f32_or_zeros(initial_c, (num_dir, Bsz, H), "initial_c")
+    acts = _activation_list(activations, activation_alpha, activation_beta,
+                            ["Sigmoid", "Tanh", "Tanh"], num_dir)
+    cl = _clipper(clip)
+    x = X.astype(np.float32)
+    t_max = int(lens.max()) if lens.size else 0
+    bidx = np.arange(Bsz)
+    Y = np.zeros((T, num_dir, Bsz, H), np.float32)
+    Y_h, Y_c = h0.copy(), c0.copy()
+    for d in range(num_dir):
+        reverse = direction == "reverse" or d == 1
+        ridx = _reverse_index(lens, T) if reverse else None
+        xd = x[ridx, bidx] if reverse else x
+        # One quantization over every time step any sequence still uses.
+        proj = _quant_matmul(xd[:t_max].reshape(-1, x.shape[2]), W[d], ws[d], wz[d])
+        proj = proj.reshape(t_max, Bsz, 4 * H)
+        f, g, hf = acts[d]
+        pi, po, pf = p[d, :H], p[d, H:2 * H], p[d, 2 * H:]
+        h, c = h0[d], c0[d]
+        Yd = np.zeros((T, Bsz, H), np.float32)
+        for t in range(t_max):
+            active = (t < lens)[:, None]
+            # The state quantized is last step's output row, which ORT zeroes for sequences
+            # that had already ended then; it sets the range of the one quantization scale.
+            prev = h if t == 0 else np.where((t - 1 < lens)[:, None], h, 0.0)
+            rec = _quant_matmul(prev.astype(np.float32), R[d], rs[d], rz[d])
+            gates = proj[t] + rec + bias[d]
+            i = f(cl(gates[:, :H] + pi * c))
+            fg = 1 - i if input_forget else f(cl(gates[:, 2 * H:3 * H] + pf * c))
+            c_new = fg * c + i * g(cl(gates[:, 3 * H:]))
+            o = f(cl(gates[:, H:2 * H] + po * c_new))
+            h_new = o * hf(c_new)
+            h, c = np.where(active, h_new, h), np.where(active, c_new, c)
+            Yd[t] = np.where(active, h_new, 0.0)
+        Y[:, d] = Yd[ridx, bidx] if reverse else Yd
+        Y_h[d], Y_c[d] = h, c
+    return Y, Y_h.astype(np.float32), Y_c.astype(np.float32)

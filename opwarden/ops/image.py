@@ -1,12 +1,14 @@
-"""Operators: image family (Resize, Upsample, GridSample, AffineGrid, RoiAlign, NonMaxSuppression).
+"""Operators: image family (Resize, Upsample, GridSample, AffineGrid, RoiAlign, NonMaxSuppression,
+ImageDecoder).
 
 Resampling is separable: each resized axis gets a small table of source taps (indices and
 weights) per output position, applied with one gather per tap, so no per-pixel Python loops.
-ImageDecoder is not implemented: no image codec library is available without new dependencies.
+ImageDecoder needs Pillow, an optional dependency (the `image` extra), imported only when run.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 
 import numpy as np
@@ -216,8 +218,7 @@ def _resize_geometry(X: np.ndarray, roi, scales, sizes, axes, policy: str):
             raise KernelError(f"Resize: scales must be positive, got {scales.tolist()}")
         for i, a in enumerate(axes):
             full_scales[a] = float(scales[i])
-            # float64 product of the float32 scale is exact, so floor() follows the spec's math.
-            out_shape[a] = int(np.floor(X.shape[a] * float(scales[i])))
+            out_shape[a] = _scaled_size(X.shape[a], scales[i])
         return out_shape, full_scales, full_roi
     if sizes.size != k:
         raise KernelError(f"Resize: sizes has {sizes.size} values, expected {k}")
@@ -310,6 +311,15 @@ def Resize_11(X, roi=None, scales=None, sizes=None, *,
                                nearest_mode=nearest_mode)
 
 
+def _scaled_size(n: int, scale) -> int:
+    """floor(n * scale) with the product rounded to float32, as onnxruntime computes it.
+
+    Exporters emit scales = float32(out / in) for a dynamic target size (Upsample-9, Resize-10)
+    and rely on this: 9 * float32(17 / 9) is 16.9999995 exactly but 17.0 in float32.
+    """
+    return int(np.floor(np.float32(n) * np.float32(scale)))
+
+
 def _upsample(X: np.ndarray, scales, mode: str, *, min_scale: float = 0.0) -> np.ndarray:
     """Resize-10 / Upsample semantics: asymmetric coordinates, floor(in * scale) sizes."""
     scales = np.asarray(scales, dtype=np.float64).reshape(-1)
@@ -320,7 +330,7 @@ def _upsample(X: np.ndarray, scales, mode: str, *, min_scale: float = 0.0) -> np
                           f"got {scales.tolist()}")
     if mode == "bilinear":  # Upsample-1 spelling
         mode = "linear"
-    out_shape = [int(np.floor(n * s)) for n, s in zip(X.shape, scales)]
+    out_shape = [_scaled_size(n, s) for n, s in zip(X.shape, scales)]
     return _resize_nd(X, out_shape, scales.tolist(), [(0.0, 1.0)] * X.ndim, mode=mode,
                       ctm="asymmetric", nearest_mode="simple")
 
@@ -394,7 +404,10 @@ def _grid_sample(X: np.ndarray, grid: np.ndarray, mode: str, padding_mode: str,
         raise KernelError(f"GridSample: grid shape {grid.shape} does not fit X shape {X.shape}")
     N, C, spatial = X.shape[0], X.shape[1], X.shape[2:]
     out_spatial = grid.shape[1:-1]
-    g = grid.astype(np.float64).reshape(N, -1, r)
+    # Unnormalize in the grid's own precision (at least float32), as torch and onnxruntime do:
+    # in float64 a coordinate float32 math puts exactly on .5 can land past it and round the
+    # other way in nearest mode.
+    g = grid.astype(np.promote_types(grid.dtype, np.float32)).reshape(N, -1, r)
     Xf = X.reshape(N, C, -1)
     # grid's last axis lists coordinates innermost-first: g[..., 0] is along X's last axis.
     taps = [_grid_taps(_unnormalize(g[:, :, r - 1 - i], n, align_corners), n, mode,
@@ -646,3 +659,50 @@ def NonMaxSuppression(boxes, scores, max_output_boxes_per_class=None, iou_thresh
                                   score_t):
                     rows.append((b, c, i))
     return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# ImageDecoder
+
+# pixel_format -> (Pillow mode to convert to, whether to reverse the channel order)
+_PIXEL_FORMATS = {"RGB": ("RGB", False), "BGR": ("RGB", True), "Grayscale": ("L", False)}
+
+
+def _pillow_image():
+    """PIL.Image, imported on first use so Pillow stays an optional dependency."""
+    try:
+        from PIL import Image
+    except ImportError as e:
+        raise KernelError("ImageDecoder needs Pillow: pip install 'opwarden[image]'") from e
+    return Image
+
+
+@op("ImageDecoder", since=20, contract=Contract(
+    nan="none", allowed={"pixel_format": one_of(*_PIXEL_FORMATS)}))
+def ImageDecoder(encoded_stream, *, pixel_format="RGB"):
+    """Decode BMP/JPEG/JPEG2000/TIFF/PNG/WebP/PNM bytes to an (H, W, C) uint8 image
+    (ONNX ImageDecoder-20).
+
+    Grayscale is Pillow's "L" conversion, ITU-R 601-2 luma (0.299 R + 0.587 G + 0.114 B),
+    which is what the ONNX test data holds. Bytes that do not decode give an empty
+    (0, 0, C) image, as the spec asks.
+    """
+    Image = _pillow_image()
+    mode, reverse = _PIXEL_FORMATS[pixel_format]
+    channels = 1 if mode == "L" else 3
+    data = np.asarray(encoded_stream)
+    if data.dtype != np.uint8 or data.ndim != 1:
+        raise KernelError(
+            f"ImageDecoder input must be a 1-D uint8 tensor, got {data.dtype} {data.shape}"
+        )
+    try:
+        with Image.open(io.BytesIO(data.tobytes())) as im:
+            im.load()
+            pixels = np.asarray(im.convert(mode), dtype=np.uint8)
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError):
+        return np.zeros((0, 0, channels), dtype=np.uint8)
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    if reverse:
+        pixels = pixels[:, :, ::-1]
+    return np.ascontiguousarray(pixels)

@@ -30,8 +30,10 @@ def ours(op_type, inputs, attrs=None, n_out=1):
     return res[:n_out]
 
 
-def theirs(op_type, inputs, attrs=None, n_out=1, domain=MS):
-    """onnxruntime's outputs of the same one-node model (skips the test without onnxruntime)."""
+def theirs(op_type, inputs, attrs=None, n_out=1, domain=MS, threads=None):
+    """onnxruntime's outputs of the same one-node model (skips the test without onnxruntime).
+
+    `threads` pins the intra-op thread count (results of some ORT kernels depend on it)."""
     ort = pytest.importorskip("onnxruntime")
     names = [f"i{k}" if x is not None else "" for k, x in enumerate(inputs)]
     while names and not names[-1]:
@@ -48,7 +50,10 @@ def theirs(op_type, inputs, attrs=None, n_out=1, domain=MS):
                                                 helper.make_opsetid(MS, 1)])
     model.ir_version = 8
     feeds = {n: x for n, x in zip(names, inputs) if n}
-    return ort.InferenceSession(model.SerializeToString(),
+    so = ort.SessionOptions()
+    if threads is not None:
+        so.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
@@ -327,3 +332,83 @@ def test_attention_bad_shapes():
         ours("Attention", [x, w[:, :23], b], {"num_heads": 2})
     with pytest.raises(KernelError):
         ours("Attention", [x, w, b, np.array([1, 2, 3], np.int32)], {"num_heads": 2})
+
+
+# ---------------------------------------------------------------------------- DynamicQuantizeLSTM
+
+
+def _qlstm_inputs(direction="forward", wdt=np.int8, per_column=True, lens=None, extras=True,
+                  T=5, batch=3, inp=4, H=3, zero_points=False):
+    """Inputs for one DynamicQuantizeLSTM call: quantized W [D, I, 4H], R [D, H, 4H]."""
+    D = 2 if direction == "bidirectional" else 1
+    lo, hi = (-128, 128) if wdt == np.int8 else (0, 256)
+    shp = (D, 4 * H) if per_column else (D,)
+
+    def scales():
+        return (RNG.random(shp) * 0.01 + 0.002).astype(np.float32)
+
+    def zps():
+        if not zero_points:
+            return np.zeros(shp, wdt)
+        return RNG.integers(lo // 4 if lo else 100, hi // 4 if lo else 150, shp).astype(wdt)
+
+    def opt(*shape, k=1.0):
+        return (RNG.standard_normal(shape) * k).astype(np.float32) if extras else None
+
+    return [rand(T, batch, inp), RNG.integers(lo, hi, (D, inp, 4 * H)).astype(wdt),
+            RNG.integers(lo, hi, (D, H, 4 * H)).astype(wdt), opt(D, 8 * H, k=0.1),
+            None if lens is None else np.array(lens, np.int32), opt(D, batch, H),
+            opt(D, batch, H), opt(D, 3 * H, k=0.1), scales(), zps(), scales(), zps()]
+
+
+@pytest.mark.parametrize("direction,wdt,per_column,lens,extras,attrs", [
+    ("forward", np.int8, True, None, True, {}),
+    ("reverse", np.uint8, False, None, True, {}),
+    ("bidirectional", np.int8, True, None, True, {}),
+    ("bidirectional", np.uint8, True, [5, 3, 2], True, {}),
+    ("forward", np.int8, True, [4, 3, 2], True, {}),
+    ("reverse", np.int8, True, [2, 5, 4], False, {}),
+    ("forward", np.int8, True, None, False, {}),
+    ("forward", np.int8, True, None, True, {"clip": 0.5, "input_forget": 1}),
+    ("bidirectional", np.int8, True, None, True,
+     {"activations": ["HardSigmoid", "Tanh", "Relu"] * 2, "activation_alpha": [0.3, 0.3],
+      "activation_beta": [0.4, 0.4]}),
+])
+def test_dynamic_quantize_lstm_matches_onnxruntime(direction, wdt, per_column, lens, extras,
+                                                   attrs):
+    ins = _qlstm_inputs(direction, wdt, per_column, lens, extras)
+    attrs = {"hidden_size": 3, "direction": direction, **attrs}
+    got = ours("DynamicQuantizeLSTM", ins, attrs, n_out=3)
+    # ORT quantizes the recurrent state per thread's slice of the batch: pin one thread.
+    ref = theirs("DynamicQuantizeLSTM", ins, attrs, n_out=3, threads=1)
+    for a, b in zip(got, ref):
+        close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("wdt", [np.int8, np.uint8])
+def test_dynamic_quantize_lstm_near_float_lstm(wdt):
+    """Nonzero weight zero points (ORT rejects them) against LSTM on dequantized weights."""
+    ins = _qlstm_inputs("bidirectional", wdt, True, None, True, zero_points=True)
+    X, W, R, B, _, h0, c0, P, ws, wz, rs, rz = ins
+    got = ours("DynamicQuantizeLSTM", ins, {"hidden_size": 3, "direction": "bidirectional"},
+               n_out=3)
+    # ONNX LSTM wants W as [D, 4H, I]: dequantize, then swap the last two axes.
+    w = ((W.astype(np.float32) - wz[:, None, :]) * ws[:, None, :]).transpose(0, 2, 1)
+    r = ((R.astype(np.float32) - rz[:, None, :]) * rs[:, None, :]).transpose(0, 2, 1)
+    lstm = REGISTRY.resolve("LSTM", "", 14)[0].reference
+    want = lstm(X, w, r, B, None, h0, c0, P, hidden_size=3, direction="bidirectional")
+    for a, b in zip(got, want):
+        assert a.dtype == np.float32 and a.shape == b.shape
+        # Only the uint8 quantization of X and h separates the two.
+        np.testing.assert_allclose(a, b, atol=0.05)
+
+
+def test_dynamic_quantize_lstm_checks_shapes():
+    ins = _qlstm_inputs()
+    ins[1] = np.zeros((1, 4 * 3, 4), np.int8)  # LSTM's [D, 4H, I], not [D, I, 4H]
+    with pytest.raises(KernelError, match="W has shape"):
+        ours("DynamicQuantizeLSTM", ins, {"hidden_size": 3})
+    ins = _qlstm_inputs()
+    ins[8] = np.ones((1, 5), np.float32)
+    with pytest.raises(KernelError, match="W_scale"):
+        ours("DynamicQuantizeLSTM", ins, {"hidden_size": 3})

@@ -134,3 +134,119 @@ def test_nms_order_and_empty():
 def test_gridsample_workspace_declared():
     c = REGISTRY.latest("GridSample").contract
     assert c.workspace([(1, 3, 4, 4), (1, 5, 5, 2)], {}) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# ImageDecoder
+
+
+def _encode(pixels: np.ndarray, fmt: str) -> np.ndarray:
+    Image = pytest.importorskip("PIL.Image")
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format=fmt)
+    return np.frombuffer(buf.getvalue(), dtype=np.uint8)
+
+
+_PIXELS = np.random.default_rng(3).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "BMP", "PPM", "TIFF"])
+def test_image_decoder_lossless_round_trip(fmt):
+    Y = ref("ImageDecoder")(_encode(_PIXELS, fmt), pixel_format="RGB")
+    assert Y.dtype == np.uint8 and Y.shape == (5, 7, 3)
+    np.testing.assert_array_equal(Y, _PIXELS)
+
+
+def test_image_decoder_bgr_reverses_channels():
+    Y = ref("ImageDecoder")(_encode(_PIXELS, "PNG"), pixel_format="BGR")
+    np.testing.assert_array_equal(Y, _PIXELS[:, :, ::-1])
+    assert Y.flags.c_contiguous
+
+
+def test_image_decoder_grayscale_is_itu_r_601_luma():
+    Y = ref("ImageDecoder")(_encode(_PIXELS, "PNG"), pixel_format="Grayscale")
+    assert Y.shape == (5, 7, 1) and Y.dtype == np.uint8
+    luma = _PIXELS.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
+    assert np.abs(Y[:, :, 0].astype(np.float64) - luma).max() <= 0.5 + 1e-6
+
+
+def test_image_decoder_gray_source_to_rgb():
+    gray = _PIXELS[:, :, 0]
+    Y = ref("ImageDecoder")(_encode(gray, "PNG"), pixel_format="RGB")
+    np.testing.assert_array_equal(Y, np.repeat(gray[:, :, None], 3, axis=2))
+
+
+def test_image_decoder_garbage_gives_empty_image():
+    pytest.importorskip("PIL")
+    junk = np.frombuffer(b"definitely not an image", dtype=np.uint8)
+    Y = ref("ImageDecoder")(junk, pixel_format="RGB")
+    assert Y.shape == (0, 0, 3) and Y.dtype == np.uint8
+    Y = ref("ImageDecoder")(junk[:0], pixel_format="Grayscale")
+    assert Y.shape == (0, 0, 1)
+
+
+def test_image_decoder_rejects_non_uint8_input():
+    pytest.importorskip("PIL")
+    with pytest.raises(KernelError, match="1-D uint8"):
+        ref("ImageDecoder")(np.zeros(4, np.int32), pixel_format="RGB")
+
+
+def test_image_decoder_without_pillow_names_the_extra(monkeypatch):
+    import sys
+
+    # A None entry in sys.modules makes `import PIL` raise ImportError.
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    with pytest.raises(KernelError, match=r"opwarden\[image\]"):
+        ref("ImageDecoder")(np.zeros(4, np.uint8), pixel_format="RGB")
+
+
+def test_gridsample_nearest_rounds_in_float32_like_onnxruntime():
+    # Found on an exported spatial-transformer: in float32, (g + 1) / 2 * 15 is exactly 6.5
+    # (round half to even -> 6); unnormalized in float64 it is 6.5000003 (-> 7).
+    g = np.float32(-0.1333333)
+    assert (g + np.float32(1)) / np.float32(2) * np.float32(15) == np.float32(6.5)
+    X = np.arange(16 * 4, dtype=np.float32).reshape(1, 1, 16, 4)
+    grid = np.array([[[[-1.0, g], [1.0, g]]]], np.float32)  # (1, 1, 2, 2)
+    Y = ref("GridSample", 16)(X, grid, align_corners=1, mode="nearest", padding_mode="border")
+    np.testing.assert_array_equal(Y, [[[[24.0, 27.0]]]])  # row 6, columns 0 and 3
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("GridSample", ["X", "G"], ["Y"], align_corners=1, mode="nearest",
+                            padding_mode="border")
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, X.shape),
+         helper.make_tensor_value_info("G", TensorProto.FLOAT, grid.shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(Y, sess.run(None, {"X": X, "G": grid})[0])
+
+
+@pytest.mark.parametrize("op_type,opset", [("Upsample", 9), ("Resize", 10), ("Resize", 13)])
+def test_scaled_output_size_uses_float32_product_like_onnxruntime(op_type, opset):
+    # torch exports interpolate(size=dynamic) at opset 9/10 as scales = float32(17 / 9); the
+    # size must come out 17 (float32 product), not floor(16.9999995...) = 16.
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    X = np.random.default_rng(0).standard_normal((1, 2, 9, 5)).astype(np.float32)
+    scales = np.array([1, 1, 17 / 9, 17 / 5], np.float32)
+    inputs = ["X", "", "S"] if opset >= 11 else ["X", "S"]
+    node = helper.make_node(op_type, inputs, ["Y"], mode="linear")
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, X.shape),
+         helper.make_tensor_value_info("S", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]
+                                ).run(None, {"X": X, "S": scales})[0]
+    kernel = REGISTRY.resolve(op_type, "", opset)[0]
+    Y = kernel(X, None, scales, mode="linear") if opset >= 11 else kernel(X, scales, mode="linear")
+    assert Y.shape == want.shape == (1, 2, 17, 17)
+    np.testing.assert_allclose(Y, want, rtol=1e-5, atol=1e-6)

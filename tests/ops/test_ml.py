@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from opwarden.dtypes import onnx_type
 from opwarden.errors import KernelError
@@ -202,3 +204,149 @@ def test_training_momentum_nesterov_formula():
     want_v = 0.9 * v + 0.5 * gr
     same(vn, want_v.astype(np.float32))
     same(xn, (x - 0.1 * (gr + 0.9 * want_v)).astype(np.float32))
+
+
+# ---------------------------------------------------------------------------- tree ensembles
+
+
+def _forest(n_trees=3, depth=3, F=4, n_out=1, per_leaf=1, neg=True, missing=False, seed=0,
+            modes=("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT")):
+    """Random trees as v1/v3 node attributes plus leaf (tree, node, id, weight) entries.
+
+    Nodes are listed depth-first with the false child right after its parent (ORT requires
+    that layout)."""
+    rng = np.random.default_rng(seed)
+    nodes, leaves = [], []
+    for t in range(n_trees):
+        counter = [0]
+
+        def build(d, t=t, counter=counter):
+            me = counter[0]
+            counter[0] += 1
+            if d == 0 or (d < depth and rng.random() < 0.3):
+                nodes.append((t, me, 0, "LEAF", 0.0, 0, 0, 0))
+                leaves.append((t, me))
+                return me
+            at = len(nodes)
+            nodes.append(None)
+            fa = build(d - 1)
+            tr = build(d - 1)
+            nodes[at] = (t, me, int(rng.integers(F)), str(rng.choice(modes)),
+                         float(np.round(rng.standard_normal(), 1)), tr, fa,
+                         int(missing and rng.random() < 0.5))
+            return me
+
+        build(depth)
+    cols = list(zip(*nodes))
+    attrs = {"nodes_treeids": list(cols[0]), "nodes_nodeids": list(cols[1]),
+             "nodes_featureids": list(cols[2]), "nodes_modes": list(cols[3]),
+             "nodes_values": list(cols[4]), "nodes_truenodeids": list(cols[5]),
+             "nodes_falsenodeids": list(cols[6])}
+    if missing:
+        attrs["nodes_missing_value_tracks_true"] = list(cols[7])
+    entries = []
+    for t, nd in leaves:
+        for j in rng.choice(n_out, min(per_leaf, n_out), replace=False):
+            w = rng.standard_normal() if neg else rng.random()
+            entries.append((t, nd, int(j), float(w)))
+    return attrs, [list(c) for c in zip(*entries)]
+
+
+def _regressor_attrs(n_out=1, per_leaf=1, base=False, seed=0, **kw):
+    attrs, (tids, nids, ids, ws) = _forest(n_out=n_out, per_leaf=per_leaf, seed=seed)
+    attrs.update(n_targets=n_out, target_treeids=tids, target_nodeids=nids, target_ids=ids,
+                 target_weights=ws, **kw)
+    if base:
+        attrs["base_values"] = [0.25 * (k + 1) for k in range(n_out)]
+    return attrs
+
+
+_X_TREES = RNG.standard_normal((25, 4)).astype(np.float32)
+
+
+@pytest.mark.parametrize("opset", [1, 3])
+@pytest.mark.parametrize("agg", ["SUM", "AVERAGE", "MIN", "MAX"])
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"])
+@pytest.mark.parametrize("n_out,per_leaf,base", [(1, 1, False), (1, 1, True), (3, 2, False),
+                                                 (3, 2, True)])
+def test_tree_ensemble_regressor(opset, agg, post, n_out, per_leaf, base):
+    attrs = _regressor_attrs(n_out, per_leaf, base, aggregate_function=agg,
+                             post_transform=post)
+    (y,) = both("TreeEnsembleRegressor", [_X_TREES], attrs, opset=opset)
+    assert y.shape == (25, n_out)
+
+
+@pytest.mark.parametrize("n_out", [1, 2])
+def test_tree_ensemble_regressor_probit(n_out):
+    # Scores inside (0, 1); ORT's erfinv is an approximation good to ~2e-3.
+    attrs = _regressor_attrs(n_out, 1, post_transform="PROBIT")
+    attrs["target_weights"] = [abs(w) / 10 for w in attrs["target_weights"]]
+    x = RNG.random((20, 4)).astype(np.float32)
+    both("TreeEnsembleRegressor", [x], attrs, rtol=5e-3, atol=1e-3)
+
+
+def test_tree_ensemble_regressor_missing_values_double_and_tensors():
+    attrs, (tids, nids, ids, ws) = _forest(n_out=2, per_leaf=2, missing=True, seed=3)
+    attrs.update(n_targets=2, target_treeids=tids, target_nodeids=nids, target_ids=ids,
+                 target_weights=ws, base_values=[0.5, -0.5])
+    x = _X_TREES.copy()
+    x[::3, 1] = np.nan
+    both("TreeEnsembleRegressor", [x], attrs)
+    both("TreeEnsembleRegressor", [x.astype(np.float64)], attrs)
+    for dt in (np.float32, np.float64):
+        tensors = {"nodes_values_as_tensor": np.array(attrs["nodes_values"], dt),
+                   "target_weights_as_tensor": np.array(ws, dt),
+                   "base_values_as_tensor": np.array([0.5, -0.5], dt)}
+        plain = {k: v for k, v in attrs.items()
+                 if k not in ("nodes_values", "target_weights", "base_values")}
+        got = ours("TreeEnsembleRegressor", [x.astype(dt)], {**plain, **tensors})
+        ref = theirs("TreeEnsembleRegressor", [x.astype(dt)],
+                     {**plain, **{k: numpy_helper.from_array(v) for k, v in tensors.items()}})
+        same(got[0], ref[0])
+
+
+def test_tree_ensemble_regressor_single_leaf_tree_and_errors():
+    attrs = _regressor_attrs(1, 1, False)
+    # A one-node tree (its root is a leaf) next to the others.
+    attrs["nodes_treeids"].append(7)
+    attrs["nodes_nodeids"].append(0)
+    for k, v in (("nodes_featureids", 0), ("nodes_modes", "LEAF"), ("nodes_values", 0.0),
+                 ("nodes_truenodeids", 0), ("nodes_falsenodeids", 0)):
+        attrs[k].append(v)
+    for k, v in (("target_treeids", 7), ("target_nodeids", 0), ("target_ids", 0),
+                 ("target_weights", 2.5)):
+        attrs[k].append(v)
+    both("TreeEnsembleRegressor", [_X_TREES], attrs)
+    bad = dict(attrs, nodes_featureids=[9] * len(attrs["nodes_featureids"]))
+    with pytest.raises(KernelError, match="feature id"):
+        ours("TreeEnsembleRegressor", [_X_TREES], bad)
+    bad = dict(attrs, target_ids=[5] * len(attrs["target_ids"]))
+    with pytest.raises(KernelError, match="out of range"):
+        ours("TreeEnsembleRegressor", [_X_TREES], bad)
+
+
+@pytest.mark.parametrize("opset", [1, 3])
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"])
+@pytest.mark.parametrize("n_cls,per_leaf,ids,base", [
+    (3, 3, "all", 0), (3, 2, "all", 3), (4, 2, "all", 0),   # multiclass
+    (2, 2, "all", 0), (2, 2, "all", 2),                      # two classes, both scored
+    (2, 1, "one1", 0), (2, 1, "one1", 1), (2, 1, "one1", 2),  # binary: one class scored
+    (2, 1, "one0", 0), (2, 1, "one0", 1), (2, 1, "one0", 2),
+])
+@pytest.mark.parametrize("neg", [True, False])
+@pytest.mark.parametrize("labels", ["int", "str"])
+def test_tree_ensemble_classifier(opset, post, n_cls, per_leaf, ids, base, neg, labels):
+    seed = zlib.crc32(repr((post, n_cls, ids, base, neg)).encode()) % 1000
+    attrs, (tids, nids, cids, ws) = _forest(n_out=n_cls, per_leaf=per_leaf, neg=neg, seed=seed)
+    if ids != "all":
+        cids = [int(ids[-1])] * len(cids)
+    attrs.update(post_transform=post, class_treeids=tids, class_nodeids=nids, class_ids=cids,
+                 class_weights=ws)
+    if labels == "int":
+        attrs["classlabels_int64s"] = [10 * (k + 1) for k in range(n_cls)]
+    else:
+        attrs["classlabels_strings"] = [f"c{k}" for k in range(n_cls)]
+    if base:
+        attrs["base_values"] = [0.25, 0.5, -0.25, 0.1][:base]
+    lab, z = both("TreeEnsembleClassifier", [_X_TREES], attrs, n_out=2, opset=opset)
+    assert z.shape == (25, n_cls) and lab.shape == (25,)
