@@ -10,7 +10,10 @@ from ..contract import Contract, one_of
 from ..errors import KernelError
 from .base import op
 
-REDUCTIONS_16 = one_of("none", "add", "mul")
+# Opset 16-17 spec allows none/add/mul only, but torch.onnx (TorchScript exporter) emits
+# scatter_reduce(reduce="amax"/"amin") as reduction="max"/"min" at opset 16 and 17, and
+# onnxruntime runs such models; accept them with the opset-18 meaning.
+REDUCTIONS_16_LENIENT = one_of("none", "add", "mul", "max", "min")
 REDUCTIONS_18 = one_of("none", "add", "mul", "max", "min")
 # In-place ufunc for each scatter reduction (ufunc.at applies duplicates one after another).
 _REDUCE_UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -163,9 +166,9 @@ def ScatterElements_11(data, indices, updates, *, axis=0):
     return _scatter_elements(data, indices, updates, axis, "none")
 
 
-@op("ScatterElements", since=16, contract=Contract(allowed={"reduction": REDUCTIONS_16}))
+@op("ScatterElements", since=16, contract=Contract(allowed={"reduction": REDUCTIONS_16_LENIENT}))
 def ScatterElements_16(data, indices, updates, *, axis=0, reduction="none"):
-    """ScatterElements with reduction none/add/mul (ONNX ScatterElements-16)."""
+    """ScatterElements with reduction none/add/mul (ONNX ScatterElements-16; max/min tolerated)."""
     return _scatter_elements(data, indices, updates, axis, reduction)
 
 
@@ -202,9 +205,9 @@ def ScatterND_11(data, indices, updates):
     return _scatter_nd(data, indices, updates, "none")
 
 
-@op("ScatterND", since=16, contract=Contract(allowed={"reduction": REDUCTIONS_16}))
+@op("ScatterND", since=16, contract=Contract(allowed={"reduction": REDUCTIONS_16_LENIENT}))
 def ScatterND_16(data, indices, updates, *, reduction="none"):
-    """ScatterND with reduction none/add/mul (ONNX ScatterND-16)."""
+    """ScatterND with reduction none/add/mul (ONNX ScatterND-16; max/min tolerated)."""
     return _scatter_nd(data, indices, updates, reduction)
 
 

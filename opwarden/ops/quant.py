@@ -81,9 +81,13 @@ def _round_through(v: np.ndarray, dtype) -> np.ndarray:
 
 
 def _saturate_int(v: np.ndarray, dtype) -> np.ndarray:
-    """Float values already rounded to integers -> `dtype`, clipped to its range (NaN -> 0)."""
+    """Float values already rounded to integers -> `dtype`, clipped to its range.
+
+    NaN (e.g. -inf / inf when a calibrated scale is inf) goes to the type's minimum, as in
+    onnxruntime on x86, where the float -> int32 conversion of NaN gives INT32_MIN.
+    """
     lo, hi = int_range(dtype)
-    v = np.clip(np.nan_to_num(v, nan=0.0), lo, hi)
+    v = np.clip(np.nan_to_num(v, nan=float(lo)), lo, hi)
     return v.astype(np.int64).astype(dtype)
 
 

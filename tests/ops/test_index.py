@@ -94,3 +94,32 @@ def test_reverse_sequence_batch_major():
     x = np.arange(6).reshape(2, 3)  # batch, time
     y = op("ReverseSequence")(x, np.array([2, 3]), batch_axis=0, time_axis=1)
     assert y.tolist() == [[1, 0, 2], [5, 4, 3]]
+
+
+@pytest.mark.parametrize("op_type", ["ScatterElements", "ScatterND"])
+def test_scatter_16_accepts_max_reduction_like_onnxruntime(op_type):
+    # torch.onnx emits scatter_reduce(reduce="amax") as reduction="max" at opset 16/17 (the
+    # spec only allows it from 18); onnxruntime runs such models, so opwarden must too.
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    import opwarden
+
+    if op_type == "ScatterElements":
+        feeds = {"D": np.ones((2, 3), np.float32), "I": np.array([[0, 0, 2], [1, 1, 1]]),
+                 "U": np.array([[5, -1, 3], [0, 4, 2]], np.float32)}
+        attrs = {"axis": 1}
+    else:
+        feeds = {"D": np.ones((3,), np.float32), "I": np.array([[0], [0], [2]]),
+                 "U": np.array([5, -1, 3], np.float32)}
+        attrs = {}
+    node = helper.make_node(op_type, ["D", "I", "U"], ["Y"], reduction="max", **attrs)
+    types = [TensorProto.FLOAT, TensorProto.INT64, TensorProto.FLOAT]
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, t, None) for n, t in zip("DIU", types)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model = model.SerializeToString()
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = opwarden.InferenceSession(model).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, want)

@@ -138,3 +138,28 @@ def test_qlinearconv_bias_and_per_channel():
                      + 10, 0, 255)
     assert y.dtype == np.uint8 and y.shape == (1, 3, 4, 4)
     np.testing.assert_array_equal(y, expect.astype(np.uint8))
+
+
+@pytest.mark.parametrize("zp", [np.int8(0), np.uint8(128), np.int16(5)])
+def test_quantize_nan_goes_to_type_minimum_like_onnxruntime(zp):
+    # ORT's static quantizer gives an attention mask's -inf an inf scale; -inf / inf is NaN,
+    # which onnxruntime quantizes to the type's minimum.
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import helper, numpy_helper
+    from onnx.helper import np_dtype_to_tensor_dtype
+
+    import opwarden
+
+    x = np.array([-np.inf, np.inf, np.nan, -1e30, 1e30, 3.0], np.float32)
+    for scale in (np.float32(np.inf), np.float32(0.05)):
+        node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])
+        graph = helper.make_graph(
+            [node], "g", [helper.make_tensor_value_info("x", 1, None)],
+            [helper.make_tensor_value_info("y", np_dtype_to_tensor_dtype(zp.dtype), None)],
+            [numpy_helper.from_array(np.array(scale), "s"),
+             numpy_helper.from_array(np.array(zp), "z")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+        model = model.SerializeToString()
+        want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        got = opwarden.InferenceSession(model).run(None, {"x": x})
+        np.testing.assert_array_equal(got[0], want[0])
