@@ -134,14 +134,18 @@ class Program:
         for i, st in enumerate(self.steps):
             st.frees = tuple(frees.get(i, ()))
 
-    def run(self, feeds: list[Any], captured: list[Any] | None = None) -> list[Any]:
-        """Run with values for graph.inputs (and captured outer values); returns graph outputs."""
+    def _env(self, feeds: list[Any], captured: list[Any] | None) -> list[Any]:
         env = list(self.template)
         for s, x in zip(self.input_slots, feeds):
             env[s] = x
         if captured:
             for s, x in zip(self.capture_slots, captured):
                 env[s] = x
+        return env
+
+    def run(self, feeds: list[Any], captured: list[Any] | None = None) -> list[Any]:
+        """Run with values for graph.inputs (and captured outer values); returns graph outputs."""
+        env = self._env(feeds, captured)
         for st in self.steps:
             args = [env[s] if s >= 0 else None for s in st.ins]
             kw = st.kwargs
@@ -162,13 +166,8 @@ class Program:
 
     def run_guarded(self, feeds: list[Any], captured: list[Any] | None, guard: Any) -> list[Any]:
         """`run` with every step under the guard (checks, fallback, deadlines, tracing)."""
-        env = list(self.template)
+        env = self._env(feeds, captured)
         fin: list[Any] = [None] * len(env)
-        for s, x in zip(self.input_slots, feeds):
-            env[s] = x
-        if captured:
-            for s, x in zip(self.capture_slots, captured):
-                env[s] = x
         for st in self.steps:
             args = [env[s] if s >= 0 else None for s in st.ins]
             kw = st.kwargs
