@@ -103,7 +103,7 @@ class Guard:
         self._outs_finite = False
         t_start = time.perf_counter()
         if var.name in self.quarantine and not var.reference:
-            res, status = self._reference(st, args, kw), "fallback"
+            res, status = st.ref.fn(*args, **kw), "fallback"
             stats.fallbacks += 1
             outs = self._as_list(st, res)
             faults: list[tuple[str, str]] = [("quarantined", self.quarantine.reason(var.name))]
@@ -113,7 +113,7 @@ class Guard:
             if faults:
                 outs, status = self._on_fault(st, args, kw, faults, stats)
         if rec is not None:
-            self._finish(rec, outs, t_start, status, faults)
+            self._finish(rec, outs, t_start, status, faults, st.ref.name)
         return outs
 
     def _checked_call(self, st, args, kw, fin) -> tuple[list[Any], list[tuple[str, str]]]:
@@ -189,9 +189,6 @@ class Guard:
             raise KernelError(f"kernel returned {len(outs)} outputs, node needs {n}")
         return [np.asarray(o) if isinstance(o, np.generic) else o for o in outs[:n]]
 
-    def _reference(self, st, args, kw) -> Any:
-        return st.ref_fn(*args, **kw)
-
     def _on_fault(self, st, args, kw, faults, stats) -> tuple[list[Any], str]:
         pl = st.placement
         var = pl.variant
@@ -244,7 +241,7 @@ class Guard:
         return ref_outs, "fallback"
 
     def _plain(self, st, args, kw, reference: bool = False):
-        fn = st.ref_fn if reference else st.fn
+        fn = st.ref.fn if reference else st.fn
         try:
             return self._as_list(st, fn(*args, **kw)), None
         except Exception as e:  # noqa: BLE001
@@ -272,7 +269,9 @@ class Guard:
             run=self.runs,
         )
 
-    def _finish(self, rec: OpRecord, outs, t_start: float, status: str, faults) -> None:
+    def _finish(
+        self, rec: OpRecord, outs, t_start: float, status: str, faults, ref_name: str
+    ) -> None:
         t_end = time.perf_counter()
         rec.start_us = (t_start - self._t0) * 1e6
         rec.exec_us = (t_end - t_start) * 1e6
@@ -290,12 +289,8 @@ class Guard:
         if faults:
             rec.error = "; ".join(f"{k}: {d}" for k, d in faults)
             if status == "fallback":
-                rec.variant = f"{rec.variant} -> {self._ref_name(rec)}"
+                rec.variant = f"{rec.variant} -> {ref_name}"
         self.records.append(rec)
-
-    @staticmethod
-    def _ref_name(rec: OpRecord) -> str:
-        return f"{rec.op_type.lower()}.ref"
 
     def report(self) -> dict[str, Any]:
         return {

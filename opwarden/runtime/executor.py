@@ -20,7 +20,7 @@ class Step:
 
     __slots__ = (
         "fn",
-        "ref_fn",
+        "ref",
         "ins",
         "outs",
         "kwargs",
@@ -33,8 +33,7 @@ class Step:
     def __init__(self, placement: Placement, ins, outs, graphs) -> None:
         self.placement = placement
         self.fn = placement.variant.fn
-        op = placement.variant.op
-        self.ref_fn = next((v.fn for v in op.variants if v.reference), op.reference)
+        self.ref = next(v for v in placement.variant.op.variants if v.reference)
         self.ins = ins
         self.outs = outs
         self.kwargs = dict(placement.kwargs)
