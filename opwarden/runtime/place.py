@@ -220,3 +220,15 @@ def _unsupported(node: Node, devices: list[str]) -> UnsupportedOpError:
         f"{node.op_type} at opset {node.opset} with input dtypes {dts} on {devices}: {why}, "
         "and ONNX defines no function body to decompose it"
     )
+
+
+def place_model(
+    model: Any, devices: list[str], options: Any, quarantine: Any = None
+) -> list[Placement]:
+    """Place every graph of `model` (main graph and subgraphs) on `devices`, in order."""
+    from ..ir.validate import graphs_of
+
+    placements: list[Placement] = []
+    for g in graphs_of(model):
+        placements.extend(place_graph(g, devices, model.opsets, quarantine=quarantine))
+    return placements

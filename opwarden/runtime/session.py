@@ -14,11 +14,12 @@ from ..guard.faults import FaultRecord
 from ..guard.guard import Guard
 from ..ir.graph import Model, Value
 from ..ir.load import load
-from ..ir.validate import graphs_of, validate
+from ..ir.validate import validate
+from ..passes import optimize
 from ..trace.records import OpRecord, chrome_trace, default_trace_path
 from .executor import Program, describe_value
 from .options import SessionOptions
-from .place import Placement, place_graph
+from .place import Placement, place_model
 
 _PROVIDER_ALIASES = {"cpuexecutionprovider": "cpu", "cpu": "cpu"}
 
@@ -100,11 +101,10 @@ class InferenceSession:
         """load -> validate -> place -> compile."""
         self.model: Model = load(source)
         validate(self.model)
-        self.placements: list[Placement] = []
-        for g in graphs_of(self.model):
-            self.placements.extend(
-                place_graph(g, self.providers, self.model.opsets, quarantine=self.guard.quarantine)
-            )
+        self.pass_report = optimize(self.model, self.options)
+        self.placements: list[Placement] = place_model(
+            self.model, self.providers, self.options, self.guard.quarantine
+        )
         by_node = {id(p.node): p for p in self.placements}
         self.program = Program(self.model.graph, by_node)
 

@@ -1,0 +1,92 @@
+"""Peak memory of one load+run, opwarden vs ONNX Runtime, each in a fresh process.
+
+    python benchmarks/memory.py [--models resnet50 vgg19 densenet121] [--zoo DIR]
+
+For each model and runtime a child process imports the runtime, records its RSS, loads the model
+file, runs it once on seeded input, and reports peak RSS (VmHWM) minus RSS after imports. The
+table prints both figures in MiB and the ratio ours / ORT (target of issue 4: <= 0.7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CHILD = r"""
+import json, sys
+def rss(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+import numpy as np
+runtime, path, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if runtime == "ort":
+    import onnxruntime as ort
+    so = ort.SessionOptions(); so.intra_op_num_threads = 2
+else:
+    import opwarden
+base = rss("VmRSS:")
+if runtime == "ort":
+    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    inp = s.get_inputs()[0]
+else:
+    s = opwarden.InferenceSession(path)
+    inp = s.get_inputs()[0]
+shape = [batch if not isinstance(d, int) else d for d in inp.shape]
+x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+loaded = rss("VmRSS:")
+s.run(None, {inp.name: x})
+print(json.dumps({"base": base, "loaded": loaded - base, "peak": rss("VmHWM:") - base}))
+"""
+
+
+def measure(runtime: str, path: str, batch: int = 1) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, runtime, path, str(batch)],
+        capture_output=True, text=True, check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{runtime} on {path} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--models", nargs="*", default=["resnet50", "vgg19", "densenet121"])
+    p.add_argument("--zoo", default=os.path.join(os.path.dirname(__file__), "zoo"))
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    from opwarden import zoo
+
+    os.makedirs(a.zoo, exist_ok=True)
+    rows = []
+    mib = 1 << 20
+    for name in a.models:
+        path = os.path.join(a.zoo, f"{name}.onnx")
+        if not os.path.exists(path):
+            import onnx
+
+            onnx.save(zoo.build(name), path)
+        ours, ort = measure("opwarden", path), measure("ort", path)
+        rows.append({
+            "model": name,
+            "file_mib": os.path.getsize(path) / mib,
+            "opwarden_peak_mib": ours["peak"] / mib,
+            "ort_peak_mib": ort["peak"] / mib,
+            "ratio": ours["peak"] / ort["peak"],
+        })
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'model':<14}{'file MiB':>10}{'opwarden MiB':>14}{'ORT MiB':>10}{'ratio':>8}")
+    for r in rows:
+        print(f"{r['model']:<14}{r['file_mib']:>10.1f}{r['opwarden_peak_mib']:>14.1f}"
+              f"{r['ort_peak_mib']:>10.1f}{r['ratio']:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
