@@ -30,9 +30,13 @@ FAMILIES = (
     "control",
     "sequence",
     "contrib",
+    "fused",
 )
 
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")
+
+# Fast kernel variants register themselves on the operators above.
+importlib.import_module("opwarden.kernels")
 
 __all__ = ["REGISTRY", "OpDef", "Variant", "kernel", "op"]

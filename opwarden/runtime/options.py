@@ -16,7 +16,7 @@ def _checks(v: Any) -> bool:
 
 
 _OPTIONS: dict[str, tuple[Any, str, Any]] = {
-    "optimization_level": (1, "an int 0..3", lambda v: isinstance(v, int) and 0 <= v <= 3),
+    "optimization_level": (3, "an int 0..3", lambda v: isinstance(v, int) and 0 <= v <= 3),
     "disabled_passes": ((), "a list of pass names", lambda v: isinstance(v, (list, tuple, set))),
     "checks": (("contract",), f"names from {_CHECKS}", _checks),
     "on_fault": ("fallback", "'fallback' or 'raise'", lambda v: v in ("fallback", "raise")),

@@ -1,0 +1,3 @@
+"""Fused operators (domain "opwarden") created by the graph passes (issue 8)."""
+
+from __future__ import annotations
