@@ -82,3 +82,13 @@ def typestr_to_dtype_name(type_str: str) -> str | None:
     if code is None:
         return None
     return dtype_name(_ONNX_TO_NP[code]) if code in _ONNX_TO_NP else None
+
+
+_BY_NAME: dict[str, np.dtype] = {}
+for _dt in _ONNX_TO_NP.values():
+    _BY_NAME.setdefault(dtype_name(_dt), _dt)
+
+
+def np_dtype_of(name: str) -> np.dtype:
+    """NumPy dtype for a dtype name as facts spell it ('float32', 'bfloat16', 'string')."""
+    return _BY_NAME[name]

@@ -29,3 +29,7 @@ class ContractError(OpwardenError):
 
 class OptionsError(OpwardenError):
     """A SessionOptions value is unknown or out of range."""
+
+
+class MemoryLimitError(OpwardenError):
+    """A model or a feed would need more memory than SessionOptions.memory_limit_bytes."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError
+from ..errors import KernelError, MemoryLimitError
 from ..trace.records import OpRecord
 from . import checks as C
 from .faults import FaultRecord, Quarantine, VariantStats
@@ -38,9 +38,18 @@ def _desc(x: Any) -> tuple[Any, str]:
     return None, type(x).__name__
 
 
+def _ref_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for the reference kernel: planned buffers are for the fast variant."""
+    if "out" in kw or "workspace" in kw:
+        return {k: v for k, v in kw.items() if k not in ("out", "workspace")}
+    return kw
+
+
 def _attrs_for_record(kw: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in kw.items():
+        if k in ("out", "workspace"):
+            continue
         if isinstance(v, np.ndarray):
             out[k] = f"tensor{list(v.shape)}"
         elif isinstance(v, (int, float, str, bool)) or v is None:
@@ -103,7 +112,7 @@ class Guard:
         self._outs_finite = False
         t_start = time.perf_counter()
         if var.name in self.quarantine and not var.reference:
-            res, status = st.ref.fn(*args, **kw), "fallback"
+            res, status = st.ref.fn(*args, **_ref_kw(kw)), "fallback"
             stats.fallbacks += 1
             outs = self._as_list(st, res)
             faults: list[tuple[str, str]] = [("quarantined", self.quarantine.reason(var.name))]
@@ -124,6 +133,8 @@ class Guard:
             res = self._invoke(st.fn, call_args, kw, pl.node.op_type)
         except DeadlineExceeded as e:
             return [], [("deadline", str(e))]
+        except MemoryLimitError:
+            raise  # a refused allocation is the model's request, not a kernel fault
         except ValueError as e:
             if "read-only" in str(e):
                 return [], [("mutation", f"kernel wrote into a read-only input: {e}")]
@@ -242,6 +253,8 @@ class Guard:
 
     def _plain(self, st, args, kw, reference: bool = False):
         fn = st.ref.fn if reference else st.fn
+        if reference:
+            kw = _ref_kw(kw)
         try:
             return self._as_list(st, fn(*args, **kw)), None
         except Exception as e:  # noqa: BLE001

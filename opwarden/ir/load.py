@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
@@ -14,34 +16,78 @@ from ..errors import ModelError
 from ..ops.schema import attr_value, canonical_domain
 from .functions import inline
 from .graph import Graph, Model, Node, Value
-from .tensors import to_array
+from .tensors import payload_array, to_array
+from .wire import Payload, split_payloads
 
 MAX_FUNCTION_DEPTH = 32
 
 
-def read_proto(source: Any) -> tuple[onnx.ModelProto, str | None, bool]:
-    """(proto, base_dir, owned) from a path, bytes or ModelProto; clear errors for bad input."""
-    if isinstance(source, onnx.ModelProto):
-        return source, None, False
+@dataclass
+class Source:
+    """A parsed model and where its bytes came from."""
+
+    proto: onnx.ModelProto
+    base_dir: str | None = None
+    owned: bool = False  # the loader parsed the protobuf itself (raw bytes may be moved out)
+    buffer: Any = None  # the serialized model (mmap or bytes) that `payloads` point into
+    payloads: dict[str, Payload] = field(default_factory=dict)
+
+
+def _read_buffer(source: Any) -> tuple[Any, str | None]:
     if isinstance(source, (bytes, bytearray, memoryview)):
-        data, base_dir = bytes(source), None
-    elif isinstance(source, (str, os.PathLike)):
+        return (source if isinstance(source, bytes) else bytes(source)), None
+    if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not os.path.exists(path):
             raise ModelError(f"model file not found: {path!r}")
         if os.path.isdir(path):
             raise ModelError(f"model path is a directory, not a file: {path!r}")
-        with open(path, "rb") as f:
-            data = f.read()
         base_dir = os.path.dirname(os.path.abspath(path))
-    else:
-        raise ModelError(
-            f"cannot load a model from {type(source).__name__}; "
-            "expected a path, bytes or onnx.ModelProto"
-        )
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b"", base_dir
+            # Weights become views over this read-only mapping: pages are shared with the page
+            # cache and only what the run touches becomes resident.
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), base_dir
+    raise ModelError(
+        f"cannot load a model from {type(source).__name__}; "
+        "expected a path, bytes or onnx.ModelProto"
+    )
+
+
+def read_source(source: Any) -> Source:
+    """Parse a path, bytes or ModelProto, leaving large weight payloads in the source buffer."""
+    if isinstance(source, onnx.ModelProto):
+        return Source(source)
+    buf, base_dir = _read_buffer(source)
+    payloads: dict[str, Payload] = {}
+    data: Any = buf
+    try:
+        split = split_payloads(buf)
+    except ModelError:
+        split = None  # let the protobuf parser give its own diagnosis
+    if split is not None:
+        data, payloads = split
     proto = onnx.ModelProto()
     try:
-        proto.ParseFromString(data)
+        proto.ParseFromString(data if isinstance(data, bytes) else bytes(data))
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise ModelError(f"not a valid ONNX model (protobuf parse failed: {e})") from None
+    if not proto.HasField("graph"):
+        raise ModelError("not a valid ONNX model: it has no graph (empty, truncated or not ONNX)")
+    if proto.ir_version <= 0:
+        raise ModelError(f"not a valid ONNX model: ir_version is {proto.ir_version}")
+    return Source(proto, base_dir, True, buf if payloads else None, payloads)
+
+
+def read_proto(source: Any) -> tuple[onnx.ModelProto, str | None, bool]:
+    """(proto, base_dir, owned) with every weight inside the proto (for tools that need it)."""
+    if isinstance(source, onnx.ModelProto):
+        return source, None, False
+    buf, base_dir = _read_buffer(source)
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(buf if isinstance(buf, bytes) else buf[:])
     except (DecodeError, ValueError, RuntimeError) as e:
         raise ModelError(f"not a valid ONNX model (protobuf parse failed: {e})") from None
     if not proto.HasField("graph"):
@@ -188,18 +234,26 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str], graph_name: str)
 
 
 class _Builder:
-    def __init__(self, opsets: dict[str, int], functions, base_dir, owned, types) -> None:
+    def __init__(
+        self, opsets: dict[str, int], functions, base_dir, owned, types, source=None
+    ) -> None:
         self.opsets = opsets
         self.functions = functions
         self.base_dir = base_dir
         self.owned = owned
         self.types = types
+        self.source = source
         self.names: set[str] = set()
 
     def graph(self, gp: onnx.GraphProto, outer: Graph | None) -> Graph:
         g = Graph(gp.name or "graph", outer=outer)
+        payloads = self.source.payloads if self.source is not None and outer is None else {}
         for t in gp.initializer:
-            arr = to_array(t, self.base_dir, self.owned)
+            pl = payloads.get(t.name)
+            if pl is not None:
+                arr = payload_array(t, self.source.buffer, pl)
+            else:
+                arr = to_array(t, self.base_dir, self.owned)
             g.add_value(t.name, const=arr, fact=TensorFact(dtype_name(arr.dtype), arr.shape))
         for st in gp.sparse_initializer:
             arr = _sparse_to_dense(st)
@@ -221,6 +275,7 @@ class _Builder:
         avail = set(g.values)
         for i, n in enumerate(_toposort(protos, avail, g.name)):
             g.nodes.append(self.node(n, g, i, local_types))
+            _custom_infer(g.nodes[-1])
         for vo in gp.output:
             v = g.lookup(vo.name)
             if v is None:
@@ -292,6 +347,38 @@ class _Builder:
         return node
 
 
+def _custom_infer(node: Node) -> None:
+    """Fill unknown output facts of a custom-domain node from its operator's `.infer` rule."""
+    from ..errors import OpwardenError
+    from ..ops import REGISTRY
+    from ..ops.schema import STANDARD_DOMAINS
+
+    if node.domain in STANDARD_DOMAINS:
+        return
+    try:
+        opdef, schema = REGISTRY.resolve(node.op_type, node.domain, node.opset)
+    except OpwardenError:
+        return  # unknown operators are reported by validation
+    if opdef is None or opdef.infer_fn is None:
+        return
+    facts = [v.fact if v is not None else None for v in node.inputs]
+    kw = {k: a.default for k, a in schema.attrs.items() if a.has_default}
+    kw.update(node.attrs)
+    try:
+        res = opdef.infer_fn(*facts, **kw)
+    except OpwardenError as e:
+        raise ModelError(f"node {node.label}: shape rule of {opdef.qualname}: {e}") from None
+    except Exception:  # noqa: BLE001 - a rule that cannot decide leaves the facts unknown
+        return
+    res = list(res) if isinstance(res, (tuple, list)) else [res]
+    for v, fact in zip(node.outputs, res):
+        if v is None or not isinstance(fact, TensorFact):
+            continue
+        if v.fact.dtype is None or v.fact.shape is None:
+            v.fact = TensorFact(v.fact.dtype or fact.dtype,
+                                v.fact.shape if v.fact.shape is not None else fact.shape)
+
+
 def _sparse_to_dense(st: onnx.SparseTensorProto):
     import numpy as np
 
@@ -307,9 +394,9 @@ def _sparse_to_dense(st: onnx.SparseTensorProto):
 
 def load(source: Any) -> Model:
     """Parse and convert a model; raises ModelError (never another type) on malformed input."""
-    proto, base_dir, owned = read_proto(source)
+    src = read_source(source)
     try:
-        return _convert(proto, base_dir, owned)
+        return _convert(src)
     except ModelError:
         raise
     except (RecursionError, MemoryError) as e:
@@ -318,7 +405,8 @@ def load(source: Any) -> Model:
         raise ModelError(f"model cannot be loaded: {type(e).__name__}: {e}") from None
 
 
-def _convert(proto: onnx.ModelProto, base_dir: str | None, owned: bool) -> Model:
+def _convert(src: Source) -> Model:
+    proto, base_dir, owned = src.proto, src.base_dir, src.owned
     opsets: dict[str, int] = {}
     for imp in proto.opset_import:
         opsets[canonical_domain(imp.domain)] = int(imp.version)
@@ -328,7 +416,7 @@ def _convert(proto: onnx.ModelProto, base_dir: str | None, owned: bool) -> Model
         raise ModelError("model imports the default domain at opset 0 or below")
     functions = {(f.domain, f.name): f for f in proto.functions}
     types = _infer(proto)
-    builder = _Builder(opsets, functions, base_dir, owned, types)
+    builder = _Builder(opsets, functions, base_dir, owned, types, src)
     graph = builder.graph(proto.graph, None)
     return Model(
         graph=graph,

@@ -102,3 +102,27 @@ def to_array(t: onnx.TensorProto, base_dir: str | None = None, owned: bool = Fal
     if arr.dtype != dtype and dtype.kind != 'O':
         arr = arr.astype(dtype)
     return arr
+
+
+def payload_array(t: onnx.TensorProto, buffer, pl) -> np.ndarray:
+    """A read-only view over an initializer's raw bytes left in the serialized model."""
+    try:
+        dtype = np_dtype(t.data_type)
+    except KeyError:
+        raise ModelError(f"tensor {t.name!r}: unknown data type {t.data_type}") from None
+    if t.data_type in _PACKED or dtype.kind == "O":
+        full = onnx.TensorProto()
+        full.CopyFrom(t)
+        full.raw_data = bytes(buffer[pl.offset : pl.offset + pl.length])
+        return to_array(full)
+    shape = tuple(int(d) for d in t.dims)
+    count = int(np.prod(shape, dtype=np.int64))
+    if pl.length != count * dtype.itemsize:
+        raise ModelError(
+            f"tensor {t.name!r}: raw_data has {pl.length} bytes, shape {list(shape)} of "
+            f"{dtype} needs {count * dtype.itemsize}"
+        )
+    arr = np.frombuffer(buffer, dtype=dtype, count=count, offset=pl.offset).reshape(shape)
+    if arr.flags.writeable:
+        arr.flags.writeable = False
+    return arr

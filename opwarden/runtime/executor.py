@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import KernelError, OpwardenError
 from ..ir.graph import Graph, Value
+from ..memory.limits import guard_allocation
 from .place import Placement
 
 
@@ -77,9 +78,13 @@ def _as_result(x: Any) -> Any:
 class Program:
     """A compiled graph (the main graph or a subgraph body)."""
 
-    def __init__(self, graph: Graph, placements: dict[int, Placement]) -> None:
+    def __init__(
+        self, graph: Graph, placements: dict[int, Placement], memory_limit: int | None = None
+    ) -> None:
         self.graph = graph
+        self.memory_limit = memory_limit
         self.slots: dict[int, int] = {}  # id(Value) -> slot
+        self.values: list[Value | None] = []  # slot -> Value
         self.template: list[Any] = []
         self.input_slots = [self._slot(v) for v in graph.inputs]
         self.capture_slots = [self._slot(v) for v in graph.captures]
@@ -96,19 +101,24 @@ class Program:
                     graphs[k] = self._sub(a, placements)
                 elif isinstance(a, list) and a and isinstance(a[0], Graph):
                     graphs[k] = [self._sub(g, placements) for g in a]
-            self.steps.append(Step(pl, ins, outs, graphs))
+            st = Step(pl, ins, outs, graphs)
+            if memory_limit is not None:
+                st.fn = guard_allocation(st.fn, node, memory_limit)
+            self.steps.append(st)
         self.output_slots = [self._slot(v) for v in graph.outputs]
         self._plan_frees()
+        self.calls = self.bind(None, None)
 
     def _slot(self, v: Value) -> int:
         s = self.slots.get(id(v))
         if s is None:
             s = self.slots[id(v)] = len(self.template)
             self.template.append(None)
+            self.values.append(v)
         return s
 
     def _sub(self, g: Graph, placements: dict[int, Placement]) -> tuple[Program, tuple[int, ...]]:
-        prog = Program(g, placements)
+        prog = Program(g, placements, self.memory_limit)
         return prog, tuple(self._slot(v) for v in g.captures)
 
     def _plan_frees(self) -> None:
@@ -142,47 +152,155 @@ class Program:
                 env[s] = x
         return env
 
-    def run(self, feeds: list[Any], captured: list[Any] | None = None) -> list[Any]:
+    def bind(self, binding: Any, arena: np.ndarray | None) -> list[tuple]:
+        """The call list for one memory plan (None: every kernel allocates its outputs).
+
+        Each call is (step, fn, input slots, kwargs, slots freed after it, post-hook); kwargs
+        carry the attributes, ``noutputs``, and the planned ``out=``/``workspace=`` views.
+        """
+        calls = []
+        lo = hi = 0
+        if arena is not None:
+            lo = arena.ctypes.data
+            hi = lo + arena.nbytes
+        for i, st in enumerate(self.steps):
+            kw = dict(st.kwargs)
+            if st.noutputs:
+                kw["noutputs"] = st.noutputs
+            hook = None
+            if binding is not None and arena is not None:
+                region = binding.out_region.get(i)
+                if region is not None:
+                    off, shape, dt = region
+                    n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+                    kw["out"] = arena[off : off + n].view(dt).reshape(shape)
+                ws = binding.ws_region.get(i)
+                if ws is not None:
+                    kw["workspace"] = arena[ws[0] : ws[0] + ws[1]]
+                if i in binding.view_checks or region is not None:
+                    hook = _ArenaViews(lo, hi, kw.get("out"))
+            calls.append((st, st.fn, st.ins, kw, st.frees, hook))
+        return calls
+
+    def run(
+        self, feeds: list[Any], captured: list[Any] | None = None, calls: list | None = None
+    ) -> list[Any]:
         """Run with values for graph.inputs (and captured outer values); returns graph outputs."""
         env = self._env(feeds, captured)
-        for st in self.steps:
-            args = [env[s] if s >= 0 else None for s in st.ins]
-            kw = st.kwargs
-            if st.graphs or st.noutputs:
+        for st, fn, ins, kw, frees, hook in calls or self.calls:
+            args = [env[s] if s >= 0 else None for s in ins]
+            if st.graphs:
                 kw = dict(kw)
-                if st.noutputs:
-                    kw["noutputs"] = st.noutputs
                 for k, g in st.graphs.items():
                     kw[k] = _bind(g, env)
             try:
-                res = st.fn(*args, **kw)
+                res = fn(*args, **kw)
             except Exception as e:  # noqa: BLE001 - every kernel failure gets the node's context
                 raise _kernel_error(st, args, e) from e
             _store(st, res, env)
-            for s in st.frees:
+            if hook is not None:
+                hook(st, env)
+            for s in frees:
                 env[s] = None
         return [env[s] for s in self.output_slots]
 
-    def run_guarded(self, feeds: list[Any], captured: list[Any] | None, guard: Any) -> list[Any]:
+    def run_guarded(
+        self, feeds: list[Any], captured: list[Any] | None, guard: Any, calls: list | None = None
+    ) -> list[Any]:
         """`run` with every step under the guard (checks, fallback, deadlines, tracing)."""
         env = self._env(feeds, captured)
         fin: list[Any] = [None] * len(env)
-        for st in self.steps:
-            args = [env[s] if s >= 0 else None for s in st.ins]
-            kw = st.kwargs
-            if st.graphs or st.noutputs:
+        for st, _fn, ins, kw, _frees, hook in calls or self.calls:
+            args = [env[s] if s >= 0 else None for s in ins]
+            if st.graphs:
                 kw = dict(kw)
-                if st.noutputs:
-                    kw["noutputs"] = st.noutputs
                 for k, g in st.graphs.items():
                     kw[k] = _bind(g, env, guard)
             outs = guard.call(st, args, kw, fin)
             for s, o in zip(st.outs, outs):
                 if s >= 0:
                     env[s] = o
+            if hook is not None:
+                hook(st, env)
             for s in st.frees:
                 env[s] = None
         return [env[s] for s in self.output_slots]
+
+    def run_debug(
+        self, feeds: list[Any], captured: list[Any] | None, calls: list, plan: Any
+    ) -> list[Any]:
+        """`run` that verifies after every step that no live planned tensor was overwritten."""
+        import zlib
+
+        env = self._env(feeds, captured)
+        live: dict[int, int] = {}  # slot -> checksum of its bytes when produced
+        last = {}
+        for i, (st, *_rest) in enumerate(calls):
+            for s in st.ins:
+                if s >= 0:
+                    last[s] = i
+        for i, (st, fn, ins, kw, frees, hook) in enumerate(calls):
+            args = [env[s] if s >= 0 else None for s in ins]
+            if st.graphs:
+                kw = dict(kw)
+                for k, g in st.graphs.items():
+                    kw[k] = _bind(g, env)
+            try:
+                res = fn(*args, **kw)
+            except Exception as e:  # noqa: BLE001
+                raise _kernel_error(st, args, e) from e
+            _store(st, res, env)
+            if hook is not None:
+                hook(st, env)
+            for s, crc in list(live.items()):
+                x = env[s]
+                if last.get(s, -1) < i:
+                    del live[s]
+                    continue
+                if isinstance(x, np.ndarray) and zlib.crc32(np.ascontiguousarray(x).view(
+                        np.uint8)) != crc:
+                    raise KernelError(
+                        f"memory plan violated: step {i} ({st.placement.node.label}) "
+                        f"overwrote live tensor {self.values[s].name!r}"
+                    )
+            for s in st.outs:
+                x = env[s] if s >= 0 else None
+                if isinstance(x, np.ndarray) and x.dtype != object and last.get(s, -1) > i:
+                    live[s] = zlib.crc32(np.ascontiguousarray(x).view(np.uint8))
+            for s in frees:
+                env[s] = None
+                live.pop(s, None)
+        return [env[s] for s in self.output_slots]
+
+
+class _ArenaViews:
+    """Post-step hook: results that point into the arena without being planned are copied out.
+
+    A kernel may return a view of an input (or the input itself) without declaring it; if
+    that input lives in the arena, the view would be overwritten when the region is reused.
+    """
+
+    __slots__ = ("lo", "hi", "out", "out_ptr")
+
+    def __init__(self, lo: int, hi: int, out: Any) -> None:
+        self.lo, self.hi, self.out = lo, hi, out
+        self.out_ptr = out.__array_interface__["data"][0] if out is not None else -1
+
+    def __call__(self, st: Step, env: list[Any]) -> None:
+        for k, s in enumerate(st.outs):
+            if s < 0:
+                continue
+            x = env[s]
+            if not isinstance(x, np.ndarray) or (k == 0 and x is self.out):
+                continue
+            base = x.base
+            if base is None and x is not self.out:
+                continue
+            p = x.__array_interface__["data"][0]
+            if k == 0 and p == self.out_ptr and x.nbytes == self.out.nbytes:
+                continue  # the planned buffer itself, reshaped
+            if self.lo <= p < self.hi:
+                env[s] = x.copy()
 
 
 def _bind(g: Any, env: list[Any], guard: Any = None) -> Any:

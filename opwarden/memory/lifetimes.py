@@ -1,0 +1,293 @@
+"""Lifetime analysis of a compiled program: which tensors need memory, from when to when.
+
+Rules:
+- Graph inputs, captured outer values and constants are not planned (they live outside).
+- Graph outputs are never planned: they are handed to the caller (or, in a loop body, carried to
+  the next iteration) and must not be overwritten by the next run; any tensor a graph output is
+  a view of is excluded with it.
+- A view operator's output (contract ``must_alias``) shares its input's buffer: the two are one
+  group whose lifetime covers both.
+- In place: a variant that accepts ``out=`` and whose contract allows (input i, output 0) to alias
+  writes into input i's buffer when that input dies at this step and has the same size.
+- Values read by a subgraph (If/Loop/Scan bodies) live until the step that runs the subgraph.
+- A tensor whose size depends on data (unknown or unresolved dims) is left to the kernel and
+  listed as dynamic.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import np_dtype_of
+from .planner import Buffer, MemoryPlan, align, build_plan
+
+
+def resolve_shape(shape: Any, dims: dict[str, int]) -> tuple[int, ...] | None:
+    """A concrete shape from a fact shape and bound symbolic dims (None if any is unknown)."""
+    if shape is None:
+        return None
+    out = []
+    for d in shape:
+        if isinstance(d, int):
+            out.append(d)
+        elif isinstance(d, str) and d in dims:
+            out.append(dims[d])
+        else:
+            return None
+    return tuple(out)
+
+
+def tensor_bytes(fact: Any, dims: dict[str, int]) -> tuple[int, tuple[int, ...], Any] | None:
+    """(bytes, shape, numpy dtype) of a value with this fact, or None if not statically known."""
+    if fact.dtype is None or fact.dtype == "string":
+        return None
+    shape = resolve_shape(fact.shape, dims)
+    if shape is None:
+        return None
+    try:
+        dt = np_dtype_of(fact.dtype)
+    except (KeyError, TypeError):
+        return None
+    return int(np.prod(shape, dtype=np.int64)) * dt.itemsize, shape, dt
+
+
+_WS_CACHE: dict[Any, bool] = {}
+
+
+def takes_workspace(fn: Any) -> bool:
+    """Does a kernel function accept a ``workspace=`` keyword?"""
+    got = _WS_CACHE.get(fn)
+    if got is None:
+        try:
+            got = "workspace" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            got = False
+        _WS_CACHE[fn] = got
+    return got
+
+
+@dataclass
+class Binding:
+    """A plan made concrete for the executor: per step, where output 0 and workspace go."""
+
+    plan: MemoryPlan
+    out_region: dict[int, tuple[int, tuple[int, ...], Any]] = field(default_factory=dict)
+    ws_region: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # steps that read an arena tensor but do not write into the arena: their results are
+    # checked for being undeclared views of arena memory (those are copied out)
+    view_checks: set[int] = field(default_factory=set)
+
+
+def _reads(st: Any) -> list[int]:
+    """Slots a step reads: its inputs and what its subgraphs capture."""
+    out = [s for s in st.ins if s >= 0]
+    for g in st.graphs.values():
+        for _, caps in g if isinstance(g, list) else [g]:
+            out.extend(caps)
+    return out
+
+
+class _Groups:
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, s: int) -> int:
+        p = self.parent.setdefault(s, s)
+        while p != self.parent.setdefault(p, p):
+            p = self.parent[p]
+        self.parent[s] = p
+        return p
+
+    def union(self, a: int, b: int) -> int:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+        return ra
+
+
+def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Binding:
+    """Plan the intermediate tensors of `program` for the bound symbolic dims."""
+    steps = program.steps
+    values = program.values  # slot -> Value
+    external = set(program.input_slots) | set(program.capture_slots)
+    external |= {s for s, c in enumerate(program.template) if c is not None}
+    outputs = set(program.output_slots)
+
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, st in enumerate(steps):
+        for s in st.outs:
+            if s >= 0 and s not in external:
+                first.setdefault(s, i)
+                last.setdefault(s, i)
+        for s in st.ins:
+            if s >= 0 and s in first:
+                last[s] = i
+        for g in st.graphs.values():
+            for _, caps in g if isinstance(g, list) else [g]:
+                for s in caps:
+                    if s in first:
+                        last[s] = i
+
+    sized: dict[int, tuple[int, tuple[int, ...], Any]] = {}
+    dynamic: list[str] = []
+    for s in first:
+        v = values[s]
+        tb = tensor_bytes(v.fact, dims) if v is not None and v.kind == "tensor" else None
+        if tb is None:
+            dynamic.append(v.name if v is not None else f"slot{s}")
+        else:
+            sized[s] = tb
+
+    # View groups: an output that is a view of its input shares the input's buffer.
+    groups = _Groups()
+    tainted: set[int] = set()  # group roots that must stay out of the arena
+    for st in steps:
+        contract = st.placement.variant.op.contract
+        for i, o in contract.must_alias:
+            if i < len(st.ins) and o < len(st.outs) and st.ins[i] >= 0 and st.outs[o] >= 0:
+                a, b = st.ins[i], st.outs[o]
+                if a in external:
+                    tainted.add(b)  # a view of memory we do not own
+                    continue
+                groups.union(a, b)
+    for s in list(first):
+        if s in outputs or s not in sized:
+            tainted.add(s)
+    bad_roots = {groups.find(s) for s in tainted}
+
+    def g_last(root: int, members: dict[int, list[int]]) -> int:
+        return max(last[m] for m in members[root])
+
+    members: dict[int, list[int]] = {}
+    for s in first:
+        members.setdefault(groups.find(s), []).append(s)
+
+    # In place: output 0 joins a dying input's group.
+    inplace_steps: set[int] = set()
+    for i, st in enumerate(steps):
+        var = st.placement.variant
+        if not var.accepts_out or not st.outs or st.outs[0] < 0:
+            continue
+        o = st.outs[0]
+        ro = groups.find(o)
+        if ro in bad_roots or len(members.get(ro, ())) != 1:
+            continue
+        for a_i, b_o in var.op.contract.may_alias:
+            if b_o != 0 or a_i >= len(st.ins) or st.ins[a_i] < 0:
+                continue
+            a = st.ins[a_i]
+            if a in external or a not in first:
+                continue
+            ra = groups.find(a)
+            if ra in bad_roots or g_last(ra, members) != i:
+                continue
+            if sized[a][0] != sized[o][0] or sized[a][2] != sized[o][2]:
+                continue
+            root = groups.union(ra, ro)
+            merged = members.pop(ra) + members.pop(ro)
+            members[root] = merged
+            inplace_steps.add(i)
+            break
+
+    # One buffer per clean group.
+    slot_buf: dict[int, Buffer] = {}
+    buffers: list[Buffer] = []
+    for root, ms in sorted(members.items(), key=lambda kv: min(first[m] for m in kv[1])):
+        if root in bad_roots:
+            continue
+        ms = sorted(ms, key=lambda m: first[m])
+        head = ms[0]
+        nbytes, shape, dt = sized[head]
+        size = max(sized[m][0] for m in ms)
+        prod = steps[first[head]].placement.node.name
+        b = Buffer(
+            name=values[head].name,
+            producer=prod,
+            nbytes=align(max(size, 1)),
+            first=min(first[m] for m in ms),
+            last=max(last[m] for m in ms),
+            values=[values[m].name for m in ms],
+            shape=shape,
+            dtype=np.dtype(dt).name,
+        )
+        buffers.append(b)
+        for m in ms:
+            slot_buf[m] = b
+
+    # Workspaces: one per step whose kernel asks for one, live for that step only.
+    ws_steps: dict[int, Buffer] = {}
+    for i, st in enumerate(steps):
+        fn = st.fn
+        if not takes_workspace(fn):
+            continue
+        shapes = []
+        for s in st.ins:
+            if s < 0:
+                shapes.append(())
+                continue
+            v = values[s]
+            shp = resolve_shape(v.fact.shape, dims) if v is not None else None
+            if shp is None:
+                break
+            shapes.append(shp)
+        else:
+            try:
+                ws = st.placement.variant.op.contract.workspace(shapes, st.kwargs)
+            except Exception:  # noqa: BLE001 - a rule that cannot evaluate gives no workspace
+                ws = 0
+            if ws > 0:
+                b = Buffer(
+                    name=f"{st.placement.node.name}:workspace",
+                    producer=st.placement.node.name,
+                    nbytes=align(ws),
+                    first=i,
+                    last=i,
+                    kind="workspace",
+                    materialized=True,
+                    shape=(ws,),
+                    dtype="uint8",
+                )
+                buffers.append(b)
+                ws_steps[i] = b
+
+    outputs_bytes = 0
+    for s in outputs:
+        v = values[s]
+        tb = tensor_bytes(v.fact, dims) if v is not None and v.kind == "tensor" else None
+        outputs_bytes += tb[0] if tb else 0
+
+    plan = build_plan(
+        buffers,
+        [st.placement.node.name for st in steps],
+        signature,
+        dynamic,
+        outputs_bytes,
+    )
+
+    binding = Binding(plan)
+    for i, st in enumerate(steps):
+        var = st.placement.variant
+        if var.accepts_out and st.outs and st.outs[0] >= 0 and st.outs[0] in slot_buf:
+            o = st.outs[0]
+            b = slot_buf[o]
+            nb, shape, dt = sized[o]
+            binding.out_region[i] = (b.offset, shape, dt)
+            b.materialized = True
+        elif any(s in slot_buf for s in _reads(st)):
+            binding.view_checks.add(i)
+        if i in ws_steps:
+            wb = ws_steps[i]
+            binding.ws_region[i] = (wb.offset, wb.nbytes)
+    # Views of a buffer only come from declared view ops, which are grouped: no check needed.
+    for i, st in enumerate(steps):
+        if i in binding.view_checks and st.placement.variant.op.contract.must_alias:
+            if all(st.ins[a] in slot_buf for a, _ in st.placement.variant.op.contract.must_alias
+                   if a < len(st.ins) and st.ins[a] >= 0):
+                binding.view_checks.discard(i)
+    binding.inplace_steps = inplace_steps  # type: ignore[attr-defined]
+    return binding
