@@ -23,6 +23,19 @@ def _load_default() -> tuple[bytes, str]:
     return zoo.build("resnet50", seed=0).SerializeToString(), "light ResNet-50 (seeded weights)"
 
 
+def _model_source(arg: str | None) -> tuple[Any, str]:
+    """A model path, a light-zoo name (e.g. "resnet50"), or the embedded default."""
+    import os
+
+    from . import zoo
+
+    if not arg:
+        return _load_default()
+    if not os.path.exists(arg) and arg in zoo.LIGHT_MODELS:
+        return zoo.build(arg, seed=0).SerializeToString(), f"light {arg} (seeded weights)"
+    return arg, arg
+
+
 def _parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
     from .errors import InputError
 
@@ -38,7 +51,7 @@ def _parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _random_feeds(sess, seed: int = 0) -> dict[str, np.ndarray]:
+def _random_feeds(sess, seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
     from .errors import InputError
 
     rng = np.random.default_rng(seed)
@@ -46,7 +59,7 @@ def _random_feeds(sess, seed: int = 0) -> dict[str, np.ndarray]:
     for a in sess.get_inputs():
         if not a.type.startswith("tensor("):
             raise InputError(f"input {a.name!r} is a {a.type}; pass it with --input")
-        dims = [d if isinstance(d, int) else 1 for d in (a.shape or [])]
+        dims = [d if isinstance(d, int) else batch for d in (a.shape or [])]
         dt = a.type[7:-1]
         dt = {"float": "float32", "double": "float64"}.get(dt, dt)
         if dt.startswith("float") or dt == "bfloat16":
@@ -295,6 +308,33 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .memory import report
+    from .runtime.options import SessionOptions
+    from .runtime.session import InferenceSession
+
+    source, label = _model_source(args.model)
+    sess = InferenceSession(source, sess_options=SessionOptions())
+    feeds = _random_feeds(sess, 0, batch=args.batch)
+    feeds.update(_parse_inputs(args.input or []))
+    plan = sess.plan_for(feeds)
+    picture = report.save_picture(plan, args.png) if args.png else None
+    if args.json:
+        out = plan.to_dict()
+        out["model"] = label
+        if picture:
+            out["picture"] = picture
+        print(json.dumps(out, indent=1))
+        return 0
+    con = _console()
+    con.print(report.table(plan, limit=None if args.all else 40))
+    for line in report.summary_lines(plan):
+        con.print(line)
+    if picture:
+        con.print(f"arena picture: {picture}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opwarden", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -331,6 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true")
     pr.add_argument("--out", default="opwarden_profile")
     pr.set_defaults(fn=cmd_profile)
+    pl = sub.add_parser("plan", help="static memory plan: arena, lower bound, buffers, picture")
+    pl.add_argument("model", nargs="?", help="model path or light-zoo name (default ResNet-50)")
+    pl.add_argument("--json", action="store_true")
+    pl.add_argument("--png", metavar="FILE", help="arena picture (.svg: no dependency; else PNG)")
+    pl.add_argument("--batch", type=int, default=1, help="value for symbolic input dims")
+    pl.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    pl.add_argument("--all", action="store_true", help="list every buffer")
+    pl.set_defaults(fn=cmd_plan)
     return p
 
 

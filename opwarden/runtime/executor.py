@@ -254,7 +254,7 @@ class Program:
                 hook(st, env)
             for s, crc in list(live.items()):
                 x = env[s]
-                if last.get(s, -1) < i:
+                if last.get(s, -1) <= i:  # dead after this step: in-place reuse is allowed
                     del live[s]
                     continue
                 if isinstance(x, np.ndarray) and zlib.crc32(np.ascontiguousarray(x).view(

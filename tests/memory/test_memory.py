@@ -1,0 +1,229 @@
+"""Memory plans on real sessions: planned buffers, in-place reuse, views, limits, zero copy."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import opwarden
+from opwarden import zoo
+from opwarden.errors import MemoryLimitError, OpwardenError
+from tests.models import small_cnn
+
+DOMAIN = "test.memory"
+
+
+# A custom op whose fast variant writes into the planned buffer, in place when allowed.
+@opwarden.op(
+    "PlannedScale",
+    domain=DOMAIN,
+    inputs=["X: T"],
+    outputs=["Y: T"],
+    types={"T": ["float32"]},
+    attrs={"alpha": 2.0},
+    contract=opwarden.Contract(may_alias=((0, 0),)),
+)
+def PlannedScale(X, *, alpha=2.0):
+    return (X * np.float32(alpha)).astype(np.float32)
+
+
+@PlannedScale.infer
+def _scale_shape(X, *, alpha=2.0):
+    return X
+
+
+CALLS: list[tuple[bool, bool]] = []  # (got out, out is input)
+
+
+@PlannedScale.kernel(device="cpu", name="plannedscale.cpu.out", priority=10, accepts_out=True)
+def _scale_out(X, *, alpha=2.0, out=None):
+    CALLS.append((out is not None, out is not None and np.shares_memory(out, X)))
+    return np.multiply(X, np.float32(alpha), out=out)
+
+
+# A kernel that returns a view of its input without declaring it (the executor must copy it
+# out of the arena before the region is reused).
+@opwarden.op(
+    "SneakyView",
+    domain=DOMAIN,
+    inputs=["X: T"],
+    outputs=["Y: T"],
+    types={"T": ["float32"]},
+    contract=opwarden.Contract(),
+)
+def SneakyView(X):
+    return X[...]
+
+
+@SneakyView.infer
+def _sneaky_shape(X):
+    return X
+
+
+def _chain(ops: list[str], shape=(2, 3, 4)) -> onnx.ModelProto:
+    nodes, prev = [], "x"
+    for i, op in enumerate(ops):
+        out = f"t{i}" if i < len(ops) - 1 else "y"
+        dom = DOMAIN if op in ("PlannedScale", "SneakyView") else ""
+        nodes.append(helper.make_node(op, [prev], [out], name=f"n{i}", domain=dom))
+        prev = out
+    g = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+    )
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    )
+
+
+def _expected(ops, x):
+    y = x
+    for op in ops:
+        y = {"PlannedScale": lambda v: v * 2, "Relu": lambda v: np.maximum(v, 0),
+             "Neg": lambda v: -v, "SneakyView": lambda v: v}[op](y)
+    return y
+
+
+def test_kernels_write_into_the_arena_and_in_place():
+    ops = ["Relu", "PlannedScale", "PlannedScale", "Neg"]
+    sess = opwarden.InferenceSession(_chain(ops), optimization_level=0)
+    plan = sess.memory_plan
+    plan.check()
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    CALLS.clear()
+    (y,) = sess.run(None, {"x": x})
+    np.testing.assert_allclose(y, _expected(ops, x), rtol=1e-6)
+    # both write into planned buffers; the second reuses its dying input's buffer
+    assert CALLS[0][0] and CALLS[1] == (True, True)
+    shared = [b.values for b in plan.buffers if len(b.values) > 1]
+    assert any(v[-2:] == ["t1", "t2"] for v in shared)
+    assert plan.arena_bytes <= plan.naive_bytes
+
+
+def test_outputs_never_alias_the_arena_across_runs():
+    ops = ["Relu", "PlannedScale", "PlannedScale"]  # last one writes the graph output
+    sess = opwarden.InferenceSession(_chain(ops), optimization_level=0)
+    x1 = np.ones((2, 3, 4), np.float32)
+    (y1,) = sess.run(None, {"x": x1})
+    keep = y1.copy()
+    sess.run(None, {"x": -x1 * 5})
+    np.testing.assert_array_equal(y1, keep)  # the first result was not overwritten
+
+
+def test_undeclared_views_are_copied_out_of_the_arena():
+    ops = ["Relu", "PlannedScale", "SneakyView", "PlannedScale", "PlannedScale", "Neg"]
+    sess = opwarden.InferenceSession(_chain(ops), optimization_level=0, debug_memory=True)
+    x = np.random.default_rng(1).standard_normal((2, 3, 4)).astype(np.float32)
+    (y,) = sess.run(None, {"x": x})
+    np.testing.assert_allclose(y, _expected(ops, x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_planned_and_unplanned_runs_agree(guarded):
+    ops = ["Relu", "PlannedScale", "Neg", "PlannedScale", "Relu", "PlannedScale"]
+    checks = ("all",) if guarded else ()
+    sess = opwarden.InferenceSession(_chain(ops), optimization_level=0, checks=checks)
+    x = np.random.default_rng(2).standard_normal((2, 3, 4)).astype(np.float32)
+    planned = sess.run(None, {"x": x})[0]
+    unplanned = sess.program.run([x])[0]  # no out= buffers
+    np.testing.assert_array_equal(planned, unplanned)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "densenet121", "inception_v2", "squeezenet"])
+def test_light_models_arena_close_to_lower_bound(name):
+    m = zoo.build(name)
+    sess = opwarden.InferenceSession(m.SerializeToString())
+    plan = sess.memory_plan
+    plan.check()
+    assert plan.lower_bound_bytes > 0
+    assert plan.arena_bytes <= 1.10 * plan.lower_bound_bytes
+    d = plan.to_dict()
+    assert {"arena_bytes", "lower_bound_bytes", "naive_bytes", "buffers"} <= set(d)
+
+
+def test_debug_mode_matches_plain_run_on_a_cnn():
+    m = zoo.build("squeezenet")
+    feeds = zoo.feeds_for(m)
+    plain = opwarden.InferenceSession(m.SerializeToString()).run(None, feeds)[0]
+    dbg = opwarden.InferenceSession(m.SerializeToString(), debug_memory=True).run(None, feeds)[0]
+    np.testing.assert_array_equal(plain, dbg)
+
+
+def test_plans_per_batch_size_are_cached_and_bounded():
+    sess = opwarden.InferenceSession(small_cnn(), plan_cache_size=4)
+    rng = np.random.default_rng(0)
+    sizes = []
+    for n in list(range(1, 11)) * 2:
+        sess.run(None, {"x": rng.standard_normal((n, 3, 8, 8)).astype(np.float32)})
+        sizes.append(sess.memory_plan.signature)
+    assert len(sess.memory._cache) == 4
+    assert sess.memory.arena_bytes == max(
+        sess.plan_for({"x": np.zeros((10, 3, 8, 8), np.float32)}).arena_bytes, 1
+    )
+    # a bigger batch needs a bigger plan; the arena grows once and is reused after
+    assert sess.plan_for({"x": np.zeros((7, 3, 8, 8), np.float32)}).arena_bytes < (
+        sess.plan_for({"x": np.zeros((70, 3, 8, 8), np.float32)}).arena_bytes
+    )
+
+
+def _constant_of_shape_model(shape_from_input: bool, n: int) -> onnx.ModelProto:
+    if shape_from_input:
+        inputs = [helper.make_tensor_value_info("s", TensorProto.INT64, [1])]
+        inits = []
+    else:
+        inputs = []
+        inits = [numpy_helper.from_array(np.array([n], np.int64), "s")]
+    g = helper.make_graph(
+        [
+            helper.make_node("ConstantOfShape", ["s"], ["z"], name="bomb"),
+            helper.make_node("ReduceSum", ["z"], ["y"], name="sum", keepdims=0),
+        ],
+        "bomb",
+        inputs,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+        initializer=inits,
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_memory_bomb_with_static_shape_is_refused_at_load():
+    with pytest.raises(MemoryLimitError, match="bomb"):
+        opwarden.InferenceSession(_constant_of_shape_model(False, 10**12))
+
+
+def test_memory_bomb_from_data_is_refused_before_allocating():
+    sess = opwarden.InferenceSession(
+        _constant_of_shape_model(True, 0), memory_limit_bytes=64 << 20
+    )
+    with pytest.raises(MemoryLimitError, match="bomb"):
+        sess.run(None, {"s": np.array([10**12], np.int64)})
+    # the session stays usable
+    (y,) = sess.run(None, {"s": np.array([10], np.int64)})
+    assert float(y) == 0.0
+
+
+def test_feed_that_blows_the_plan_is_refused_before_running():
+    sess = opwarden.InferenceSession(small_cnn(), memory_limit_bytes=1 << 20)
+    sess.run(None, {"x": np.zeros((1, 3, 8, 8), np.float32)})
+    with pytest.raises(MemoryLimitError, match="memory limit"):
+        sess.run(None, {"x": np.zeros((4096, 3, 8, 8), np.float32)})
+    assert isinstance(MemoryLimitError("x"), OpwardenError)
+
+
+def test_weights_are_views_over_the_model_file(tmp_path):
+    m = zoo.build("squeezenet")
+    path = tmp_path / "m.onnx"
+    onnx.save(m, path)
+    sess = opwarden.InferenceSession(str(path), optimization_level=0)
+    big = [v.const for v in sess.model.graph.initializers.values() if v.const.nbytes >= 65536]
+    assert big
+    for w in big:
+        assert not w.flags.writeable
+        assert not w.flags.owndata  # a view, not a copy
+    from_bytes = opwarden.InferenceSession(m.SerializeToString(), optimization_level=0)
+    feeds = zoo.feeds_for(m)
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], from_bytes.run(None, feeds)[0])
