@@ -54,12 +54,59 @@ def measure(runtime: str, path: str, batch: int = 1) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+DYNAMIC_CHILD = r"""
+import sys
+import numpy as np
+import onnx
+import opwarden
+from opwarden import zoo
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+m = zoo.build(sys.argv[1])
+for v in list(m.graph.input) + list(m.graph.output):
+    v.type.tensor_type.shape.dim[0].dim_param = "N"
+s = opwarden.InferenceSession(m.SerializeToString())
+name = s.get_inputs()[0].name
+shape = s.get_inputs()[0].shape
+rng = np.random.default_rng(0)
+marks = {}
+for i in range(1, 201):
+    n = (i - 1) % 50 + 1
+    x = rng.standard_normal([n] + list(shape[1:])).astype(np.float32)
+    s.run(None, {name: x})
+    if i in (50, 100, 150, 200):
+        marks[i] = rss()
+print(marks[50], marks[100], marks[150], marks[200], s.memory.plans_built, s.memory.arena_bytes)
+"""
+
+
+def dynamic(model: str) -> None:
+    """200 runs with batch sizes cycling 1..50: RSS must not grow after the first cycle."""
+    out = subprocess.run(
+        [sys.executable, "-c", DYNAMIC_CHILD, model], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    r50, r100, r150, r200, plans, arena = (int(v) for v in out.stdout.split()[-6:])
+    mib = 1 << 20
+    print(f"{model}: RSS after run 50 {r50 / mib:.1f} MiB, 100 {r100 / mib:.1f}, "
+          f"150 {r150 / mib:.1f}, 200 {r200 / mib:.1f} MiB; run200/run50 = {r200 / r50:.3f}; "
+          f"plans built {plans}, arena {arena / mib:.1f} MiB")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--models", nargs="*", default=["resnet50", "vgg19", "densenet121"])
     p.add_argument("--zoo", default=os.path.join(os.path.dirname(__file__), "zoo"))
     p.add_argument("--json", action="store_true")
+    p.add_argument("--dynamic", metavar="MODEL", help="the 200-run dynamic batch check instead")
     a = p.parse_args()
+    if a.dynamic:
+        dynamic(a.dynamic)
+        return
     from opwarden import zoo
 
     os.makedirs(a.zoo, exist_ok=True)

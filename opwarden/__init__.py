@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from . import verify
+from .autograd import grad
 from .contract import Contract
 from .errors import (
     ContractError,
@@ -32,6 +34,8 @@ __all__ = [
     "OpwardenError",
     "SessionOptions",
     "UnsupportedOpError",
+    "grad",
     "kernel",
     "op",
+    "verify",
 ]

@@ -379,6 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--input", action="append", metavar="NAME=FILE.npy")
     pl.add_argument("--all", action="store_true", help="list every buffer")
     pl.set_defaults(fn=cmd_plan)
+    from . import bench
+    from .verify import check_cli
+
+    bench.add_parser(sub)
+    check_cli.add_parser(sub)
     return p
 
 

@@ -1,7 +1,30 @@
-"""Devices: what each execution target declares it can run (issue 6 fills this room)."""
+"""Devices: what each execution target declares it can run, and device profiles (TOML)."""
 
 from __future__ import annotations
 
-from .base import Device, devices, get_device, register_device
+from .base import (
+    LAYOUT_SENSITIVE,
+    Device,
+    OpCapability,
+    devices,
+    get_device,
+    register_device,
+    sensitive_inputs,
+)
+from .constraints import PREDICATES, Constraint
+from .profile import load_builtin_profiles, load_profile
 
-__all__ = ["Device", "devices", "get_device", "register_device"]
+load_builtin_profiles()
+
+__all__ = [
+    "LAYOUT_SENSITIVE",
+    "PREDICATES",
+    "Constraint",
+    "Device",
+    "OpCapability",
+    "devices",
+    "get_device",
+    "load_profile",
+    "register_device",
+    "sensitive_inputs",
+]

@@ -1,11 +1,118 @@
-"""The device model: a named execution target with enumerable capabilities."""
+"""The device model: a named execution target with enumerable capabilities.
+
+A device answers three questions a program can ask before touching hardware: which operators it
+runs (``capabilities()``: per operator, variants with dtypes, layouts and attribute constraints),
+whether it runs one particular node (``accepts(node)`` -> ok, reason in plain words) and in which
+layouts (``layouts_for(node)``).
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import OptionsError
+from .constraints import Constraint
+
+# Operators whose activation tensor has a channel axis that a layout (NCHW/NHWC) places:
+# op_type -> indices of the activation inputs. Output 0 is the activation output.
+LAYOUT_SENSITIVE: dict[str, tuple[int, ...]] = {
+    "Conv": (0,),
+    "ConvTranspose": (0,),
+    "MaxPool": (0,),
+    "AveragePool": (0,),
+    "LpPool": (0,),
+    "GlobalAveragePool": (0,),
+    "GlobalMaxPool": (0,),
+    "GlobalLpPool": (0,),
+    "BatchNormalization": (0,),
+    "InstanceNormalization": (0,),
+    "GroupNormalization": (0,),
+    "LRN": (0,),
+    "Resize": (0,),
+    "Upsample": (0,),
+    "DepthToSpace": (0,),
+    "SpaceToDepth": (0,),
+    "FusedConv": (0, 3),
+}
+
+
+def sensitive_inputs(node: Any) -> tuple[int, ...]:
+    """Activation input indices of a layout-sensitive node (empty for other nodes)."""
+    if node.domain == "opwarden":
+        return LAYOUT_SENSITIVE["FusedConv"] if node.op_type == "FusedConv" else ()
+    if node.domain or node.op_type == "FusedConv":
+        return ()
+    return LAYOUT_SENSITIVE.get(node.op_type, ())
+
+
+def data_dtype(node: Any) -> str | None:
+    """The dtype a node computes in: input 0's (output 0's when it has no inputs)."""
+    for v in node.inputs[:1]:
+        if v is not None:
+            return v.fact.dtype
+    if node.outputs and node.outputs[0] is not None:
+        return node.outputs[0].fact.dtype
+    return None
+
+
+_FLOATS = {"float16", "float32", "float64", "bfloat16"}
+
+
+@dataclass
+class OpCapability:
+    """One way a device runs an operator: its dtypes, layouts and attribute constraints."""
+
+    op_type: str
+    domain: str = ""
+    name: str = ""
+    dtypes: tuple[str, ...] | None = None
+    layouts: tuple[str, ...] = ("any",)
+    constraints: tuple[Constraint, ...] = ()
+    note: str = ""
+
+    def check(self, node: Any, device: str) -> str | None:
+        """None when this variant runs `node`, else why not (plain words)."""
+        if self.dtypes is not None:
+            dt = data_dtype(node)
+            if dt is None:
+                return f"{node.op_type}: dtype unknown before running; {device} needs a known dtype"
+            if dt not in self.dtypes:
+                return f"{node.op_type} dtype {dt}: {device} supports {', '.join(self.dtypes)} only"
+            for i, v in enumerate(node.inputs[1:], 1):
+                # Other float tensors (weights, scales) must also be in the device's dtypes;
+                # integer inputs are shapes or indices, which every device reads.
+                if v is not None and v.fact.dtype in _FLOATS and v.fact.dtype not in self.dtypes:
+                    if _is_param(node, i):
+                        continue
+                    return (
+                        f"{node.op_type} input {i} dtype {v.fact.dtype}: {device} supports "
+                        f"{', '.join(self.dtypes)} only"
+                    )
+        for c in self.constraints:
+            why = c.check(node, device)
+            if why is not None:
+                return why
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtypes": list(self.dtypes) if self.dtypes is not None else "any",
+            "layouts": list(self.layouts),
+            "constraints": [c.as_dict() for c in self.constraints],
+            "note": self.note,
+        }
+
+
+def _is_param(node: Any, index: int) -> bool:
+    """Is input `index` a parameter (Resize scales, ...) rather than data of the compute type?"""
+    sch = node.schema
+    if sch is None:
+        return False
+    p0, p = sch.input_param(0), sch.input_param(index)
+    return p0 is not None and p is not None and p.type_str != p0.type_str
 
 
 @dataclass
@@ -18,6 +125,10 @@ class Device:
     - ``preferred_layout``: the layout its convolution-like kernels want ("NCHW" or "NHWC").
     - ``memory_bytes``: activation memory available (None: bounded by the host).
     - ``concurrent``: whether it runs independent operators at the same time.
+    - ``ops``: for profiles, the operators it runs (several entries for one op are variants,
+      tried in order); None for host/torch devices, whose capabilities are their registered
+      kernel variants.
+    - ``compute_dtype``: floats are computed in this dtype (profiles emulate it by rounding).
     """
 
     name: str
@@ -30,7 +141,16 @@ class Device:
     host: str | None = None
     aliases: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    ops: list[OpCapability] | None = None
+    compute_dtype: str | None = None
+    source: str | None = None
+    # Where an emulated compute dtype is applied: "inputs" (tensors entering the device),
+    # "weights" (constants, once at upload), "outputs" (every float output of every node),
+    # "exit" (tensors leaving the device), "range" (every output keeps the dtype's range:
+    # overflow to inf, underflow to 0, without rounding the mantissa).
+    rounding: tuple[str, ...] = ("inputs", "weights", "outputs")
 
+    # -- enumeration ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -41,7 +161,207 @@ class Device:
             "concurrent": self.concurrent,
             "simulated": self.simulated,
             "host": self.host,
+            "compute_dtype": self.compute_dtype,
+            "rounding": list(self.rounding) if self.compute_dtype else [],
+            "source": self.source,
+            "aliases": list(self.aliases),
+            "op_count": len({(o["domain"], o["op"]) for o in self.capabilities()}),
         }
+
+    def capabilities(self) -> list[dict[str, Any]]:
+        """Per operator: its variants on this device with dtypes, layouts and constraints."""
+        if self.ops is not None:
+            by_op: dict[tuple[str, str], list[OpCapability]] = {}
+            for c in self.ops:
+                by_op.setdefault((c.domain, c.op_type), []).append(c)
+            return [
+                {"op": op, "domain": dom or "ai.onnx", "variants": [c.as_dict() for c in cs]}
+                for (dom, op), cs in by_op.items()
+            ]
+        from ..ops import REGISTRY
+
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for o in REGISTRY.all():
+            for v in o.variants:
+                if v.device != self.name:
+                    continue
+                row = rows.setdefault(
+                    (o.domain, o.op_type),
+                    {"op": o.op_type, "domain": o.domain or "ai.onnx", "variants": []},
+                )
+                d = v.describe()
+                row["variants"].append(
+                    {
+                        "name": v.name,
+                        "since": o.since,
+                        "dtypes": d["dtypes"],
+                        "layouts": [v.layout],
+                        "constraints": (
+                            [{"description": "a when-predicate on input facts and attributes"}]
+                            if v.when is not None
+                            else []
+                        )
+                        + [
+                            {"attr": k, "description": a.describe()}
+                            for k, a in o.contract.allowed.items()
+                        ],
+                        "reference": v.reference,
+                    }
+                )
+        return list(rows.values())
+
+    # -- decisions -----------------------------------------------------------------------------
+    def accepts(self, node: Any, quarantine: Any = None) -> tuple[bool, str]:
+        """(True, "") when this device runs `node` whole, else (False, reason in plain words)."""
+        if self.ops is None:
+            return self._host_accepts(node, quarantine)
+        caps = [c for c in self.ops if c.op_type == node.op_type and c.domain == node.domain]
+        if not caps:
+            if node.domain == "opwarden" and node.op_type in _FUSED:
+                return self._fused_accepts(node, quarantine)
+            dom = f"{node.domain}::" if node.domain else ""
+            return False, f"{self.name} does not run {dom}{node.op_type}"
+        why = ""
+        for c in caps:
+            why = c.check(node, self.name) or ""
+            if not why:
+                break
+        if why:
+            return False, why
+        host = get_device(self.host or "cpu")
+        ok, hwhy = host.accepts(node, quarantine)
+        if not ok:
+            return False, f"{self.name} runs on {host.name}, which cannot: {hwhy}"
+        if quarantine is not None:
+            from ..runtime.place import select
+
+            var, _ = select(node, host.name, "NCHW", quarantine)
+            if var is not None and f"{var.name}@{self.name}" in quarantine:
+                qname = f"{var.name}@{self.name}"
+                return False, f"{qname} quarantined as unstable: {quarantine.reason(qname)}"
+        return True, ""
+
+    def _host_accepts(self, node: Any, quarantine: Any) -> tuple[bool, str]:
+        if self.layouts_for(node, quarantine):
+            return True, ""
+        from ..runtime.place import select
+
+        if node.opdef is None:
+            return False, f"no implementation of {node.op_type} at opset {node.opset}"
+        mine = [v for v in node.opdef.variants if v.device == self.name]
+        if not mine:
+            return False, f"{self.name} has no kernel for {node.op_type}"
+        _, rejected = select(node, self.name, "NCHW", quarantine)
+        reasons = [f"{n}: {r}" for n, r in rejected if not r.startswith("device ")]
+        return False, "; ".join(reasons) or f"no {self.name} variant accepts it"
+
+    def layouts_for(self, node: Any, quarantine: Any = None) -> tuple[str, ...]:
+        """Layouts in which this device can run `node`'s activation tensor (best first)."""
+        sens = sensitive_inputs(node)
+        if self.ops is not None:
+            if not sens:
+                return ("NCHW",)
+            caps = [c for c in self.ops if c.op_type == node.op_type and c.domain == node.domain]
+            lays = {lay for c in caps for lay in c.layouts} or {"any"}
+            out = [lay for lay in ("NHWC", "NCHW") if lay in lays or "any" in lays]
+            out.sort(key=lambda lay: lay != self.preferred_layout)
+            return tuple(out)
+        from ..runtime.place import select
+
+        out = []
+        for lay in ("NHWC", "NCHW") if sens else ("NCHW",):
+            var, _ = select(node, self.name, lay, quarantine)
+            if var is not None:
+                out.append(lay)
+        return tuple(out)
+
+    def _fused_accepts(self, node: Any, quarantine: Any) -> tuple[bool, str]:
+        """A fused node runs here when each operator it fuses does."""
+        for piece in _FUSED[node.op_type](node):
+            ok, why = self.accepts(piece, quarantine)
+            if not ok:
+                return False, f"{node.op_type} fuses {piece.op_type}: {why}"
+        return True, ""
+
+    def rounds(self, where: str) -> bool:
+        """Does this (emulated) device round floats to its compute dtype at `where`?"""
+        return (
+            self.kind == "profile"
+            and self.compute_dtype in ("float16", "bfloat16")
+            and where in self.rounding
+        )
+
+
+class _Probe:
+    """A stand-in node for one operator inside a fused node (capability checks only)."""
+
+    def __init__(self, node: Any, op_type: str, attrs: dict[str, Any], inputs: list[Any]):
+        from ..ops import REGISTRY
+
+        self.op_type, self.domain, self.name = op_type, "", node.name
+        self.opset = max(node.opset, 13)
+        self.attrs = attrs
+        self.inputs = inputs
+        self.outputs = node.outputs[:1]
+        try:
+            self.opdef, self.schema = REGISTRY.resolve(op_type, "", self.opset)
+        except Exception:  # noqa: BLE001 - an unknown piece is refused by the capability check
+            self.opdef, self.schema = None, None
+
+    @property
+    def label(self) -> str:
+        return f"{self.name!r} ({self.op_type})"
+
+
+_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+def _act(node: Any) -> list[_Probe]:
+    act = node.attrs.get("activation", "")
+    if isinstance(act, bytes):
+        act = act.decode()
+    return [_Probe(node, act, {}, node.outputs[:1])] if act else []
+
+
+def _fused_conv(node: Any) -> list[_Probe]:
+    attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
+    pieces = [_Probe(node, "Conv", attrs, node.inputs[:3])]
+    if len(node.inputs) > 3 and node.inputs[3] is not None:
+        pieces.append(_Probe(node, "Add", {}, [node.outputs[0], node.inputs[3]]))
+    return pieces + _act(node)
+
+
+def _fused_gemm(node: Any) -> list[_Probe]:
+    attrs = {k: v for k, v in node.attrs.items() if k in ("alpha", "beta", "transA", "transB")}
+    return [_Probe(node, "Gemm", attrs, node.inputs)] + _act(node)
+
+
+def _fused_matmul(node: Any) -> list[_Probe]:
+    pieces = [_Probe(node, "MatMul", {}, node.inputs[:2])]
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        pieces.append(_Probe(node, "Add", {}, [node.outputs[0], node.inputs[2]]))
+    return pieces + _act(node)
+
+
+def _fused_elementwise(node: Any) -> list[_Probe]:
+    # The program names ONNX operators; every capitalised word that is one is a piece.
+    from ..ops import REGISTRY
+
+    prog = node.attrs.get("program", "")
+    if isinstance(prog, bytes):
+        prog = prog.decode()
+    names = dict.fromkeys(re.findall(r"[A-Z][A-Za-z]+", str(prog)))
+    return [
+        _Probe(node, n, {}, node.inputs[:2]) for n in names if REGISTRY.latest(n) is not None
+    ]
+
+
+_FUSED = {
+    "FusedConv": _fused_conv,
+    "FusedGemm": _fused_gemm,
+    "FusedMatMul": _fused_matmul,
+    "FusedElementwise": _fused_elementwise,
+}
 
 
 _DEVICES: dict[str, Device] = {}
@@ -53,17 +373,41 @@ def register_device(dev: Device) -> Device:
     return dev
 
 
-def get_device(name: str) -> Device:
-    """The device called `name` (case-insensitive, aliases accepted)."""
-    key = name.lower()
+def _find(key: str) -> Device | None:
     for dev in _DEVICES.values():
         if dev.name.lower() == key or key in (a.lower() for a in dev.aliases):
             return dev
-    raise OptionsError(f"unknown device {name!r}; available: {', '.join(_DEVICES)}")
+    return None
+
+
+def _try_torch() -> None:
+    """Register the torch provider when PyTorch is importable (imported on first need only)."""
+    import importlib.util
+
+    if "torch" in _DEVICES or importlib.util.find_spec("torch") is None:
+        return
+    try:
+        from . import torch_provider  # noqa: F401
+    except ImportError:
+        pass
+
+
+def get_device(name: str) -> Device:
+    """The device called `name` (case-insensitive, aliases accepted)."""
+    key = name.lower()
+    dev = _find(key)
+    if dev is None and "torch" in key:
+        _try_torch()
+        dev = _find(key)
+    if dev is None:
+        _try_torch()
+        raise OptionsError(f"unknown device {name!r}; available: {', '.join(_DEVICES)}")
+    return dev
 
 
 def devices() -> list[Device]:
     """Every device available in this process, in registration order."""
+    _try_torch()
     return list(_DEVICES.values())
 
 

@@ -1,3 +1,15 @@
-"""Fast kernel variants. Importing this package registers them on the built-in operators."""
+"""Fast kernel variants. Importing this package registers them on the built-in operators.
+
+Every variant here is float32, registered on the cpu device with priority 10 (above the
+reference kernel), accepts a planned output buffer (`out=`), and is tested against the
+reference kernel in tests/kernels/. NHWC variants are chosen by the layout pass.
+"""
 
 from __future__ import annotations
+
+from . import conv, elementwise, fused, linalg, norm, pool
+
+for _module in (conv, pool, norm, linalg, elementwise, fused):
+    _module.register()
+
+__all__ = ["conv", "elementwise", "fused", "linalg", "norm", "pool"]

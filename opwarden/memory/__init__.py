@@ -32,12 +32,13 @@ def _aligned_empty(nbytes: int) -> np.ndarray:
 
 
 class _Entry:
-    __slots__ = ("binding", "calls", "arena_id")
+    __slots__ = ("binding", "calls", "arena_id", "lean")
 
     def __init__(self, binding: Binding) -> None:
         self.binding = binding
         self.calls: Any = None
         self.arena_id = -1
+        self.lean: dict[bool, Any] = {}
 
 
 class MemoryManager:
@@ -133,8 +134,11 @@ class MemoryManager:
             )
 
     # -- binding -----------------------------------------------------------------------------
-    def calls_for(self, feeds: list[Any]) -> tuple[Any, Any]:
-        """(call list bound to an arena, release token) for a run with these feeds."""
+    def calls_for(self, feeds: list[Any], lean: bool | None = None) -> tuple[Any, Any, Any]:
+        """(call list bound to an arena, its compiled lean function or None, release token).
+
+        `lean` asks for the compiled function (True: with the contract check, False: without).
+        """
         key, dims = self.signature(feeds)
         entry = self._entry(key, dims)
         plan = entry.binding.plan
@@ -148,10 +152,16 @@ class MemoryManager:
             if entry.arena_id != self._arena_gen or entry.calls is None:
                 entry.calls = self.program.bind(entry.binding, self._arena)
                 entry.arena_id = self._arena_gen
-            return entry.calls, self._busy
+                entry.lean = {}
+            fn = None
+            if lean is not None:
+                fn = entry.lean.get(lean)
+                if fn is None:
+                    fn = entry.lean[lean] = self.program.compile(entry.calls, contract=lean)
+            return entry.calls, fn, self._busy
         # Another run holds the shared arena: this one gets a private arena.
         private = _aligned_empty(max(plan.arena_bytes, 1))
-        return self.program.bind(entry.binding, private), None
+        return self.program.bind(entry.binding, private), None, None
 
     @property
     def arena_bytes(self) -> int:

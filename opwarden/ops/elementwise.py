@@ -506,7 +506,7 @@ def BitwiseXor(A, B):
     return _apply(np.bitwise_xor, A, B)
 
 
-@op("BitwiseNot", since=18, contract=Contract(may_alias=((0, 0),), nan="none"))
+@op("BitwiseNot", since=18, contract=Contract(may_alias=((0, 0),), nan="none", overflow="wrap"))
 def BitwiseNot(X):
     """Bitwise complement (ONNX BitwiseNot-18)."""
     return _apply(np.invert, X)

@@ -440,9 +440,8 @@ def Scaler(X, *, offset=None, scale=None):
     n = X.shape[-1] if X.ndim else 1
     off = _per_feature(offset if offset is not None else [0.0], n, "offset")
     sc = _per_feature(scale if scale is not None else [1.0], n, "scale")
-    return ((X.astype(np.float32) - off.astype(np.float32)) * sc.astype(np.float32)).astype(
-        np.float32
-    )
+    y = (X.astype(np.float32) - off.astype(np.float32)) * sc.astype(np.float32)
+    return y.reshape(X.shape).astype(np.float32)  # a rank-0 input stays rank 0
 
 
 @op("Normalizer", since=1, domain=ML, contract=Contract(
@@ -450,6 +449,8 @@ def Scaler(X, *, offset=None, scale=None):
 def Normalizer(X, *, norm="MAX"):
     """Row-wise X / max, X / sum|X| or X / ||X||_2; 0 divisor keeps X (ai.onnx.ml Normalizer-1)."""
     x = _rows(X).astype(np.float32)
+    if x.size == 0:
+        return x.reshape(X.shape)
     if norm == "MAX":
         d = x.max(axis=1, keepdims=True)
     elif norm == "L1":
@@ -457,7 +458,7 @@ def Normalizer(X, *, norm="MAX"):
     else:
         d = np.sqrt(np.square(x).sum(axis=1, keepdims=True))
     y = x / np.where(d == 0, np.float32(1), d)
-    return y.reshape(X.shape if X.ndim else (1,)).astype(np.float32)
+    return y.reshape(X.shape).astype(np.float32)
 
 
 @op("OneHotEncoder", since=1, domain=ML, contract=Contract(nan="none"))

@@ -62,7 +62,7 @@ def RandomUniform(*, dtype=1, high=1.0, low=0.0, seed=None, shape=None):
     return _rng(seed).uniform(low, high, _shape(shape)).astype(dt)
 
 
-@op("RandomNormalLike", since=1, contract=_contract("propagate"))
+@op("RandomNormalLike", since=1, contract=_contract("suppress"))
 def RandomNormalLike(input, *, dtype=None, mean=0.0, scale=1.0, seed=None):
     """Samples of N(mean, scale^2) shaped like the input (ONNX RandomNormalLike-1)."""
     dt = _out_dtype(dtype, input)
@@ -71,7 +71,7 @@ def RandomNormalLike(input, *, dtype=None, mean=0.0, scale=1.0, seed=None):
     return _rng(seed).normal(mean, scale, np.shape(input)).astype(dt)
 
 
-@op("RandomUniformLike", since=1, contract=_contract("propagate"))
+@op("RandomUniformLike", since=1, contract=_contract("suppress"))
 def RandomUniformLike(input, *, dtype=None, high=1.0, low=0.0, seed=None):
     """Samples of U[low, high) shaped like the input (ONNX RandomUniformLike-1)."""
     dt = _out_dtype(dtype, input)

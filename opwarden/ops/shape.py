@@ -295,13 +295,13 @@ def _dropout_old(data: np.ndarray, is_test: int, ratio: float):
     return out, mask.astype(data.dtype)
 
 
-@op("Dropout", since=1, contract=Contract(may_alias=((0, 0),), deterministic=False))
+@op("Dropout", since=1, contract=Contract(may_alias=((0, 0),), deterministic=False, nan="suppress"))
 def Dropout_1(data, *, consumed_inputs=None, is_test=0, ratio=0.5):
     """Random dropout unless is_test; mask has data's type (ONNX Dropout-1)."""
     return _dropout_old(data, is_test, ratio)
 
 
-@op("Dropout", since=6, contract=Contract(may_alias=((0, 0),), deterministic=False))
+@op("Dropout", since=6, contract=Contract(may_alias=((0, 0),), deterministic=False, nan="suppress"))
 def Dropout_6(data, *, is_test=0, ratio=0.5):
     """Random dropout unless is_test; mask has data's type (ONNX Dropout-6)."""
     return _dropout_old(data, is_test, ratio)
@@ -445,7 +445,7 @@ def Constant(
     return np.array(list(v), dtype=object).reshape(len(v))
 
 
-@op("EyeLike", since=9)
+@op("EyeLike", since=9, contract=Contract(nan="suppress"))
 def EyeLike(input, *, dtype=None, k=0):
     """A 2-D tensor shaped like input with ones on diagonal `k` (ONNX EyeLike-9/22)."""
     if input.ndim != 2:
@@ -639,7 +639,7 @@ def Pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
     return _pad(data, _ints(pads, "pads"), mode, constant_value, ax)
 
 
-@op("Trilu", since=14)
+@op("Trilu", since=14, contract=Contract(nan="suppress"))
 def Trilu(input, k=None, *, upper=1):
     """Upper or lower triangle of the last two dims, offset by diagonal `k` (ONNX Trilu-14)."""
     if input.ndim < 2:

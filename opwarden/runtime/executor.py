@@ -182,6 +182,12 @@ class Program:
             calls.append((st, st.fn, st.ins, kw, st.frees, hook))
         return calls
 
+    def compile(self, calls: list | None = None, contract: bool = False) -> Any:
+        """The lean run function for a call list (see codegen.py)."""
+        from .codegen import compile_calls
+
+        return compile_calls(self, calls if calls is not None else self.calls, contract)
+
     def run(
         self, feeds: list[Any], captured: list[Any] | None = None, calls: list | None = None
     ) -> list[Any]:
@@ -288,19 +294,19 @@ class _ArenaViews:
 
     def __call__(self, st: Step, env: list[Any]) -> None:
         for k, s in enumerate(st.outs):
-            if s < 0:
-                continue
-            x = env[s]
-            if not isinstance(x, np.ndarray) or (k == 0 and x is self.out):
-                continue
-            base = x.base
-            if base is None and x is not self.out:
-                continue
-            p = x.__array_interface__["data"][0]
-            if k == 0 and p == self.out_ptr and x.nbytes == self.out.nbytes:
-                continue  # the planned buffer itself, reshaped
-            if self.lo <= p < self.hi:
-                env[s] = x.copy()
+            if s >= 0:
+                env[s] = self.fix(env[s], k)
+
+    def fix(self, x: Any, k: int) -> Any:
+        """Output `k` as it may be kept: a copy if it is an unplanned view into the arena."""
+        if not isinstance(x, np.ndarray) or (k == 0 and x is self.out) or x.base is None:
+            return x
+        p = x.__array_interface__["data"][0]
+        if k == 0 and p == self.out_ptr and x.nbytes == self.out.nbytes:
+            return x  # the planned buffer itself, reshaped
+        if self.lo <= p < self.hi:
+            return x.copy()
+        return x
 
 
 def _bind(g: Any, env: list[Any], guard: Any = None) -> Any:

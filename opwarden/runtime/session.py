@@ -15,29 +15,42 @@ from ..guard.guard import Guard
 from ..ir.graph import Model, Value
 from ..ir.load import load
 from ..ir.validate import validate
+from ..memory import MemoryManager, MemoryPlan
 from ..passes import optimize
 from ..trace.records import OpRecord, chrome_trace, default_trace_path
+from .codegen import LeanFault
 from .executor import Program, describe_value
+from .executor import _kernel_error as kernel_error
 from .options import SessionOptions
 from .place import Placement, place_model
 
-_PROVIDER_ALIASES = {"cpuexecutionprovider": "cpu", "cpu": "cpu"}
-
 
 def normalize_providers(providers: Sequence[Any] | None) -> list[str]:
-    """Device names for a providers list (onnxruntime names accepted)."""
+    """Device names for a providers list.
+
+    Names resolve through the device registry (``opwarden.devices()``; onnxruntime names such
+    as "CPUExecutionProvider" are aliases); a path ending in ``.toml`` loads a device profile.
+    """
+    from ..devices import get_device, load_profile
+
     if not providers:
         return ["cpu"]
     out: list[str] = []
     for p in providers:
         name = p[0] if isinstance(p, tuple) else p
+        if hasattr(name, "__fspath__"):
+            name = str(name)
         if not isinstance(name, str):
             raise OptionsError(f"provider must be a name, got {name!r}")
-        dev = _PROVIDER_ALIASES.get(name.lower())
-        if dev is None:
-            raise OptionsError(f"unknown provider {name!r}; available: cpu (CPUExecutionProvider)")
-        if dev not in out:
-            out.append(dev)
+        if name.lower().endswith(".toml"):
+            dev = load_profile(name)
+        else:
+            try:
+                dev = get_device(name)
+            except OptionsError as e:
+                raise OptionsError(f"unknown provider {name!r}: {e}") from None
+        if dev.name not in out:
+            out.append(dev.name)
     return out
 
 
@@ -83,6 +96,7 @@ class InferenceSession:
             for k, v in kwargs.items():
                 setattr(self.options, k, v)
         self.providers = normalize_providers(providers)
+        self.source = path_or_bytes  # kept for tools that need the model as written (grad)
         self.guard = Guard(self.options)
         try:
             self._prepare(path_or_bytes)
@@ -106,7 +120,10 @@ class InferenceSession:
             self.model, self.providers, self.options, self.guard.quarantine
         )
         by_node = {id(p.node): p for p in self.placements}
-        self.program = Program(self.model.graph, by_node)
+        self.memory = MemoryManager.for_options(self.options)
+        self.program = Program(self.model.graph, by_node, self.memory.limit)
+        self.memory.attach(self.program)
+        self.memory.static_plan()  # refuses memory bombs before anything is allocated
 
     # -- onnxruntime-compatible surface ------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -130,15 +147,54 @@ class InferenceSession:
         """Run the model; returns the requested outputs (all when output_names is None)."""
         picks = self._output_indices(output_names)
         feeds = self._feeds(input_feed)
-        if not self.guard.active:
-            outs = self.program.run(feeds)
-        else:
-            self.guard.begin_run()
-            try:
-                outs = self.program.run_guarded(feeds, None, self.guard)
-            finally:
-                self.guard.end_run()
+        g = self.guard
+        lean = not (g.trace or g.timeout or g.quarantine.entries or (g.checks - {"contract"}))
+        contract = "contract" in g.checks
+        debug = self.options.debug_memory
+        calls, fn, token = self.memory.calls_for(feeds, contract if lean and not debug else None)
+        try:
+            if debug:
+                outs = self.program.run_debug(feeds, None, calls, self.memory.last_plan)
+            elif fn is not None or (lean and not contract):
+                outs = self._run_lean(fn, feeds, calls, contract)
+            else:
+                outs = self._run_guarded(feeds, calls)
+        finally:
+            if token is not None:
+                token.release()
         return [outs[i] for i in picks]
+
+    def _run_lean(self, fn: Any, feeds: list[Any], calls: list, contract: bool) -> list[Any]:
+        if fn is None:  # a private arena (concurrent run): the generic loop
+            if contract:
+                return self._run_guarded(feeds, calls)
+            return self.program.run(feeds, None, calls)
+        try:
+            return fn(feeds, None)
+        except LeanFault as e:
+            if contract:
+                # Rerun under the guard: it records the fault, falls back, quarantines.
+                return self._run_guarded(feeds, calls)
+            raise kernel_error(self.program.steps[e.index], [], e.error) from e.error
+
+    def _run_guarded(self, feeds: list[Any], calls: list) -> list[Any]:
+        self.guard.begin_run()
+        try:
+            return self.program.run_guarded(feeds, None, self.guard, calls)
+        finally:
+            self.guard.end_run()
+
+    # -- memory ------------------------------------------------------------------------------
+    @property
+    def memory_plan(self) -> MemoryPlan:
+        """The memory plan of the last run (before any run: the plan for the declared shapes)."""
+        return self.memory.last_plan or self.memory.static_plan()
+
+    def plan_for(self, input_feed: Mapping[str, Any]) -> MemoryPlan:
+        """The memory plan these feeds would use (planned now if not cached); runs nothing."""
+        feeds = self._feeds(input_feed)
+        key, dims = self.memory.signature(feeds)
+        return self.memory._entry(key, dims).binding.plan
 
     # -- guard and trace ---------------------------------------------------------------------
     @property
@@ -162,8 +218,14 @@ class InferenceSession:
 
     # -- explanation -------------------------------------------------------------------------
     def explain(self) -> list[dict[str, Any]]:
-        """For every node: device, variant, rejected candidates with reasons, decomposition."""
+        """For every node: device, variant, the reason for any fallback or rewrite, rejections."""
         return [p.describe() for p in self.placements]
+
+    def explain_summary(self) -> dict[str, Any]:
+        """Per device node counts, fallbacks with reasons, inserted copies/transposes, a line."""
+        from ..devices.cli import summarize
+
+        return summarize(self.explain(), getattr(self.placements, "report", {}))
 
     # -- feed validation ---------------------------------------------------------------------
     def _output_indices(self, names: Sequence[str] | None) -> list[int]:

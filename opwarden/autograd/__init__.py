@@ -1,0 +1,9 @@
+"""Reverse-mode differentiation: built-in backward rules and `grad` over a whole model."""
+
+from __future__ import annotations
+
+from . import rules  # noqa: F401 - attaches the built-in backward rules
+from .core import GradContext, call_rule
+from .graph import grad
+
+__all__ = ["GradContext", "call_rule", "grad"]

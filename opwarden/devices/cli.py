@@ -1,0 +1,193 @@
+"""`opwarden devices [--json]`, the device matrix, and the rendering of `opwarden explain`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from typing import Any
+
+
+def summarize(rows: list[dict[str, Any]], report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Summary of an explanation: per-device counts, fallbacks with reasons, inserted nodes."""
+    report = report or {}
+    devs = report.get("devices") or []
+    model_rows = [r for r in rows if not r.get("inserted")]
+    first = devs[0] if devs else (model_rows[0]["device"] if model_rows else "cpu")
+    by_device = Counter(r["device"] for r in model_rows)
+    falls = [
+        {
+            "name": r["name"],
+            "op_type": r["op_type"],
+            "device": r["device"],
+            "reason": r.get("reason") or "",
+        }
+        for r in model_rows
+        if r["device"] != first
+    ]
+    inserted = Counter(r["inserted"] for r in rows if r.get("inserted"))
+    n = len(model_rows)
+    text = f"{first} runs {by_device.get(first, 0)} of {n} nodes"
+    if falls:
+        where = Counter(f["device"] for f in falls)
+        dest = ", ".join(f"{k} ({v})" if len(where) > 1 else k for k, v in where.items())
+        items = "; ".join(f"{f['name']} ({f['op_type']}): {f['reason']}" for f in falls[:10])
+        more = f"; and {len(falls) - 10} more" if len(falls) > 10 else ""
+        text += f"; {len(falls)} fall back to {dest}: {items}{more}"
+    transposes = report.get("transposes_inserted", inserted.get("transpose", 0))
+    copies = report.get("copies_inserted", inserted.get("copy", 0))
+    text += f". Inserted: {transposes} transpose(s), {copies} copy node(s)"
+    if report.get("views_inserted"):
+        text += f", {report['views_inserted']} layout view(s) (no data moved)"
+    if report.get("transposes_cancelled"):
+        text += f"; {report['transposes_cancelled']} model transpose(s) cancelled"
+    decomposed = sorted({r["decomposed_from"] for r in model_rows if r.get("decomposed_from")})
+    if decomposed:
+        text += f"; decomposed: {', '.join(decomposed)}"
+    sim = report.get("simulated") or []
+    if sim:
+        text += f". SIMULATED: {', '.join(sim)} (device profile executed on the host)"
+    return {
+        "text": text,
+        "first_device": first,
+        "nodes": n,
+        "by_device": dict(by_device),
+        "fallbacks": falls,
+        "transposes_inserted": transposes,
+        "copies_inserted": copies,
+        "views_inserted": report.get("views_inserted", 0),
+        "transposes_cancelled": report.get("transposes_cancelled", 0),
+        "nhwc_nodes": report.get("nhwc_nodes", 0),
+        "decomposed": decomposed,
+        "simulated": sim,
+    }
+
+
+def explain_json(sess: Any) -> dict[str, Any]:
+    """The explanation as JSON-ready data: `nodes` and `summary`."""
+    rows = sess.explain()
+    nodes = [
+        {
+            "name": r["name"],
+            "op_type": r["op_type"],
+            "device": r["device"],
+            "variant": r["variant"],
+            "reason": r.get("reason"),
+            "layout": r.get("layout"),
+            "inserted": r.get("inserted"),
+            "decomposed_from": r.get("decomposed_from"),
+        }
+        for r in rows
+    ]
+    return {"nodes": nodes, "summary": summarize(rows, getattr(sess.placements, "report", {}))}
+
+
+def render_explain(sess: Any, as_json: bool = False, out: Any = None) -> int:
+    """Print `opwarden explain` for a session: a per-node table and the summary line."""
+    data = explain_json(sess)
+    if as_json:
+        print(json.dumps(data, indent=1, default=str), file=out)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(file=out)
+    table = Table(title="placement")
+    for col in ("node", "op", "device", "variant", "layout", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in data["nodes"]:
+        op = r["op_type"] + (f" (from {r['decomposed_from']})" if r["decomposed_from"] else "")
+        if r["inserted"]:
+            op += f" [inserted {r['inserted']}]"
+        table.add_row(
+            r["name"], op, r["device"], r["variant"], r["layout"] or "", r["reason"] or ""
+        )
+    con.print(table)
+    con.print(data["summary"]["text"])
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """`opwarden explain MODEL --providers edge-npu,cpu [--json]` (for the lead's cli.py)."""
+    from ..runtime.session import InferenceSession
+
+    if args.model:
+        source: Any = args.model
+    else:
+        from .. import zoo
+
+        source = zoo.build("resnet50", seed=0).SerializeToString()
+    providers = args.providers.split(",") if getattr(args, "providers", None) else None
+    sess = InferenceSession(source, providers=providers)
+    return render_explain(sess, args.json)
+
+
+# -- opwarden devices ---------------------------------------------------------------------------
+
+
+def device_matrix(name: str) -> list[dict[str, Any]]:
+    """The capability matrix of one device: per operator, its variants and constraints."""
+    from . import get_device
+
+    return get_device(name).capabilities()
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from . import devices, get_device, load_profile
+
+    for path in args.profile or ():
+        load_profile(path)
+    if args.show:
+        dev = get_device(args.show)
+        data: Any = {**dev.describe(), "ops": dev.capabilities()}
+        if args.json:
+            print(json.dumps(data, indent=1, default=str))
+            return 0
+        return _print_matrix(dev, data["ops"])
+    rows = [d.describe() for d in devices()]
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{len(rows)} devices")
+    for col in ("name", "kind", "layout", "memory", "concurrent", "ops", "description"):
+        t.add_column(col)
+    for r in rows:
+        mem = "host" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2**20:g} MiB"
+        kind = r["kind"] + (" (simulated)" if r["simulated"] else "")
+        t.add_row(
+            r["name"], kind, r["preferred_layout"], mem, "yes" if r["concurrent"] else "no",
+            str(r["op_count"]), r["description"],
+        )
+    Console().print(t)
+    return 0
+
+
+def _print_matrix(dev: Any, ops: list[dict[str, Any]]) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{dev.name}: {len(ops)} operators")
+    for col in ("op", "variant", "dtypes", "layouts", "constraints"):
+        t.add_column(col, overflow="fold")
+    for o in ops:
+        for v in o["variants"]:
+            dts = v["dtypes"] if isinstance(v["dtypes"], str) else ", ".join(v["dtypes"])
+            cons = "; ".join(c["description"] for c in v["constraints"])
+            t.add_row(o["op"], v["name"], dts, ", ".join(v["layouts"]), cons)
+    Console().print(t)
+    return 0
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add `opwarden devices` to the CLI's subparsers."""
+    p = sub.add_parser("devices", help="devices and their capabilities (operators, constraints)")
+    p.add_argument("--show", metavar="DEVICE", help="the operator matrix of one device")
+    p.add_argument(
+        "--profile", action="append", metavar="FILE.toml", help="load a device profile first"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_devices)
+    return p

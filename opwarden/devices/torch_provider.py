@@ -1,0 +1,1018 @@
+"""The torch device: operators run through PyTorch (its CPU, or CUDA when present).
+
+Variants take and return NumPy arrays. On the CPU `torch.from_numpy` and `.numpy()` share memory,
+so crossing between this device and `cpu` costs nothing; on CUDA every variant uploads its
+inputs and downloads its result (constants are uploaded once and cached).
+
+Convolution-like operators have two variants each: layout "NHWC" (the input arrives as an
+(N, *spatial, C) array; `permute` turns it into a channels-last NCHW view, which is the layout
+oneDNN convolves fastest, and the output goes back as a contiguous NHWC array) and "NCHW".
+Fused operators (domain "opwarden") run the convolution or GEMM with its bias, then the residual
+and activation in place on the fresh output.
+
+Anything a variant cannot express in torch (an attribute torch lacks, training mode, an extra
+output) is handed to the operator's reference kernel, so every variant is exact on every input the
+reference accepts. Importing this module imports torch; `register()` adds the device.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812 - the conventional name
+
+from ..errors import KernelError
+from ..ops import REGISTRY
+from ..ops.conv import conv_pads, spatial_params
+from ..ops.pool import _setup as _pool_setup
+from .base import Device, register_device
+
+DEVICE_NAME = "torch"
+FLOATS = ("float32", "float64")
+NUMERIC = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+INTS = ("int32", "int64")
+
+_CUDA = torch.cuda.is_available()
+_TARGET = torch.device("cuda") if _CUDA else torch.device("cpu")
+
+# A cheap inference-mode guard: the context-manager class costs ~1.3 us per call, the C++
+# guard ~0.5 us; both switch off autograd bookkeeping (version counters, views tracking).
+_InferenceMode: Callable[[bool], Any] = getattr(torch._C, "_InferenceMode", None) or (
+    lambda _on: torch.inference_mode()
+)
+
+# ---------------------------------------------------------------------------------------------
+# NumPy <-> torch
+
+
+class _ConstCache:
+    """Tensors made from read-only arrays (initializers), keyed by the array, freed with it."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[int, str], tuple[weakref.ref, Any]] = {}
+
+    def get(self, arr: np.ndarray, kind: str, make: Callable[[np.ndarray], Any]) -> Any:
+        key = (id(arr), kind)
+        hit = self._items.get(key)
+        if hit is not None and hit[0]() is arr:
+            return hit[1]
+        value = make(arr)
+        items = self._items
+        try:
+            ref = weakref.ref(arr, lambda _r, key=key: items.pop(key, None))
+        except TypeError:  # pragma: no cover - ndarrays support weak references
+            return value
+        items[key] = (ref, value)
+        return value
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+_CONSTS = _ConstCache()
+
+
+_READONLY_WARNED = False
+
+
+def _readonly_tensor(x: np.ndarray) -> torch.Tensor:
+    """from_numpy of a read-only array (our kernels never write into inputs).
+
+    torch warns about read-only arrays once per process; that first time is silenced here, and
+    afterwards torch stays quiet, so later calls pay nothing for it.
+    """
+    global _READONLY_WARNED
+    if _READONLY_WARNED:
+        return _host_tensor(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        t = _host_tensor(x)
+    _READONLY_WARNED = True
+    return t
+
+
+def _host_tensor(x: np.ndarray) -> torch.Tensor:
+    """A CPU tensor sharing x's memory (a copy only for layouts torch cannot view)."""
+    try:
+        return torch.from_numpy(x)
+    except (TypeError, ValueError, RuntimeError):
+        # Negative strides or a non-native byte order: torch needs a plain copy.
+        y = np.ascontiguousarray(x)
+        if not y.dtype.isnative:
+            y = y.astype(y.dtype.newbyteorder("="))
+        return torch.from_numpy(y)
+
+
+def _upload(x: np.ndarray) -> torch.Tensor:
+    return _readonly_tensor(x).to(_TARGET)
+
+
+def _t(x: Any) -> torch.Tensor:
+    """The tensor for a kernel input (None stays None)."""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if x.flags.writeable:
+        t = _host_tensor(x)
+        return t.to(_TARGET) if _CUDA else t
+    if _CUDA:
+        # Read-only arrays are (almost always) initializers: upload them once.
+        return _CONSTS.get(x, "t", _upload)
+    return _readonly_tensor(x)
+
+
+def _opt(x: Any) -> torch.Tensor | None:
+    return None if x is None else _t(x)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A C-contiguous host array for a result tensor."""
+    if _CUDA:
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.numpy()
+
+
+def _ret(y: torch.Tensor, out: np.ndarray | None) -> np.ndarray:
+    """y as an array, written into the planned buffer `out` when there is one."""
+    if out is None:
+        return _np(y)
+    torch.from_numpy(out).copy_(y)
+    return out
+
+
+def _out_t(out: np.ndarray | None) -> torch.Tensor | None:
+    """A tensor over the planned buffer that torch ops may write with out= (CPU only)."""
+    if out is None or _CUDA:
+        return None
+    return torch.from_numpy(out)
+
+
+def _nchw_view(x: np.ndarray) -> torch.Tensor:
+    """An NHWC (N, *spatial, C) array as a logical NCHW tensor (channels-last in memory)."""
+    t = _t(x)
+    if t.ndim < 3:
+        return t
+    return t.permute(0, t.ndim - 1, *range(1, t.ndim - 1))
+
+
+def _to_nhwc(t: torch.Tensor) -> np.ndarray:
+    """A logical NCHW result as a contiguous NHWC array."""
+    if t.ndim < 3:
+        return _np(t)
+    return _np(t.permute(0, *range(2, t.ndim), 1))
+
+
+def _nchw_of(x: np.ndarray) -> np.ndarray:
+    return np.moveaxis(x, -1, 1) if x.ndim >= 3 else x
+
+
+def _nhwc_of(y: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.moveaxis(y, 1, -1)) if y.ndim >= 3 else y
+
+
+def _reference(opdef: Any) -> Callable[..., Any]:
+    return opdef.reference
+
+
+def _call_ref(ref: Callable[..., Any], args: tuple, kw: dict, nhwc: bool, noutputs=None):
+    """The reference kernel on (possibly NHWC) data; only output 0 changes layout."""
+    if noutputs is not None and _wants(ref, "noutputs"):
+        kw = dict(kw, noutputs=noutputs)
+    if not nhwc:
+        return ref(*args, **kw)
+    args = (_nchw_of(np.asarray(args[0])),) + tuple(args[1:])
+    res = ref(*args, **kw)
+    if isinstance(res, tuple):
+        return (_nhwc_of(np.asarray(res[0])),) + res[1:]
+    return _nhwc_of(np.asarray(res))
+
+
+def _wants(fn: Callable[..., Any], name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations (standalone and fused)
+
+_MAX_F = 3.4028234663852886e38
+
+
+def _activate_(y: torch.Tensor, activation: str, params) -> torch.Tensor:
+    """Apply a fused activation to a fresh result, in place where torch can."""
+    if not activation:
+        return y
+    p = [float(v) for v in (params or ())]
+    if activation == "Relu":
+        return y.relu_()
+    if activation == "Clip":
+        lo = p[0] if len(p) > 0 else -math.inf
+        hi = p[1] if len(p) > 1 else math.inf
+        return y.clamp_(lo, hi)
+    if activation == "LeakyRelu":
+        return F.leaky_relu_(y, p[0] if p else 0.01)
+    if activation == "Sigmoid":
+        return y.sigmoid_()
+    if activation == "Tanh":
+        return y.tanh_()
+    if activation == "HardSwish":
+        return F.hardswish(y, inplace=True)
+    if activation == "Gelu":
+        return F.gelu(y, approximate="tanh" if p and p[0] else "none")
+    raise KernelError(
+        f"activation {activation!r} is not one of Relu, Clip, LeakyRelu, Sigmoid, Tanh, "
+        "HardSwish, Gelu"
+    )
+
+
+def _unary(fn: Callable[[torch.Tensor], torch.Tensor]):
+    def kernel(X):
+        with _InferenceMode(True):
+            return _np(fn(_t(X)))
+
+    return kernel
+
+
+def _relu(X, *, out=None):
+    with _InferenceMode(True):
+        o = _out_t(out)
+        if o is not None:
+            torch.clamp_min(_t(X), 0, out=o)
+            return out
+        return _ret(torch.relu(_t(X)), out)
+
+
+def _sigmoid(X, *, out=None):
+    with _InferenceMode(True):
+        o = _out_t(out)
+        if o is not None:
+            torch.sigmoid(_t(X), out=o)
+            return out
+        return _ret(torch.sigmoid(_t(X)), out)
+
+
+def _tanh(X, *, out=None):
+    with _InferenceMode(True):
+        o = _out_t(out)
+        if o is not None:
+            torch.tanh(_t(X), out=o)
+            return out
+        return _ret(torch.tanh(_t(X)), out)
+
+
+def _leaky_relu(X, *, alpha=0.01):
+    with _InferenceMode(True):
+        return _np(F.leaky_relu(_t(X), float(alpha)))
+
+
+def _hard_swish(X):
+    with _InferenceMode(True):
+        return _np(F.hardswish(_t(X)))
+
+
+def _hard_sigmoid(X, *, alpha=0.2, beta=0.5):
+    with _InferenceMode(True):
+        return _np(_t(X).mul(float(alpha)).add_(float(beta)).clamp_(0.0, 1.0))
+
+
+def _elu(X, *, alpha=1.0):
+    with _InferenceMode(True):
+        return _np(F.elu(_t(X), float(alpha)))
+
+
+def _gelu(X, *, approximate="none"):
+    with _InferenceMode(True):
+        return _np(F.gelu(_t(X), approximate="tanh" if approximate == "tanh" else "none"))
+
+
+def _clip_bounds(lo, hi, x: torch.Tensor):
+    lo = None if lo is None else np.asarray(lo).item()
+    hi = None if hi is None else np.asarray(hi).item()
+    if x.dtype.is_floating_point:
+        lo = None if lo is None else float(lo)
+        hi = None if hi is None else float(hi)
+    return lo, hi
+
+
+def _clip_11(input, min=None, max=None, *, out=None):  # noqa: A002 - spec names
+    with _InferenceMode(True):
+        x = _t(input)
+        lo, hi = _clip_bounds(min, max, x)
+        if lo is None and hi is None:
+            return _ret(x.clone(), out)
+        o = _out_t(out)
+        if o is not None:
+            torch.clamp(x, lo, hi, out=o)
+            return out
+        return _ret(torch.clamp(x, lo, hi), out)
+
+
+def _clip_6(input, *, min=-_MAX_F, max=_MAX_F, out=None):  # noqa: A002 - spec names
+    with _InferenceMode(True):
+        x = _t(input)
+        o = _out_t(out)
+        if o is not None:
+            torch.clamp(x, float(min), float(max), out=o)
+            return out
+        return _ret(torch.clamp(x, float(min), float(max)), out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Elementwise arithmetic
+
+
+def _binary(torch_fn: Callable[..., torch.Tensor], ref: Callable[..., Any], legacy: bool):
+    """Add/Sub/Mul/Div; opset-6 `broadcast`/`axis` attributes go to the reference kernel."""
+
+    def kernel(A, B, *, out=None, **attrs):
+        if legacy and (attrs.get("broadcast") or attrs.get("axis") is not None):
+            return ref(A, B, **attrs)
+        with _InferenceMode(True):
+            o = _out_t(out)
+            if o is not None:
+                torch_fn(_t(A), _t(B), out=o)
+                return out
+            return _ret(torch_fn(_t(A), _t(B)), out)
+
+    return kernel
+
+
+def _sum(*data, out=None):
+    with _InferenceMode(True):
+        ts = [_t(d) for d in data]
+        if len(ts) == 1:
+            return _ret(ts[0].clone(), out)
+        o = _out_t(out)
+        # out= only when the first pair already has the final shape (torch would resize it).
+        if o is not None and torch.broadcast_shapes(ts[0].shape, ts[1].shape) == o.shape:
+            y = torch.add(ts[0], ts[1], out=o)
+        else:
+            y = torch.add(ts[0], ts[1])
+        for t in ts[2:]:
+            if torch.broadcast_shapes(y.shape, t.shape) == y.shape:
+                y.add_(t)
+            else:
+                y = y + t
+        if o is not None and y is o:
+            return out
+        return _ret(y, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear algebra
+
+
+def _matmul(A, B, *, out=None):
+    with _InferenceMode(True):
+        a, b = _t(A), _t(B)
+        o = _out_t(out)
+        if o is not None and a.ndim >= 1 and b.ndim >= 1:
+            torch.matmul(a, b, out=o)
+            return out
+        return _ret(torch.matmul(a, b), out)
+
+
+def _gemm_t(a, b, c, alpha, beta, transA, transB, out=None) -> torch.Tensor:
+    if transA:
+        a = a.t()
+    if transB:
+        b = b.t()
+    o = _out_t(out)
+    if c is not None and beta != 0:
+        if o is not None:
+            return torch.addmm(c, a, b, beta=float(beta), alpha=float(alpha), out=o)
+        return torch.addmm(c, a, b, beta=float(beta), alpha=float(alpha))
+    y = torch.mm(a, b, out=o) if o is not None else torch.mm(a, b)
+    if alpha != 1:
+        y.mul_(float(alpha))
+    return y
+
+
+def _gemm_kernel(legacy: bool, ref: Callable[..., Any]):
+    def kernel(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None, **attrs):
+        A, B = np.asarray(A), np.asarray(B)
+        bad = A.ndim != 2 or B.ndim != 2
+        bad = bad or A.shape[0 if transA else 1] != B.shape[1 if transB else 0]
+        if not bad and C is not None and beta != 0:
+            m, n = A.shape[1 if transA else 0], B.shape[0 if transB else 1]
+            cs = np.shape(C)
+            if legacy and not attrs.get("broadcast") and tuple(cs) != (m, n):
+                bad = True
+            else:
+                try:
+                    bad = np.broadcast_shapes(cs, (m, n)) != (m, n)
+                except ValueError:
+                    bad = True
+        if bad:
+            # The reference kernel names the shape problem.
+            return ref(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB, **attrs)
+        with _InferenceMode(True):
+            y = _gemm_t(_t(A), _t(B), _opt(C), alpha, beta, transA, transB, out)
+            return out if (out is not None and not _CUDA) else _ret(y, out)
+
+    return kernel
+
+
+def _softmax_kernel(ref: Callable[..., Any], coerced: bool):
+    """Softmax-13 along one axis, or Softmax-1/11 over the input coerced to 2-D at `axis`."""
+
+    def kernel(input, *, axis=-1 if not coerced else 1):
+        x = np.asarray(input)
+        hi = x.ndim if coerced else x.ndim - 1
+        if x.ndim == 0 or x.size == 0 or not -x.ndim <= axis <= hi:
+            return ref(input, axis=axis)
+        with _InferenceMode(True):
+            if not coerced:
+                return _np(torch.softmax(_t(x), axis))
+            ax = axis + x.ndim if axis < 0 else axis
+            rows = math.prod(x.shape[:ax])
+            return _np(torch.softmax(_t(x).reshape(rows, -1), 1).reshape(x.shape))
+
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# Data movement
+
+
+def _concat(*inputs, axis=None, out=None):
+    if axis is None:
+        raise KernelError("Concat needs the attribute axis")
+    with _InferenceMode(True):
+        ts = [_t(x) for x in inputs]
+        o = _out_t(out)
+        if o is not None:
+            torch.cat(ts, dim=int(axis), out=o)
+            return out
+        return _ret(torch.cat(ts, dim=int(axis)), out)
+
+
+def _transpose(data, *, perm=None):
+    with _InferenceMode(True):
+        t = _t(data)
+        p = list(perm) if perm else list(range(t.ndim))[::-1]
+        return _np(t.permute(*p))
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolution
+
+
+def _pad_arg(begin, end) -> list[int]:
+    """F.pad's argument (last axis first) for spatial pads."""
+    flat: list[int] = []
+    for b, e in zip(reversed(begin), reversed(end)):
+        flat += [b, e]
+    return flat
+
+
+def _tup(v) -> tuple:
+    return tuple(v) if v else ()
+
+
+# oneDNN's fused convolution (the op torch.compile uses on CPU): weights reordered once into the
+# blocked format, bias and activation (and a residual add) applied in the convolution's epilogue.
+_POINTWISE = getattr(getattr(torch.ops, "mkldnn", None), "_convolution_pointwise", None)
+_REORDER = getattr(torch._C._nn, "mkldnn_reorder_conv2d_weight", None)
+_PW_ACT = {
+    "": ("none", None), "Relu": ("relu", None), "Sigmoid": ("sigmoid", None),
+    "Tanh": ("tanh", None), "HardSwish": ("hardswish", None), "LeakyRelu": ("leaky_relu", 1),
+    "Clip": ("hardtanh", 2), "Gelu": ("gelu", 0),
+}
+
+
+class _ConvPlan:
+    """Everything about one convolution that depends only on shapes and attributes."""
+
+    __slots__ = ("stride", "padding", "pad_arg", "dilation", "groups", "packed")
+
+    def __init__(self, stride, padding, pad_arg, dilation, groups, packed) -> None:
+        self.stride, self.padding, self.pad_arg = stride, padding, pad_arg
+        self.dilation, self.groups, self.packed = dilation, groups, packed
+
+
+_CONV_PLANS: dict[tuple, _ConvPlan | None] = {}
+
+
+def _conv_plan(X, W, attrs: dict, nhwc: bool) -> _ConvPlan | None:
+    """The plan for this convolution, or None when the reference kernel must run it."""
+    xs, ws = np.shape(X), np.shape(W)
+    key = (
+        xs, ws, nhwc, X.dtype, _tup(attrs.get("strides")), _tup(attrs.get("dilations")),
+        _tup(attrs.get("pads")), attrs.get("auto_pad", "NOTSET"), attrs.get("group", 1),
+        _tup(attrs.get("kernel_shape")),
+    )
+    try:
+        return _CONV_PLANS[key]
+    except KeyError:
+        pass
+    plan = _make_conv_plan(xs, ws, X.dtype, attrs, nhwc)
+    if len(_CONV_PLANS) > 4096:  # dynamic shapes: keep the table bounded
+        _CONV_PLANS.clear()
+    _CONV_PLANS[key] = plan
+    return plan
+
+
+def _make_conv_plan(xs, ws, dtype, attrs: dict, nhwc: bool) -> _ConvPlan | None:
+    if len(xs) != len(ws) or not 3 <= len(xs) <= 5:
+        return None
+    ks = attrs.get("kernel_shape")
+    if ks and tuple(ks) != tuple(ws[2:]):
+        return None
+    c = xs[-1] if nhwc else xs[1]
+    g = int(attrs.get("group", 1))
+    if g < 1 or c != ws[1] * g or ws[0] % g:
+        return None
+    in_sp = xs[1:-1] if nhwc else xs[2:]
+    nsp = len(ws) - 2
+    try:
+        s, d = spatial_params(nsp, attrs.get("strides"), attrs.get("dilations"))
+        begin, end = conv_pads(list(in_sp), list(ws[2:]), s, d, attrs.get("pads"),
+                               attrs.get("auto_pad", "NOTSET"))
+    except KernelError:
+        return None
+    for n, b, e, k, di in zip(in_sp, begin, end, ws[2:], d):
+        if n + b + e - (k - 1) * di - 1 < 0:
+            return None  # the window does not fit the input: the reference says so
+    pad_arg = None
+    if begin != end or min(begin, default=0) < 0:
+        pad_arg = _pad_arg(begin, end)
+        begin = [0] * nsp
+    packed = (
+        nhwc and not _CUDA and nsp == 2 and dtype == np.float32 and _POINTWISE is not None
+        and _REORDER is not None
+    )
+    return _ConvPlan(s, begin, pad_arg, d, g, packed)
+
+
+def _packed_weight(W: np.ndarray, plan: _ConvPlan, xshape) -> Any:
+    """W reordered for oneDNN (cached while W lives; only read-only, i.e. constant, weights)."""
+
+    def make(w: np.ndarray) -> Any:
+        return _REORDER(
+            _readonly_tensor(w).to_mkldnn(), plan.padding, plan.stride, plan.dilation,
+            plan.groups, list(xshape),
+        )
+
+    key = ("pk", tuple(plan.padding), tuple(plan.stride), tuple(plan.dilation), plan.groups)
+    return _CONSTS.get(W, key, make)
+
+
+_PACK_FAILED = False
+
+
+def _conv_run(x: torch.Tensor, W, B, plan: _ConvPlan, activation="", params=(), z=None):
+    """act(conv(x, W) + B (+ z)) as a tensor in x's memory format."""
+    global _PACK_FAILED
+    if plan.pad_arg is not None:
+        x = F.pad(x, plan.pad_arg)
+    if plan.packed and not _PACK_FAILED and not W.flags.writeable:
+        act = _PW_ACT.get(activation)
+        if act is not None:
+            try:
+                return _conv_packed(x, W, B, plan, act, params, z, activation)
+            except RuntimeError:  # pragma: no cover - an oneDNN build without the fused op
+                _PACK_FAILED = True
+    y = torch.convolution(
+        x, _t(W), _opt(B), plan.stride, plan.padding, plan.dilation, False,
+        [0] * len(plan.stride), plan.groups,
+    )
+    if z is not None:
+        y.add_(z)
+    return _activate_(y, activation, params)
+
+
+def _conv_packed(x, W, B, plan: _ConvPlan, act, params, z, activation: str):
+    name, nparams = act
+    p = [float(v) for v in (params or ())]
+    if nparams == 1:
+        scalars: list = [p[0] if p else 0.01]
+        alg = ""
+    elif nparams == 2:
+        scalars = [p[0] if len(p) > 0 else -math.inf, p[1] if len(p) > 1 else math.inf]
+        alg = ""
+    elif nparams == 0:
+        scalars, alg = [], "tanh" if p and p[0] else "none"
+    else:
+        scalars, alg = [], ""
+    w = _packed_weight(W, plan, x.shape)
+    b = _opt(B)
+    if z is not None:
+        if activation in ("", "Relu"):
+            return _POINTWISE.binary(
+                x, z, w, b, plan.padding, plan.stride, plan.dilation, plan.groups, "add", None,
+                "relu" if activation else None, [], "",
+            )
+        y = _POINTWISE(x, w, b, plan.padding, plan.stride, plan.dilation, plan.groups, "none",
+                       [], "")
+        return _activate_(y.add_(z), activation, params)
+    return _POINTWISE(
+        x, w, b, plan.padding, plan.stride, plan.dilation, plan.groups, name, scalars, alg
+    )
+
+
+def _conv_kernel(ref: Callable[..., Any], nhwc: bool):
+    def kernel(X, W, B=None, **attrs):
+        plan = _conv_plan(X, W, attrs, nhwc)
+        if plan is None:
+            return _call_ref(ref, (X, W, B), attrs, nhwc)
+        with _InferenceMode(True):
+            if nhwc:
+                return _to_nhwc(_conv_run(_nchw_view(X), W, B, plan))
+            return _np(_conv_run(_t(X), W, B, plan))
+
+    return kernel
+
+
+def _fused_conv_kernel(ref: Callable[..., Any], nhwc: bool):
+    def kernel(X, W, B=None, Z=None, *, activation="", activation_params=(), **attrs):
+        plan = _conv_plan(X, W, attrs, nhwc)
+        if plan is None:
+            return _call_ref(
+                ref, (X, W, B, Z),
+                dict(attrs, activation=activation, activation_params=activation_params), nhwc,
+            )
+        with _InferenceMode(True):
+            x = _nchw_view(X) if nhwc else _t(X)
+            z = None
+            if Z is not None:
+                z = _nchw_view(Z) if nhwc else _t(Z)
+                want = _conv_out_shape(x.shape, np.shape(W), plan)
+                if tuple(z.shape) != want:
+                    if nhwc:
+                        want = (want[0], *want[2:], want[1])
+                    raise KernelError(
+                        f"FusedConv: residual Z has shape {tuple(np.shape(Z))}, expected Y's "
+                        f"shape {want}{' (NHWC)' if nhwc else ''}"
+                    )
+            y = _conv_run(x, W, B, plan, activation, activation_params, z)
+            return _to_nhwc(y) if nhwc else _np(y)
+
+    return kernel
+
+
+def _conv_out_shape(xs, ws, plan: _ConvPlan) -> tuple:
+    sp = list(xs[2:])
+    if plan.pad_arg is not None:
+        flat = plan.pad_arg
+        for i in range(len(sp)):
+            j = len(sp) - 1 - i
+            sp[i] += flat[2 * j] + flat[2 * j + 1]
+    out = [
+        (n + 2 * p - (k - 1) * d - 1) // s + 1
+        for n, p, k, d, s in zip(sp, plan.padding, ws[2:], plan.dilation, plan.stride)
+    ]
+    return (xs[0], ws[0], *out)
+
+
+def _fused_gemm_kernel(ref: Callable[..., Any]):
+    def kernel(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation="",
+               activation_params=(), **attrs):
+        A, B = np.asarray(A), np.asarray(B)
+        if A.ndim != 2 or B.ndim != 2:
+            return ref(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB,
+                       activation=activation, activation_params=activation_params, **attrs)
+        with _InferenceMode(True):
+            y = _gemm_t(_t(A), _t(B), _opt(C), alpha, beta, transA, transB)
+            return _np(_activate_(y, activation, activation_params))
+
+    return kernel
+
+
+def _fused_matmul(A, B, C=None, *, activation="", activation_params=(), **_attrs):
+    with _InferenceMode(True):
+        y = torch.matmul(_t(A), _t(B))
+        if C is not None:
+            c = _t(C)
+            if torch.broadcast_shapes(y.shape, c.shape) == y.shape:
+                y.add_(c)
+            else:
+                y = y + c
+        return _np(_activate_(y, activation, activation_params))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pooling
+
+
+def _pool_geometry(shape, attrs: dict):
+    return _pool_setup(
+        tuple(shape), attrs.get("kernel_shape"), attrs.get("strides"), attrs.get("dilations"),
+        attrs.get("pads"), attrs.get("auto_pad", "NOTSET"), attrs.get("ceil_mode", 0),
+    )
+
+
+_MAXPOOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVGPOOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def _simple_pads(kernel, d, begin, end) -> bool:
+    """Symmetric pads torch can take as `padding` (at most half the dilated window)."""
+    return begin == end and all(
+        0 <= b <= ((k - 1) * di + 1) // 2 for b, k, di in zip(begin, kernel, d)
+    )
+
+
+def _maxpool_t(x: torch.Tensor, geom) -> torch.Tensor:
+    kernel, s, d, begin, end, out, extra, simple = geom
+    pool = _MAXPOOL[len(kernel)]
+    ceil = any(extra)
+    if simple:
+        y = pool(x, kernel, s, begin, d, ceil_mode=ceil)
+    else:
+        xp = F.pad(x, _pad_arg(begin, end), value=-math.inf)
+        y = pool(xp, kernel, s, 0, d, ceil_mode=ceil)
+    if y.shape[2:] != out:  # pragma: no cover - geometry rules agree
+        raise KernelError(f"MaxPool: torch produced spatial {list(y.shape[2:])}, expected {out}")
+    return y
+
+
+def _avgpool_t(x: torch.Tensor, geom, cip: bool) -> torch.Tensor:
+    kernel, s, d, begin, end, out, extra, simple = geom
+    pool = _AVGPOOL[len(kernel)]
+    if simple:
+        y = pool(x, kernel, s, begin, ceil_mode=any(extra), count_include_pad=cip)
+    else:
+        # Window means over the explicitly padded input, divided by the mean of a mask of the
+        # elements the ONNX divisor counts: those in the input, or with count_include_pad those
+        # in the padded input but not in the ceil_mode extension.
+        full = [e + t for e, t in zip(end, extra)]
+        total = pool(F.pad(x, _pad_arg(begin, full)), kernel, s, 0)
+        ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=x.dtype, device=x.device)
+        if cip:
+            mask = F.pad(F.pad(ones, _pad_arg(begin, end), value=1.0),
+                         _pad_arg([0] * len(extra), extra))
+        else:
+            mask = F.pad(ones, _pad_arg(begin, full))
+        y = total.div_(pool(mask, kernel, s, 0))
+    if y.shape[2:] != out:  # pragma: no cover - geometry rules agree
+        raise KernelError(f"AveragePool: torch produced spatial {list(y.shape[2:])}, want {out}")
+    return y
+
+
+_POOL_PLANS: dict[tuple, Any] = {}
+
+
+def _pool_plan(x: np.ndarray, attrs: dict, nhwc: bool, kind: str):
+    """Pool geometry for this input shape and these attributes, or None (reference kernel)."""
+    xs = x.shape
+    key = (
+        xs, x.dtype, nhwc, kind, _tup(attrs.get("kernel_shape")), _tup(attrs.get("strides")),
+        _tup(attrs.get("pads")), _tup(attrs.get("dilations")), attrs.get("auto_pad", "NOTSET"),
+        attrs.get("ceil_mode", 0),
+    )
+    try:
+        return _POOL_PLANS[key]
+    except KeyError:
+        pass
+    geom = None
+    dil = attrs.get("dilations")
+    ok = 3 <= len(xs) <= 5 and x.dtype.kind == "f" and x.size > 0
+    if kind == "avg":  # torch's average pools have no dilation
+        ok = ok and not (dil and any(int(v) != 1 for v in dil))
+    if ok:
+        logical = (xs[0], xs[-1], *xs[1:-1]) if nhwc else xs
+        try:
+            kernel, st, d, begin, end, out, extra = _pool_geometry(logical, attrs)
+            simple = _simple_pads(kernel, d, begin, end)
+            geom = (kernel, st, d, begin, end, tuple(out), extra, simple)
+        except KernelError:
+            geom = None
+    if len(_POOL_PLANS) > 4096:
+        _POOL_PLANS.clear()
+    _POOL_PLANS[key] = geom
+    return geom
+
+
+def _pool_kernel(ref: Callable[..., Any], nhwc: bool, kind: str, has_indices: bool = False):
+    """MaxPool/AveragePool; dilated average pools, Indices and integer inputs use the reference."""
+
+    def kernel(X, *, noutputs=1, **attrs):
+        x = X if isinstance(X, np.ndarray) else np.asarray(X)
+        geom = None if (has_indices and noutputs > 1) else _pool_plan(x, attrs, nhwc, kind)
+        if geom is None:
+            return _call_ref(ref, (X,), attrs, nhwc, noutputs if has_indices else None)
+        with _InferenceMode(True):
+            t = _nchw_view(x) if nhwc else _t(x)
+            if kind == "max":
+                y = _maxpool_t(t, geom)
+            else:
+                y = _avgpool_t(t, geom, bool(attrs.get("count_include_pad", 0)))
+            return _to_nhwc(y) if nhwc else _np(y)
+
+    if has_indices:
+        return kernel
+
+    def kernel1(X, **attrs):
+        return kernel(X, **attrs)
+
+    return kernel1
+
+
+def _global_kernel(ref: Callable[..., Any], nhwc: bool, reduce: str):
+    def kernel(X):
+        x = np.asarray(X)
+        if x.ndim < 3 or x.size == 0:
+            return _call_ref(ref, (X,), {}, nhwc)
+        with _InferenceMode(True):
+            t = _t(x)
+            dims = tuple(range(1, x.ndim - 1)) if nhwc else tuple(range(2, x.ndim))
+            y = t.mean(dim=dims, keepdim=True) if reduce == "mean" else t.amax(dims, keepdim=True)
+            return _np(y)
+
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalization
+
+
+def _bn_kernel(ref: Callable[..., Any], nhwc: bool, since: int):
+    def kernel(X, scale, B, mean, var, *, epsilon=1e-5, noutputs=1, **attrs):
+        x = np.asarray(X)
+        if since >= 14:
+            training = bool(attrs.get("training_mode", 0))
+        elif since >= 7:
+            training = noutputs > 1
+        else:
+            training = noutputs > 1 and not attrs.get("is_test", 0)
+        params = (scale, B, mean, var)
+        c = x.shape[-1] if (nhwc and x.ndim >= 3) else (x.shape[1] if x.ndim >= 2 else -1)
+        plain = all(np.ndim(p) == 1 and np.shape(p)[0] == c for p in params)
+        if training or not plain or x.ndim < 2 or not int(attrs.get("spatial", 1)):
+            return _call_ref(ref, (X, *params), dict(attrs, epsilon=epsilon), nhwc, noutputs)
+        with _InferenceMode(True):
+            t = _nchw_view(x) if nhwc else _t(x)
+            ps = [_t(p) for p in params]
+            ps = [p if p.dtype == t.dtype else p.to(t.dtype) for p in ps]
+            y = F.batch_norm(t, ps[2], ps[3], ps[0], ps[1], False, 0.0, float(epsilon))
+            return _to_nhwc(y) if nhwc else _np(y)
+
+    return kernel
+
+
+def _lrn_t(x: torch.Tensor, size: int, alpha, beta, bias, channels_last: bool) -> torch.Tensor:
+    """ONNX LRN: y = x / (bias + alpha/size * sum of squares over a channel window) ** beta.
+
+    The window is [c - floor((size-1)/2), c + ceil((size-1)/2)]; an average pool with zero
+    padding (count_include_pad) gives sum/size directly.
+    """
+    lo, hi = (size - 1) // 2, size // 2
+    sq = x * x
+    if channels_last:
+        # x is (N, *spatial, C) contiguous: pool along the last axis.
+        c = sq.shape[-1]
+        win = F.avg_pool1d(F.pad(sq.reshape(-1, 1, c), (lo, hi)), size, 1)
+        win = win.reshape(sq.shape)
+    else:
+        n, c = sq.shape[0], sq.shape[1]
+        s = sq.reshape(n, 1, c, -1)
+        win = F.avg_pool2d(F.pad(s, (0, 0, lo, hi)), (size, 1), 1).reshape(sq.shape)
+    return x / win.mul_(float(alpha)).add_(float(bias)).pow_(float(beta))
+
+
+def _lrn_kernel(ref: Callable[..., Any], nhwc: bool):
+    def kernel(X, *, alpha=0.0001, beta=0.75, bias=1.0, size=None):
+        x = np.asarray(X)
+        if size is None or int(size) < 1 or x.ndim < 2 or x.size == 0 or x.dtype.kind != "f":
+            return _call_ref(
+                ref, (X,), {"alpha": alpha, "beta": beta, "bias": bias, "size": size}, nhwc
+            )
+        with _InferenceMode(True):
+            t = _t(x)
+            if nhwc and x.ndim >= 3:
+                return _np(_lrn_t(t, int(size), alpha, beta, bias, True))
+            return _np(_lrn_t(t, int(size), alpha, beta, bias, False))
+
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+
+
+def _add(opdef: Any, fn: Callable[..., Any], name: str, *, dtypes=FLOATS, layout="any",
+         accepts_out=False) -> None:
+    opdef.kernel(
+        device=DEVICE_NAME, dtypes=dtypes, layout=layout, name=name, accepts_out=accepts_out
+    )(fn)
+
+
+def _each(op_type: str, domain: str = ""):
+    return REGISTRY.versions(op_type, domain)
+
+
+def _register_variants() -> None:
+    simple: dict[str, tuple[Callable[..., Any], tuple, bool]] = {
+        "Relu": (_relu, FLOATS + INTS, True),
+        "Sigmoid": (_sigmoid, FLOATS, True),
+        "Tanh": (_tanh, FLOATS, True),
+        "LeakyRelu": (_leaky_relu, FLOATS, False),
+        "HardSwish": (_hard_swish, FLOATS, False),
+        "HardSigmoid": (_hard_sigmoid, FLOATS, False),
+        "Elu": (_elu, FLOATS, False),
+        "Gelu": (_gelu, FLOATS, False),
+        "Sum": (_sum, FLOATS + INTS, True),
+        "MatMul": (_matmul, FLOATS, True),
+        "Concat": (_concat, NUMERIC, True),
+        "Transpose": (_transpose, NUMERIC, False),
+    }
+    for op_type, (fn, dts, acc) in simple.items():
+        for o in _each(op_type):
+            _add(o, fn, f"{op_type.lower()}.torch", dtypes=dts, accepts_out=acc)
+    for o in _each("Clip"):
+        fn = _clip_6 if o.since < 11 else _clip_11
+        _add(o, fn, "clip.torch", dtypes=FLOATS + INTS, accepts_out=True)
+    binary = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div}
+    for op_type, tfn in binary.items():
+        dts = FLOATS if op_type == "Div" else FLOATS + INTS
+        for o in _each(op_type):
+            fn = _binary(tfn, o.reference, legacy=o.since < 7)
+            _add(o, fn, f"{op_type.lower()}.torch", dtypes=dts, accepts_out=True)
+    for o in _each("Gemm"):
+        _add(o, _gemm_kernel(o.since < 7, o.reference), "gemm.torch", accepts_out=True)
+    for o in _each("Softmax"):
+        _add(o, _softmax_kernel(o.reference, coerced=o.since < 13), "softmax.torch")
+    # Pure data movement: the NumPy kernel already returns views, on either side of a boundary.
+    for op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"):
+        for o in _each(op_type):
+            _add(o, o.reference, f"{op_type.lower()}.torch", dtypes=None)
+    for layout in ("NCHW", "NHWC"):
+        nhwc = layout == "NHWC"
+        suffix = layout.lower()
+        for o in _each("Conv"):
+            _add(o, _conv_kernel(o.reference, nhwc), f"conv.torch.{suffix}", layout=layout)
+        for o in _each("MaxPool"):
+            fn = _pool_kernel(o.reference, nhwc, "max", has_indices=o.since >= 8)
+            _add(o, fn, f"maxpool.torch.{suffix}", layout=layout)
+        for o in _each("AveragePool"):
+            fn = _pool_kernel(o.reference, nhwc, "avg")
+            _add(o, fn, f"averagepool.torch.{suffix}", layout=layout)
+        for o in _each("GlobalAveragePool"):
+            _add(o, _global_kernel(o.reference, nhwc, "mean"), f"globalaveragepool.torch.{suffix}",
+                 layout=layout)
+        for o in _each("GlobalMaxPool"):
+            _add(o, _global_kernel(o.reference, nhwc, "max"), f"globalmaxpool.torch.{suffix}",
+                 layout=layout)
+        for o in _each("BatchNormalization"):
+            _add(o, _bn_kernel(o.reference, nhwc, o.since), f"batchnormalization.torch.{suffix}",
+                 layout=layout)
+        for o in _each("LRN"):
+            _add(o, _lrn_kernel(o.reference, nhwc), f"lrn.torch.{suffix}", layout=layout)
+        for o in _each("FusedConv", "opwarden"):
+            _add(o, _fused_conv_kernel(o.reference, nhwc), f"fusedconv.torch.{suffix}",
+                 layout=layout)
+    for o in _each("FusedGemm", "opwarden"):
+        _add(o, _fused_gemm_kernel(o.reference), "fusedgemm.torch")
+    for o in _each("FusedMatMul", "opwarden"):
+        _add(o, _fused_matmul, "fusedmatmul.torch")
+
+
+def configure(intra_op_num_threads: int = 0) -> None:
+    """Size torch's thread pool: the session's intra_op_num_threads, else leave torch's default.
+
+    torch's default is the number of physical cores, as onnxruntime's is.
+    """
+    n = int(intra_op_num_threads or 0)
+    if n > 0 and torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+_REGISTERED = False
+
+
+def register() -> Device:
+    """Add the torch device and its variants (idempotent: variants replace same-named ones)."""
+    global _REGISTERED
+    where = "CUDA " + torch.cuda.get_device_name(0) if _CUDA else "its CPU"
+    dev = register_device(
+        Device(
+            DEVICE_NAME,
+            kind="torch",
+            description=f"PyTorch {torch.__version__} on {where}; channels-last convolutions",
+            preferred_layout="NHWC",
+            concurrent=False,
+            aliases=("pytorch",),
+            extra={"torch_version": torch.__version__, "cuda": _CUDA,
+                   "threads": torch.get_num_threads(), "cores": os.cpu_count()},
+        )
+    )
+    _register_variants()
+    _REGISTERED = True
+    return dev
+
+
+# Importing the module is how the device registry brings the provider in (on first need).
+register()

@@ -1,0 +1,183 @@
+"""Shared pieces of the fast CPU kernels: scratch buffers, packed-weight cache, activations."""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import KernelError
+
+F32 = np.dtype(np.float32)
+
+# ---------------------------------------------------------------------------------------------
+# Scratch memory: one growable byte buffer per (thread, purpose). Thread-local because parallel
+# branches may run two convolutions at once; grown, never shrunk, so steady-state runs allocate
+# nothing.
+
+_LOCAL = threading.local()
+
+
+def scratch(tag: str, shape: Sequence[int], dtype: Any = F32) -> np.ndarray:
+    """An uninitialised C-contiguous array of `shape`, reused across calls on this thread."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    pool = getattr(_LOCAL, "pool", None)
+    if pool is None:
+        pool = _LOCAL.pool = {}
+    buf = pool.get(tag)
+    if buf is None or buf.nbytes < nbytes:
+        # 64-byte alignment keeps the BLAS and SIMD loops on their fast paths.
+        raw = np.empty(nbytes + 64, dtype=np.uint8)
+        off = (-raw.ctypes.data) % 64
+        buf = raw[off:off + nbytes]
+        pool[tag] = buf
+    return buf[:nbytes].view(dtype).reshape(tuple(shape))
+
+
+def release_scratch() -> None:
+    """Drop this thread's scratch buffers (tests and long-lived idle threads)."""
+    _LOCAL.pool = {}
+
+
+def output(out: np.ndarray | None, shape: Sequence[int], dtype: Any = F32) -> np.ndarray:
+    """The planned buffer when it fits, else a fresh array."""
+    shape = tuple(shape)
+    if out is not None and out.shape == shape and out.dtype == dtype and out.flags.c_contiguous:
+        return out
+    return np.empty(shape, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed weights: repacked once per weight array. Only read-only arrays are cached (initializers
+# are read-only views); the entry dies with the array, so an id is never reused stale.
+
+_PACKED: dict[tuple, tuple[weakref.ref, np.ndarray]] = {}
+_PACK_LOCK = threading.Lock()
+
+
+def packed(w: np.ndarray, tag: Any, pack: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """pack(w), cached for read-only `w` under (id, data pointer, shape, strides, tag)."""
+    if w.flags.writeable:
+        return pack(w)
+    key = (id(w), w.ctypes.data, w.shape, w.strides, w.dtype.str, tag)
+    hit = _PACKED.get(key)
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    p = pack(w)
+    p.flags.writeable = False
+
+    def _drop(_ref, key=key):
+        _PACKED.pop(key, None)
+
+    try:
+        ref = weakref.ref(w, _drop)
+    except TypeError:  # not weak-referenceable: do not cache
+        return p
+    with _PACK_LOCK:
+        _PACKED[key] = (ref, p)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations applied in place on a float32 buffer (the fused operators' `activation` attribute).
+
+ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", "Gelu", "Tanh")
+
+
+def apply_activation(y: np.ndarray, activation: str, params: Sequence[float] = ()) -> np.ndarray:
+    """y <- act(y) in place; returns y."""
+    if not activation:
+        return y
+    params = [float(p) for p in params or ()]
+    with np.errstate(over="ignore", invalid="ignore"):
+        if activation == "Relu":
+            np.maximum(y, 0.0, out=y)
+        elif activation == "Clip":
+            lo = params[0] if len(params) > 0 else -np.inf
+            hi = params[1] if len(params) > 1 else np.inf
+            np.clip(y, np.float32(lo), np.float32(hi), out=y)
+        elif activation == "LeakyRelu":
+            alpha = np.float32(params[0] if params else 0.01)
+            np.copyto(y, y * alpha, where=y < 0)
+        elif activation == "Sigmoid":
+            _sigmoid_inplace(y)
+        elif activation == "HardSwish":
+            t = y * np.float32(1.0 / 6.0)
+            t += np.float32(0.5)
+            np.clip(t, 0.0, 1.0, out=t)
+            y *= t
+        elif activation == "Tanh":
+            np.tanh(y, out=y)
+        elif activation == "Gelu":
+            _gelu_inplace(y, bool(params and params[0]))
+        else:
+            raise KernelError(
+                f"activation {activation!r} is not one of {', '.join(map(repr, ACTIVATIONS))}"
+            )
+    return y
+
+
+def _gelu_inplace(y: np.ndarray, tanh: bool) -> None:
+    # params [1] selects the tanh approximation (the fused operators' convention).
+    if tanh:
+        t = y * y
+        t *= np.float32(0.044715)
+        t += np.float32(1.0)
+        t *= y
+        t *= np.float32(math.sqrt(2.0 / math.pi))
+        np.tanh(t, out=t)
+    else:
+        from ..ops.elementwise import erf
+
+        t = erf(y * (1.0 / math.sqrt(2.0))).astype(np.float32)
+    t += np.float32(1.0)
+    t *= np.float32(0.5)
+    y *= t
+
+
+def _sigmoid_inplace(y: np.ndarray) -> None:
+    # 1/(1+e^-x) for x >= 0 and e^x/(1+e^x) below, so exp never overflows.
+    neg = y < 0
+    np.abs(y, out=y)
+    np.negative(y, out=y)
+    np.exp(y, out=y)  # e = exp(-|x|) in (0, 1]
+    d = y + np.float32(1.0)
+    np.copyto(y, np.float32(1.0), where=~neg)  # numerator: 1 above, e below
+    np.divide(y, d, out=y)
+
+
+def is_f32(*facts: Any) -> bool:
+    """Every given fact is float32 (or unknown dtype, which placement already filtered)."""
+    return all(f is None or f.dtype in (None, "float32") for f in facts)
+
+
+def static_rank(fact: Any) -> int | None:
+    """The rank a fact states, or None."""
+    shape = getattr(fact, "shape", None)
+    return None if shape is None else len(shape)
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set the thread count of NumPy's bundled OpenBLAS; False when it cannot be found."""
+    import ctypes
+    import glob
+    import os
+
+    libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+    for path in glob.glob(os.path.join(libdir, "lib*openblas*.so*")):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for sym in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+                    "openblas_set_num_threads"):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                fn(ctypes.c_int(int(n)))
+                return True
+    return False

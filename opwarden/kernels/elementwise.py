@@ -1,0 +1,104 @@
+"""Float32 elementwise kernels writing into the planned buffer (which may be input 0)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops.base import REGISTRY
+
+_ZERO = np.float32(0.0)
+_ONE = np.float32(1.0)
+
+
+def _binary(ufunc):
+    def fn(A, B, *, out=None):
+        return ufunc(A, B, out=out) if out is not None else np.asarray(ufunc(A, B))
+
+    fn.__doc__ = f"{ufunc.__name__} with NumPy broadcasting into the planned buffer."
+    return fn
+
+
+def div(A, B, *, out=None):
+    """A / B with NumPy broadcasting into the planned buffer (x/0 gives inf or NaN quietly)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.divide(A, B, out=out) if out is not None else np.asarray(np.divide(A, B))
+
+
+def relu(X, *, out=None):
+    """max(X, 0) into the planned buffer."""
+    return np.maximum(X, _ZERO, out=out) if out is not None else np.asarray(np.maximum(X, _ZERO))
+
+
+def tanh(X, *, out=None):
+    """tanh(X) into the planned buffer."""
+    return np.tanh(X, out=out) if out is not None else np.asarray(np.tanh(X))
+
+
+def sigmoid(X, *, out=None):
+    """1 / (1 + e^-X) into the planned buffer (exp overflow gives an exact 0)."""
+    with np.errstate(over="ignore"):
+        # np.array: a rank-0 input gives a NumPy scalar, which cannot be written into
+        t = np.negative(X, out=out) if out is not None else np.array(np.negative(X))
+        np.exp(t, out=t)
+        t += _ONE
+        return np.reciprocal(t, out=t)
+
+
+def leaky_relu(X, *, alpha=0.01, out=None):
+    """X where X >= 0, alpha * X below, into the planned buffer."""
+    neg = X < 0
+    if out is None:
+        out = np.array(X, copy=True)
+    elif out is not X:
+        np.copyto(out, X)
+    np.multiply(out, np.float32(alpha), out=out, where=neg)
+    return out
+
+
+def clip_11(X, min=None, max=None, *, out=None):  # noqa: A002 - the ONNX input names
+    """Clip with optional min/max inputs (opset 11+) into the planned buffer."""
+    lo = -np.inf if min is None else np.float32(min)
+    hi = np.inf if max is None else np.float32(max)
+    # max then min: when min > max every value becomes max, as ONNX says.
+    y = np.maximum(X, lo, out=out) if out is not None else np.array(np.maximum(X, lo))
+    return np.minimum(y, hi, out=y)
+
+
+def clip_6(X, *, min=-3.4028234663852886e38, max=3.4028234663852886e38, out=None):  # noqa: A002
+    """Clip with min/max attributes (opset 6) into the planned buffer."""
+    return clip_11(X, np.float32(min), np.float32(max), out=out)
+
+
+def sum_(*Xs, out=None):
+    """Elementwise sum of the inputs into the planned buffer."""
+    if len(Xs) == 1:
+        if out is None:
+            return np.array(Xs[0], copy=True)
+        if out is not Xs[0]:
+            np.copyto(out, Xs[0])
+        return out
+    y = np.add(Xs[0], Xs[1], out=out) if out is not None else np.add(Xs[0], Xs[1])
+    for x in Xs[2:]:
+        try:
+            np.add(y, x, out=y)
+        except ValueError:  # a later input broadcasts the sum up (no planned buffer then)
+            y = np.add(y, x)
+    return np.asarray(y)
+
+
+def register() -> None:
+    """Register the elementwise variants (layout-agnostic) on the versions they implement."""
+    kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True}
+    unary = {"Relu": relu, "Tanh": tanh, "Sigmoid": sigmoid, "LeakyRelu": leaky_relu}
+    for op_type, fn in unary.items():
+        for opdef in REGISTRY.versions(op_type):
+            opdef.kernel(name=f"{op_type.lower()}.cpu.out", **kw)(fn)
+    for opdef in REGISTRY.versions("Clip"):
+        opdef.kernel(name="clip.cpu.out", **kw)(clip_11 if opdef.since >= 11 else clip_6)
+    for op_type, fn in (("Add", _binary(np.add)), ("Sub", _binary(np.subtract)),
+                        ("Mul", _binary(np.multiply)), ("Div", div)):
+        for opdef in REGISTRY.versions(op_type):
+            if opdef.since >= 7:  # version 6's legacy broadcast/axis stays on the reference
+                opdef.kernel(name=f"{op_type.lower()}.cpu.out", **kw)(fn)
+    for opdef in REGISTRY.versions("Sum"):
+        opdef.kernel(name="sum.cpu.out", **kw)(sum_)

@@ -1,0 +1,156 @@
+"""Fast float32 Gemm/MatMul (straight to BLAS into the planned buffer) and Softmax/LogSoftmax."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import KernelError
+from ..ops.base import REGISTRY
+from ._util import apply_activation, output
+
+
+def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=1,
+         activation="", activation_params=(), out=None):
+    """act(alpha * A' @ B' + beta * C) for 2-D float32 operands, into `out`."""
+    if A.ndim != 2 or B.ndim != 2:
+        raise KernelError(f"Gemm needs 2-D A and B, got shapes {A.shape} and {B.shape}")
+    a = A.T if transA else A
+    b = B.T if transB else B
+    if a.shape[1] != b.shape[0]:
+        raise KernelError(
+            f"Gemm inner dimensions differ: A' is {a.shape}, B' is {b.shape} "
+            f"(transA={transA}, transB={transB})"
+        )
+    y = output(out, (a.shape[0], b.shape[1]))
+    np.matmul(a, b, out=y)
+    if alpha != 1.0:
+        y *= np.float32(alpha)
+    if C is not None and beta != 0.0:
+        c = np.asarray(C)
+        if not broadcast and c.shape != y.shape:
+            raise KernelError(f"Gemm: C has shape {c.shape}, expected {y.shape} (broadcast=0)")
+        try:
+            if beta == 1.0:
+                y += c
+            else:
+                y += c * np.float32(beta)
+        except ValueError:
+            raise KernelError(f"Gemm: C of shape {c.shape} cannot broadcast to {y.shape}") from None
+    if activation:
+        apply_activation(y, activation, activation_params)
+    return y
+
+
+def _gemm_kernel(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=1,
+                 out=None):
+    """Gemm into the planned buffer."""
+    return gemm(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB,
+                broadcast=broadcast, out=out)
+
+
+def matmul(A, B, *, out=None):
+    """MatMul (NumPy semantics) into the planned buffer."""
+    try:
+        if out is not None:
+            return np.matmul(A, B, out=out)
+        return np.asarray(np.matmul(A, B))
+    except ValueError as e:
+        raise KernelError(f"MatMul shapes {A.shape} and {B.shape} do not match: {e}") from None
+
+
+def fused_matmul(A, B, C=None, *, activation="", activation_params=(), out=None):
+    """act(MatMul(A, B) + C) into the planned buffer."""
+    try:
+        y = matmul(A, B, out=out)
+    except KernelError:
+        y = matmul(A, B)  # `out` has the larger shape C broadcasts the product to
+    if C is not None:
+        try:
+            np.add(y, C, out=y)
+        except ValueError:
+            y = np.add(y, C, out=out if out is not None and out is not y else None)
+    if activation:
+        apply_activation(y, activation, activation_params)
+    return y
+
+
+def _softmax_rows(x: np.ndarray, axis: int, y: np.ndarray, log: bool) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        np.subtract(x, m, out=y)
+        if log:
+            s = np.sum(np.exp(y), axis=axis, keepdims=True)
+            y -= np.log(s)
+        else:
+            np.exp(y, out=y)
+            y /= np.sum(y, axis=axis, keepdims=True)
+    return y
+
+
+def _softmax13(x, axis, out, log):
+    ax = axis + x.ndim if axis < 0 else axis
+    if not 0 <= ax < x.ndim:
+        raise KernelError(f"axis {axis} is out of range for a tensor of rank {x.ndim}")
+    y = output(out, x.shape)
+    if x.shape[ax] == 0:
+        return y
+    return _softmax_rows(x, ax, y, log)
+
+
+def _softmax1(x, axis, out, log):
+    ax = axis + x.ndim if axis < 0 else axis
+    if not 0 <= ax <= x.ndim:
+        raise KernelError(f"axis {axis} is out of range for a tensor of rank {x.ndim}")
+    y = output(out, x.shape)
+    rows = int(np.prod(x.shape[:ax], dtype=np.int64))
+    if y.size == 0:
+        return y
+    _softmax_rows(np.ascontiguousarray(x).reshape(rows, -1), 1, y.reshape(rows, -1), log)
+    return y
+
+
+def softmax_13(input, *, axis=-1, out=None):
+    """Softmax along one axis (opset 13)."""
+    return _softmax13(input, axis, out, False)
+
+
+def log_softmax_13(input, *, axis=-1, out=None):
+    """LogSoftmax along one axis (opset 13)."""
+    return _softmax13(input, axis, out, True)
+
+
+def softmax_1(input, *, axis=1, out=None):
+    """Softmax over the input coerced to 2-D at `axis` (opset 1/11)."""
+    return _softmax1(input, axis, out, False)
+
+
+def log_softmax_1(input, *, axis=1, out=None):
+    """LogSoftmax over the input coerced to 2-D at `axis` (opset 1/11)."""
+    return _softmax1(input, axis, out, True)
+
+
+def _ranked(x, *rest, **attrs) -> bool:
+    return x.shape is not None and len(x.shape) >= 1
+
+
+def _gemm_ok(a, b, *rest, **attrs) -> bool:
+    return (a.shape is not None and b.shape is not None and len(a.shape) == 2
+            and len(b.shape) == 2 and all(f is None or f.dtype in (None, "float32") for f in rest))
+
+
+def _matmul_ok(a, b, *rest, **attrs) -> bool:
+    return a.shape is not None and b.shape is not None and len(a.shape) >= 1 and len(b.shape) >= 1
+
+
+def register() -> None:
+    """Register Gemm, MatMul and Softmax-family variants on every version."""
+    kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True}
+    for opdef in REGISTRY.versions("Gemm"):
+        opdef.kernel(when=_gemm_ok, name="gemm.cpu.blas", **kw)(_gemm_kernel)
+    for opdef in REGISTRY.versions("MatMul"):
+        opdef.kernel(when=_matmul_ok, name="matmul.cpu.blas", **kw)(matmul)
+    for op_type, v13, v1 in (("Softmax", softmax_13, softmax_1),
+                             ("LogSoftmax", log_softmax_13, log_softmax_1)):
+        for opdef in REGISTRY.versions(op_type):
+            fn = v13 if opdef.since >= 13 else v1
+            opdef.kernel(when=_ranked, name=f"{op_type.lower()}.cpu.fast", **kw)(fn)

@@ -1,0 +1,467 @@
+"""Level-2 passes: BatchNorm folding, Conv/Gemm/MatMul fusion, transposes, elementwise chains."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from ..ir.graph import Node, Value
+from ..runtime.place import kernel_kwargs
+from .rewrite import Rewriter
+
+_FLOAT = frozenset({"float16", "float32", "float64", "bfloat16"})
+_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+_ACT_TYPES = {"activation": onnx.AttributeProto.STRING,
+              "activation_params": onnx.AttributeProto.FLOATS}
+
+
+def _std(node: Node | None, *types: str) -> bool:
+    return node is not None and not node.domain and node.op_type in types
+
+
+def _known_shape(v: Value | None) -> tuple | None:
+    """v's shape when every dimension is known (an int or a symbolic name)."""
+    if v is None or v.fact.shape is None or any(d is None for d in v.fact.shape):
+        return None
+    return tuple(v.fact.shape)
+
+
+def _other(node: Node, v: Value) -> Value | None:
+    """For a binary node reading v once, its other input."""
+    if len(node.inputs) != 2 or sum(x is v for x in node.inputs) != 1:
+        return None
+    return node.inputs[1] if node.inputs[0] is v else node.inputs[0]
+
+
+def _is_add(node: Node) -> bool:
+    if _std(node, "Add"):
+        return node.opdef is not None and node.opdef.since >= 7
+    return _std(node, "Sum") and len(node.inputs) == 2
+
+
+def channel_vector(k: np.ndarray, rank: int, m: int) -> np.ndarray | None:
+    """k as a length-m float64 vector if it varies only along axis 1 of a rank-`rank` tensor."""
+    if k.ndim > rank or k.dtype.kind != "f":
+        return None
+    shape = (1,) * (rank - k.ndim) + k.shape
+    if rank < 2 or any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, m):
+        return None
+    return np.broadcast_to(k.astype(np.float64).reshape(-1), (m,)).copy()
+
+
+# ---------------------------------------------------------------------------------------------
+# Affine steps after a Conv or BatchNormalization: y -> y * scale + shift, per channel
+
+
+def _bn_affine(rw: Rewriter, bn: Node, m: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, shift) of an inference BatchNormalization with constant parameters."""
+    if not _std(bn, "BatchNormalization") or bn.opdef is None or len(bn.outputs) != 1:
+        return None
+    kw = kernel_kwargs(bn)
+    if kw.get("training_mode", 0):
+        return None
+    params = [rw.const(v) for v in bn.inputs[1:5]]
+    if len(params) != 4 or any(p is None or p.shape != (m,) or p.dtype.kind != "f"
+                               for p in params):
+        return None
+    scale, bias, mean, var = (p.astype(np.float64) for p in params)
+    s = scale / np.sqrt(var + float(kw.get("epsilon", 1e-5)))
+    return s, bias - mean * s
+
+
+def _affine_step(rw: Rewriter, c: Node, y: Value, rank: int, m: int):
+    """(scale, shift) if consumer c of y is a per-channel affine map of y, else None."""
+    if c.inputs and c.inputs[0] is y and _std(c, "BatchNormalization"):
+        return _bn_affine(rw, c, m)
+    if not _std(c, "Mul", "Add", "Sum", "Sub", "Div") or c.opdef is None:
+        return None
+    if c.op_type != "Sum" and c.opdef.since < 7:
+        return None  # legacy broadcast attributes
+    z = _other(c, y)
+    k = rw.const(z)
+    if k is None or k.dtype.name != y.fact.dtype:
+        return None
+    vec = channel_vector(k, rank, m)
+    if vec is None:
+        return None
+    ones, zeros = np.ones(m), np.zeros(m)
+    if c.op_type == "Mul":
+        return vec, zeros
+    if _is_add(c):
+        return ones, vec
+    if c.op_type == "Sub" and c.inputs[0] is y:
+        return ones, -vec
+    if c.op_type == "Div" and c.inputs[0] is y:
+        return 1.0 / vec, zeros
+    return None
+
+
+def _absorb_affine(rw: Rewriter, y: Value, rank: int, m: int, scale, shift):
+    """Fold the chain of single-use affine consumers after y; (last value, scale, shift, n)."""
+    n = 0
+    while True:
+        c = rw.single_use(y)
+        if c is None or c.outputs[0] is None or len(c.outputs) != 1:
+            break
+        step = _affine_step(rw, c, y, rank, m)
+        if step is None:
+            break
+        s, t = step
+        scale, shift = scale * s, shift * s + t
+        rw.remove(c)
+        y = c.outputs[0]
+        n += 1
+    return y, scale, shift, n
+
+
+def conv_bn_folding(rw: Rewriter) -> None:
+    """Fold BatchNormalization, and Mul/Add/Sub/Div by per-channel constants, into the
+    preceding Conv's weights and bias."""
+    for node in rw.graph.nodes:
+        if not _std(node, "Conv") or id(node) in rw.removed or node.opdef is None:
+            continue
+        w = rw.const(node.inputs[1])
+        bv = node.inputs[2] if len(node.inputs) > 2 else None
+        b = rw.const(bv) if bv is not None else None
+        y = node.outputs[0]
+        if w is None or w.dtype.kind != "f" or (bv is not None and b is None) or y is None:
+            continue
+        if y.fact.dtype is not None and y.fact.dtype != w.dtype.name:
+            continue
+        m = w.shape[0]
+        shift = b.astype(np.float64) if b is not None else np.zeros(m)
+        last, scale, shift, n = _absorb_affine(rw, y, w.ndim, m, np.ones(m), shift)
+        if not n:
+            continue
+        # In W's own dtype: the scale is rounded once, and ResNet-50's 25M weights are not
+        # converted to float64 and back at load.
+        new_w = w * scale.astype(w.dtype).reshape((m,) + (1,) * (w.ndim - 1))
+        wv = rw.new_const(f"{node.name}_W_folded", new_w)
+        bv2 = rw.new_const(f"{node.name}_B_folded", shift.astype(w.dtype))
+        rw.set_input(node, 1, wv)
+        if len(node.inputs) < 3:
+            node.inputs.append(None)
+        rw.set_input(node, 2, bv2)
+        node.outputs[0] = last
+        last.producer = node
+        rw.stats["folded_nodes"] += n
+        rw.stats["convs"] += 1
+        rw.changes += n
+
+
+def bn_to_affine(rw: Rewriter) -> None:
+    """An inference BatchNormalization not after a Conv (and the per-channel Mul/Add after it)
+    becomes one Mul and one Add by per-channel constants, ready for elementwise fusion."""
+    default = rw.model.opsets.get("", 0)
+    if default < 7:
+        return
+    for node in rw.graph.nodes:
+        if not _std(node, "BatchNormalization") or id(node) in rw.removed:
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        if x is None or y is None or x.fact.ndim is None or x.fact.ndim < 2:
+            continue
+        if x.fact.dtype not in ("float32", "float64"):
+            continue
+        sc = rw.const(node.inputs[1]) if len(node.inputs) > 1 else None
+        if sc is None:
+            continue
+        m, rank = sc.shape[0] if sc.ndim == 1 else -1, x.fact.ndim
+        first = _bn_affine(rw, node, m)
+        if first is None:
+            continue
+        last, scale, shift, n = _absorb_affine(rw, y, rank, m, *first)
+        dt = np.dtype(x.fact.dtype)
+        cshape = (m,) + (1,) * (rank - 2)
+        s = rw.new_const(f"{node.name}_scale", scale.astype(dt).reshape(cshape))
+        t = rw.new_const(f"{node.name}_shift", shift.astype(dt).reshape(cshape))
+        mid = rw.new_value(f"{node.name}_scaled", last.fact)
+        mul = rw.make_node("Mul", [x, s], [mid], {}, name=f"{node.name}_mul", domain="",
+                           opset=default)
+        add = rw.make_node("Add", [mid, t], [last], {}, name=f"{node.name}_add", domain="",
+                           opset=default)
+        rw.remove(node)
+        anchor = node
+        rw.place(mul, anchor)
+        rw.place(add, anchor)
+        rw.stats["BatchNormalization"] += 1
+        rw.stats["absorbed"] += n
+        rw.changes += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Conv / Gemm / MatMul + bias + activation
+
+
+def activation_of(rw: Rewriter, c: Node | None, y: Value) -> tuple[str, list[float]] | None:
+    """(activation, activation_params) if node c applies a fusable activation to y."""
+    if c is None or c.domain or not c.inputs or c.inputs[0] is not y or c.opdef is None:
+        return None
+    if len(c.outputs) != 1:
+        return None
+    t = c.op_type
+    if t in ("Relu", "Sigmoid", "Tanh", "HardSwish"):
+        return t, []
+    if t == "LeakyRelu":
+        return t, [float(kernel_kwargs(c).get("alpha", 0.01))]
+    if t == "Gelu":
+        return t, [1.0 if kernel_kwargs(c).get("approximate", "none") == "tanh" else 0.0]
+    if t == "Clip":
+        if c.opdef.since < 11:
+            kw = kernel_kwargs(c)
+            return t, [float(kw.get("min", -math.inf)), float(kw.get("max", math.inf))]
+        bounds = []
+        for i, default in ((1, -math.inf), (2, math.inf)):
+            v = c.inputs[i] if len(c.inputs) > i else None
+            if v is None:
+                bounds.append(default)
+                continue
+            k = rw.const(v)
+            if k is None or k.size != 1:
+                return None
+            bounds.append(float(k.reshape(-1)[0]))
+        return t, bounds
+    return None
+
+
+def _fuse(rw: Rewriter, op_type: str, nodes: list[Node], inputs, attrs, attr_types) -> None:
+    out = nodes[-1].outputs[0]
+    for n in nodes:
+        rw.remove(n)
+    fused = rw.make_node(op_type, inputs, [out], attrs, name=f"{nodes[0].name}_fused",
+                         attr_types=attr_types)
+    rw.place(fused, nodes[-1])
+    rw.stats[op_type] += 1
+    rw.stats["+".join(n.op_type for n in nodes)] += 1
+    rw.changes += len(nodes) - 1
+
+
+def _with_act(rw: Rewriter, nodes: list[Node], attrs: dict) -> None:
+    """Extend a chain with the activation after its last node, if there is one."""
+    y = nodes[-1].outputs[0]
+    c = rw.single_use(y)
+    act = activation_of(rw, c, y)
+    if act is not None:
+        nodes.append(c)
+        attrs["activation"], attrs["activation_params"] = act[0], act[1]
+
+
+def conv_fusion(rw: Rewriter) -> None:
+    """Conv [+ residual Add] [+ activation] -> FusedConv (bias, Z, activation in one node)."""
+    for node in rw.graph.nodes:
+        if not _std(node, "Conv") or id(node) in rw.removed or node.opdef is None:
+            continue
+        y = node.outputs[0]
+        if y is None or y.fact.dtype not in _FLOAT:
+            continue
+        nodes, z = [node], None
+        c = rw.single_use(y)
+        if c is not None and _is_add(c):
+            other = _other(c, y)
+            if (other is not None and other.fact.dtype == y.fact.dtype
+                    and _known_shape(other) is not None and _known_shape(other) == _known_shape(y)):
+                z = other
+                nodes.append(c)
+        attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
+        _with_act(rw, nodes, attrs)
+        if len(nodes) == 1:
+            continue
+        b = node.inputs[2] if len(node.inputs) > 2 else None
+        ins = [node.inputs[0], node.inputs[1], b, z]
+        while ins and ins[-1] is None:
+            ins.pop()
+        types = {k: t for k, t in getattr(node, "attr_types", {}).items() if k in _CONV_ATTRS}
+        _fuse(rw, "FusedConv", nodes, ins, attrs, {**types, **_ACT_TYPES})
+
+
+def gemm_fusion(rw: Rewriter) -> None:
+    """Gemm + activation -> FusedGemm; MatMul [+ bias Add] [+ activation] -> FusedGemm (2-D)
+    or FusedMatMul."""
+    for node in rw.graph.nodes:
+        if id(node) in rw.removed or node.opdef is None:
+            continue
+        y = node.outputs[0] if node.outputs else None
+        if y is None or y.fact.dtype not in _FLOAT:
+            continue
+        if _std(node, "Gemm") and node.opdef.since >= 7:
+            attrs = dict(node.attrs)
+            nodes = [node]
+            _with_act(rw, nodes, attrs)
+            if len(nodes) > 1:
+                types = dict(getattr(node, "attr_types", {}))
+                _fuse(rw, "FusedGemm", nodes, list(node.inputs), attrs, {**types, **_ACT_TYPES})
+            continue
+        if not _std(node, "MatMul"):
+            continue
+        a, bm = node.inputs
+        nodes, bias = [node], None
+        c = rw.single_use(y)
+        if c is not None and _is_add(c):
+            other = _other(c, y)
+            out = c.outputs[0]
+            if (other is not None and other.fact.dtype == y.fact.dtype
+                    and _known_shape(out) is not None and _known_shape(out) == _known_shape(y)):
+                bias = other
+                nodes.append(c)
+        attrs: dict = {}
+        _with_act(rw, nodes, attrs)
+        if len(nodes) == 1:
+            continue
+        two_d = a.fact.ndim == 2 and bm.fact.ndim == 2
+        if two_d and (bias is None or (bias.fact.ndim is not None and bias.fact.ndim <= 2)):
+            ins = [a, bm] + ([bias] if bias is not None else [])
+            _fuse(rw, "FusedGemm", nodes, ins, attrs, _ACT_TYPES)
+        else:
+            ins = [a, bm] + ([bias] if bias is not None else [])
+            _fuse(rw, "FusedMatMul", nodes, ins, attrs, _ACT_TYPES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transposes
+
+
+def _perm(node: Node) -> list[int] | None:
+    perm = node.attrs.get("perm")
+    if perm is not None:
+        return [int(p) for p in perm]
+    x = node.inputs[0]
+    if x is None or x.fact.ndim is None:
+        return None
+    return list(range(x.fact.ndim))[::-1]
+
+
+def transpose_cancellation(rw: Rewriter) -> None:
+    """Transpose after Transpose: the identity (both removed) or one composed Transpose."""
+    for node in rw.graph.nodes:
+        if not _std(node, "Transpose") or id(node) in rw.removed:
+            continue
+        x = node.inputs[0]
+        first = x.producer if x is not None else None
+        if not _std(first, "Transpose") or first.graph is not rw.graph or id(first) in rw.removed:
+            continue
+        p1, p2 = _perm(first), _perm(node)
+        if p1 is None or p2 is None or len(p1) != len(p2):
+            continue
+        q = [p1[i] for i in p2]
+        src = first.inputs[0]
+        if q == list(range(len(q))) and rw.bypass(node, node.outputs[0], src):
+            rw.remove(node)
+            rw.stats["cancelled"] += 1
+        else:  # (an identity perm here writes a graph output straight from src)
+            rw.set_input(node, 0, src)
+            node.attrs["perm"] = q
+            if hasattr(node, "attr_types"):
+                node.attr_types["perm"] = onnx.AttributeProto.INTS
+            rw.stats["composed"] += 1
+        rw.changes += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Elementwise chains
+
+_UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+          "Reciprocal": "reciprocal", "Tanh": "tanh", "Relu": "relu", "Sigmoid": "sigmoid",
+          "HardSwish": "hardswish"}
+_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
+_VARIADIC = {"Sum": "add", "Max": "max", "Min": "min"}
+
+
+def _ew_spec(rw: Rewriter, node: Node) -> tuple[str, list[Value], list[float]] | None:
+    """(program op, tensor inputs, number params) of a fusable elementwise node."""
+    if node.domain or node.opdef is None or len(node.outputs) != 1 or node.outputs[0] is None:
+        return None
+    y = node.outputs[0]
+    if y.fact.dtype not in ("float32", "float64") or _known_shape(y) is None:
+        return None
+    t = node.op_type
+    ins = node.inputs
+    if any(v is None or v.fact.dtype != y.fact.dtype for v in ins[:1]):
+        return None
+    if t in _UNARY:
+        return _UNARY[t], [ins[0]], []
+    if t in _BINARY and node.opdef.since >= 7:
+        if ins[1] is None or ins[1].fact.dtype != y.fact.dtype:
+            return None
+        return _BINARY[t], list(ins), []
+    if t in _VARIADIC and len(ins) >= 2 and all(v is not None for v in ins):
+        if any(v.fact.dtype != y.fact.dtype for v in ins):
+            return None
+        return _VARIADIC[t], list(ins), []
+    if t == "LeakyRelu":
+        return "leakyrelu", [ins[0]], [float(kernel_kwargs(node).get("alpha", 0.01))]
+    if t == "HardSigmoid":
+        kw = kernel_kwargs(node)
+        return "hardsigmoid", [ins[0]], [float(kw.get("alpha", 0.2)), float(kw.get("beta", 0.5))]
+    if t == "Clip":
+        act = activation_of(rw, node, ins[0])
+        if act is not None:
+            return "clip", [ins[0]], act[1]
+    return None
+
+
+def _fmt(p: float) -> str:
+    return repr(float(p))
+
+
+def _ref(v: Value, group: dict, temps: dict[int, str], externals: list[Value]) -> str:
+    """How a program names v: the temporary of a group member, or an external input xK."""
+    if v.producer is not None and id(v.producer) in group:
+        return temps[id(v)]
+    for k, e in enumerate(externals):
+        if e is v:
+            return f"x{k}"
+    externals.append(v)
+    return f"x{len(externals) - 1}"
+
+
+def elementwise_fusion(rw: Rewriter) -> None:
+    """Trees of elementwise nodes whose intermediates have the output's shape and one reader
+    -> one FusedElementwise (Add+Relu, BN-as-Mul/Add+Relu, swish, ...)."""
+    nodes = rw.graph.nodes
+    pos = {id(n): i for i, n in enumerate(nodes)}
+    done: set[int] = set()
+    for root in reversed(nodes):
+        if id(root) in rw.removed or id(root) in done:
+            continue
+        spec = _ew_spec(rw, root)
+        if spec is None:
+            continue
+        shape = _known_shape(root.outputs[0])
+        group = {id(root): (root, spec)}
+        stack = [root]
+        while stack:
+            n = stack.pop()
+            for v in group[id(n)][1][1]:
+                p = v.producer
+                if p is None or id(p) in group or id(p) in rw.removed or p.graph is not rw.graph:
+                    continue
+                if rw.single_use(v) is not n or _known_shape(v) != shape:
+                    continue
+                ps = _ew_spec(rw, p)
+                if ps is None or v.fact.dtype != root.outputs[0].fact.dtype:
+                    continue
+                group[id(p)] = (p, ps)
+                stack.append(p)
+        if len(group) < 2:
+            continue
+        members = sorted(group.values(), key=lambda e: pos[id(e[0])])
+        externals: list[Value] = []
+        temps: dict[int, str] = {}
+        stmts: list[str] = []
+        for n, (prim, ins, params) in members:
+            args = [_ref(v, group, temps, externals) for v in ins]
+            nums = [_fmt(p) for p in params]
+            cur = args[0]
+            if len(args) == 1:
+                cur = f"t{len(stmts)}"
+                stmts.append(f"{cur}={prim}({','.join([args[0], *nums])})")
+            for a in args[1:]:
+                nxt = f"t{len(stmts)}"
+                stmts.append(f"{nxt}={prim}({cur},{a})")
+                cur = nxt
+            temps[id(n.outputs[0])] = cur
+        done.update(group)
+        _fuse(rw, "FusedElementwise", [n for n, _ in members], externals,
+              {"program": ";".join(stmts)}, {"program": onnx.AttributeProto.STRING})

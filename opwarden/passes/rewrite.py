@@ -1,0 +1,239 @@
+"""Shared machinery of the graph passes: constant tests, use bookkeeping, node creation."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from ..contract import TensorFact
+from ..dtypes import dtype_name
+from ..ir.graph import Graph, Model, Node, Value
+from ..ir.validate import check_node
+
+FUSED_DOMAIN = "opwarden"
+
+
+class Rewriter:
+    """One pass over one graph: keeps `uses` current while nodes are removed or replaced.
+
+    Removed nodes and the positions of replacements are recorded and applied to `graph.nodes`
+    by `finish()`, which also drops values nothing refers to any more.
+    """
+
+    def __init__(self, model: Model, graph: Graph) -> None:
+        self.model = model
+        self.graph = graph
+        self.removed: set[int] = set()
+        self.inserted: dict[int, list[Node]] = {}  # id(anchor node) -> nodes placed before it
+        self.outputs = {id(v) for v in graph.outputs}
+        self.inputs = {id(v) for v in graph.inputs}
+        self.stats: Counter[str] = Counter()
+        self.changes = 0
+
+    # -- facts ----------------------------------------------------------------------------
+    def const(self, v: Value | None) -> np.ndarray | None:
+        """The constant value of v, or None if it is not a constant the session cannot change.
+
+        Initializers that are also graph inputs can be overridden by a feed, so from IR version
+        4 on they are not constants (as onnxruntime treats them); before 4 every initializer had
+        to be listed as an input, and they are constants.
+        """
+        if v is None or v.const is None or v.kind != "tensor":
+            return None
+        if id(v) in self.inputs and self.model.ir_version >= 4:
+            return None
+        return v.const
+
+    def single_use(self, v: Value | None) -> Node | None:
+        """The only consumer of v within this graph, if v is not a graph output and has one."""
+        if v is None or id(v) in self.outputs or len(v.uses) != 1:
+            return None
+        node, _ = v.uses[0]
+        if node.graph is not self.graph or id(node) in self.removed:
+            return None
+        return node
+
+    def local_uses(self, v: Value) -> bool:
+        """Every consumer of v is a node of this graph (none is inside a subgraph)."""
+        return all(n.graph is self.graph for n, _ in v.uses)
+
+    # -- editing --------------------------------------------------------------------------
+    def set_input(self, node: Node, i: int, new: Value | None) -> None:
+        old = node.inputs[i]
+        if old is not None:
+            old.uses[:] = [(n, k) for n, k in old.uses if not (n is node and k == i)]
+        node.inputs[i] = new
+        if new is not None:
+            new.uses.append((node, i))
+
+    def replace_uses(self, old: Value, new: Value) -> bool:
+        """Point every consumer of `old` at `new`; False (nothing done) if not possible."""
+        if id(old) in self.outputs or not self.local_uses(old):
+            return False
+        for node, i in list(old.uses):
+            node.inputs[i] = new
+            new.uses.append((node, i))
+        old.uses.clear()
+        return True
+
+    def remove(self, node: Node) -> None:
+        for i, v in enumerate(node.inputs):
+            if v is not None:
+                v.uses[:] = [(n, k) for n, k in v.uses if not (n is node and k == i)]
+        self.removed.add(id(node))
+
+    def bypass(self, node: Node, out: Value, src: Value) -> bool:
+        """Make `out` (an output of `node`, equal to `src`) disappear; False if it must stay.
+
+        Consumers of `out` read `src` instead; if `out` is a graph output, `src`'s producer
+        writes `out` directly when nothing else reads `src`.
+        """
+        if out.fact.dtype is not None and src.fact.dtype is not None:
+            if out.fact.dtype != src.fact.dtype:
+                return False
+        if id(out) not in self.outputs:
+            return self.replace_uses(out, src)
+        prod = src.producer
+        if (
+            prod is None
+            or prod.graph is not self.graph
+            or id(prod) in self.removed
+            or id(src) in self.outputs
+            or id(src) in self.inputs
+            or len(src.uses) != 1
+            or src.uses[0][0] is not node
+        ):
+            return False
+        k = next(j for j, o in enumerate(prod.outputs) if o is src)
+        prod.outputs[k] = out
+        out.producer = prod
+        if out.fact.shape is None:
+            out.fact = src.fact
+        src.uses.clear()
+        return True
+
+    def new_const(self, base: str, array: np.ndarray) -> Value:
+        """A new initializer holding `array` (made read-only, like loaded initializers: kernels
+        cache repacked weights only for read-only arrays), named after `base`."""
+        array.flags.writeable = False
+        v = self.graph.add_value(
+            self.unique(base), const=array, fact=TensorFact(dtype_name(array.dtype), array.shape)
+        )
+        self.graph.initializers[v.name] = v
+        return v
+
+    def new_value(self, base: str, fact: TensorFact) -> Value:
+        return self.graph.add_value(self.unique(base), fact=fact)
+
+    def unique(self, base: str) -> str:
+        """A value name not defined in this graph or any enclosing one."""
+
+        def taken(name: str) -> bool:
+            g: Graph | None = self.graph
+            while g is not None:
+                if name in g.values:
+                    return True
+                g = g.outer
+            return False
+
+        name, k = base, 0
+        while taken(name):
+            k += 1
+            name = f"{base}_{k}"
+        return name
+
+    def make_node(
+        self,
+        op_type: str,
+        inputs: list[Value | None],
+        outputs: list[Value],
+        attrs: dict[str, Any],
+        *,
+        name: str,
+        domain: str = FUSED_DOMAIN,
+        opset: int | None = None,
+        attr_types: dict[str, int] | None = None,
+    ) -> Node:
+        """A node checked against its schema (opdef and schema resolved) but not yet placed."""
+        if domain == FUSED_DOMAIN:
+            self.model.opsets.setdefault(FUSED_DOMAIN, 1)
+        node = Node(
+            op_type,
+            domain,
+            self.unique_node_name(name),
+            list(inputs),
+            list(outputs),
+            dict(attrs),
+            opset if opset is not None else self.model.opsets[domain],
+            graph=self.graph,
+        )
+        node.attr_types = dict(attr_types or {})  # type: ignore[attr-defined]
+        check_node(node)
+        return node
+
+    def unique_node_name(self, base: str) -> str:
+        names = getattr(self, "_node_names", None)
+        if names is None:
+            names = self._node_names = {n.name for n in self.graph.nodes}
+        name, k = base, 0
+        while name in names:
+            k += 1
+            name = f"{base}_{k}"
+        names.add(name)
+        return name
+
+    def place(self, node: Node, anchor: Node) -> None:
+        """Put `node` where `anchor` is (anchor removed); its inputs gain the new uses."""
+        self.inserted.setdefault(id(anchor), []).append(node)
+        self.removed.add(id(anchor))
+        for i, v in enumerate(node.inputs):
+            if v is not None:
+                v.uses.append((node, i))
+        for v in node.outputs:
+            if v is not None:
+                v.producer = node
+
+    # -- finishing ------------------------------------------------------------------------
+    def finish(self) -> None:
+        if not self.removed and not self.inserted:
+            return
+        nodes: list[Node] = []
+        for n in self.graph.nodes:
+            nodes.extend(self.inserted.get(id(n), ()))
+            if id(n) not in self.removed:
+                nodes.append(n)
+        self.graph.nodes = nodes
+        prune_values(self.graph)
+
+
+def prune_values(graph: Graph) -> None:
+    """Drop values and initializers that no node, graph input or output refers to any more."""
+    keep = {id(v) for v in graph.inputs} | {id(v) for v in graph.outputs}
+    for n in graph.nodes:
+        keep.update(id(v) for v in n.inputs if v is not None)
+        keep.update(id(v) for v in n.outputs if v is not None)
+        stack = n.subgraphs()
+        while stack:  # values read only inside a subgraph (its captures) must stay
+            sub = stack.pop()
+            keep.update(id(v) for v in sub.captures)
+            for m in sub.nodes:
+                stack.extend(m.subgraphs())
+    for name in [k for k, v in graph.values.items() if id(v) not in keep]:
+        del graph.values[name]
+        graph.initializers.pop(name, None)
+
+
+def relink(model: Model) -> None:
+    """Recompute producer/uses for the main graph and every subgraph, outermost first."""
+    from ..ir.validate import graphs_of
+
+    for g in graphs_of(model):
+        g.rebuild_uses()
+
+
+def static_shape(v: Value | None) -> tuple[int, ...] | None:
+    if v is None or v.kind != "tensor" or not v.fact.static:
+        return None
+    return tuple(v.fact.shape)

@@ -1,0 +1,196 @@
+"""The lean run loop: a bound call list compiled to straight-line Python source.
+
+Each tensor slot becomes a local variable, each step one call with its kernel, attribute dict
+and planned buffers bound as globals of the generated function; dead values are deleted right
+after their last reader. A run is then a sequence of kernel calls with no interpretation left:
+no slot lists, no per-step dispatch, no dict copies.
+
+With ``contract`` the loop also enforces the cheap half of the contract check: every value a
+kernel receives is read-only (so writing into an input raises), and a kernel may not return one of
+its inputs (or a direct view of it) unless its contract declares that alias. Any exception leaves
+the loop as `LeanFault`; the session then reruns the whole run under the guard, which records the
+fault, falls back to the reference kernel and quarantines the variant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class LeanFault(Exception):
+    """A step failed inside the lean loop; `index` is the step, `error` the original exception."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(f"step {index}: {type(error).__name__}: {error}")
+        self.index = index
+        self.error = error
+
+
+class _AliasFault(Exception):
+    pass
+
+
+def _one(r: Any) -> Any:
+    """Output 0 of a single-output kernel result (tuple unwrapped, NumPy scalar made an array)."""
+    if type(r) is tuple:
+        if not r:
+            raise ValueError("kernel returned no outputs")
+        r = r[0]
+    if isinstance(r, np.generic):
+        return np.asarray(r)
+    return r
+
+
+def _many(r: Any, n: int, needed: tuple[int, ...]) -> tuple:
+    if type(r) is not tuple:
+        r = (r,)
+    if needed and max(needed) >= len(r):
+        raise ValueError(f"kernel returned {len(r)} outputs, node needs output {max(needed)}")
+    out = tuple(np.asarray(x) if isinstance(x, np.generic) else x for x in r[:n])
+    return out + (None,) * (n - len(out))
+
+
+def _ro(x: Any) -> Any:
+    if type(x) is np.ndarray and x.flags.writeable:
+        x.flags.writeable = False
+    return x
+
+
+def _feed(x: Any) -> Any:
+    if type(x) is np.ndarray and x.flags.writeable:
+        v = x.view()
+        v.flags.writeable = False
+        return v
+    return x
+
+
+def _alias(i: int) -> None:
+    raise _AliasFault(f"step {i} returned one of its inputs (or a view of it), undeclared")
+
+
+def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> Any:
+    """Python function ``run(feeds, captured) -> outputs`` equivalent to `program.run(calls)`."""
+    from .executor import BoundGraph
+
+    ns: dict[str, Any] = {
+        "_one": _one,
+        "_many": _many,
+        "_ro": _ro,
+        "_feed": _feed,
+        "_alias": _alias,
+        "_ndarray": np.ndarray,
+        "_BoundGraph": BoundGraph,
+        "_LeanFault": LeanFault,
+    }
+    lines = ["def _run(feeds, captured):"]
+    add = lines.append
+    for k, s in enumerate(program.input_slots):
+        add(f"    s{s} = _feed(feeds[{k}])" if contract else f"    s{s} = feeds[{k}]")
+    for k, s in enumerate(program.capture_slots):
+        add(f"    s{s} = captured[{k}]")
+    for s, c in enumerate(program.template):
+        if c is not None:
+            ns[f"c{s}"] = _ro(c) if contract and isinstance(c, np.ndarray) else c
+
+    def ref(s: int) -> str:
+        if s < 0:
+            return "None"
+        return f"c{s}" if program.template[s] is not None else f"s{s}"
+
+    add("    i = -1")
+    add("    try:")
+    body: list[str] = []
+    for i, (st, fn, ins, kw, frees, hook) in enumerate(calls):
+        ns[f"f{i}"] = fn
+        args = ", ".join(ref(s) for s in ins)
+        call_kw = ""
+        if st.graphs:
+            parts = []
+            for name, g in st.graphs.items():
+                if isinstance(g, list):
+                    items = []
+                    for j, (prog, caps) in enumerate(g):
+                        ns[f"p{i}_{name}_{j}"] = prog
+                        items.append(
+                            f"_BoundGraph(p{i}_{name}_{j}, [{', '.join(ref(c) for c in caps)}])"
+                        )
+                    parts.append(f"{name!r}: [{', '.join(items)}]")
+                else:
+                    prog, caps = g
+                    ns[f"p{i}_{name}"] = prog
+                    parts.append(
+                        f"{name!r}: _BoundGraph(p{i}_{name}, [{', '.join(ref(c) for c in caps)}])"
+                    )
+            ns[f"k{i}"] = kw
+            call_kw = f"**k{i}, **{{{', '.join(parts)}}}"
+        elif kw:
+            ns[f"k{i}"] = kw
+            call_kw = f"**k{i}"
+        sep = ", " if args and call_kw else ""
+        call = f"f{i}({args}{sep}{call_kw})"
+        body.append(f"i = {i}")
+        outs = st.outs
+        out_buf = kw.get("out") if isinstance(kw, dict) else None
+        if len(outs) == 1:
+            o = outs[0]
+            target = f"s{o}" if o >= 0 else "_"
+            if out_buf is not None and contract:
+                ro = out_buf.view()
+                ro.flags.writeable = False
+                ns[f"o{i}"], ns[f"r{i}"] = out_buf, ro
+                body.append(f"{target} = {call}")
+                body.append(f"{target} = r{i} if {target} is o{i} else _ro(_one({target}))")
+            else:
+                body.append(f"{target} = {call}")
+                body.append(
+                    f"if type({target}) is not _ndarray: {target} = _one({target})"
+                )
+                if contract:
+                    body.append(f"_ro({target})")
+            out_names = [target] if o >= 0 else []
+        else:
+            needed = tuple(k for k, s in enumerate(outs) if s >= 0)
+            body.append(f"_r = _many({call}, {len(outs)}, {needed!r})")
+            out_names = []
+            for k, s in enumerate(outs):
+                if s >= 0:
+                    body.append(f"s{s} = _r[{k}]" + (f"; _ro(s{s})" if contract else ""))
+                    out_names.append(f"s{s}")
+        if hook is not None:
+            ns[f"h{i}"] = hook
+            for k, s in enumerate(outs):
+                if s >= 0:
+                    body.append(f"s{s} = h{i}.fix(s{s}, {k})")
+        if contract and out_names:
+            allowed = set(st.placement.variant.op.contract.may_alias) | set(
+                st.placement.variant.op.contract.must_alias
+            )
+            checks = []
+            for k, s in enumerate(outs):
+                if s < 0:
+                    continue
+                for a, src in enumerate(ins):
+                    if src < 0 or (a, k) in allowed:
+                        continue
+                    r = ref(src)
+                    checks.append(f"s{s} is {r} or (type(s{s}) is _ndarray and s{s}.base is {r})")
+            if checks:
+                body.append(f"if {' or '.join(checks)}: _alias({i})")
+        for s in frees:
+            body.append(f"del s{s}")
+    if not body:
+        body.append("pass")
+    for line in body:
+        add("        " + line)
+    add("    except Exception as e:")
+    add("        raise _LeanFault(i, e) from e")
+    outs = ", ".join(ref(s) for s in program.output_slots)
+    add(f"    return [{outs}]")
+    src = "\n".join(lines) + "\n"
+    code = compile(src, f"<opwarden program {program.graph.name}>", "exec")
+    exec(code, ns)  # noqa: S102 - the source is generated above from the bound call list
+    fn = ns["_run"]
+    fn.source = src
+    return fn

@@ -1,0 +1,478 @@
+"""The torch provider: every variant agrees with the reference kernel, NHWC ones on transposed
+data, and the nine light models run on providers ["torch", "cpu"] as ONNX Runtime does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import opwarden as ow  # noqa: E402
+from opwarden import zoo  # noqa: E402
+from opwarden.devices import devices, get_device  # noqa: E402
+from opwarden.devices import torch_provider as tp  # noqa: E402
+from opwarden.errors import KernelError, OptionsError  # noqa: E402
+from opwarden.ops import REGISTRY  # noqa: E402
+
+tp.register()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Test workers share the cores: one torch thread avoids OpenMP barriers stalling on a
+    # descheduled sibling thread (results do not depend on the thread count).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def variant(op_type: str, name: str, since: int | None = None, domain: str = ""):
+    versions = REGISTRY.versions(op_type, domain)
+    o = versions[-1] if since is None else next(v for v in versions if v.since == since)
+    return o, next(v for v in o.variants if v.name == name)
+
+
+def nhwc(x):
+    return np.ascontiguousarray(np.moveaxis(x, 1, -1))
+
+
+def nchw(x):
+    return np.moveaxis(x, -1, 1)
+
+
+def close(got, want, rtol=1e-4):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape)
+    tol = rtol * (np.abs(want).max() if want.size else 0) + 1e-5
+    assert np.abs(got.astype(np.float64) - want).max() <= tol
+
+
+def rand(*shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+# ------------------------------------------------------------------------------- device
+
+
+def test_device_is_listed_with_its_capabilities():
+    dev = get_device("torch")
+    assert dev in devices() and get_device("pytorch") is dev
+    assert dev.kind == "torch" and dev.preferred_layout == "NHWC" and not dev.concurrent
+    assert "PyTorch" in dev.description
+
+
+def test_register_is_idempotent():
+    tp.register()
+    names = [v.name for v in REGISTRY.versions("Conv")[-1].variants]
+    assert names.count("conv.torch.nhwc") == 1 and names.count("conv.torch.nchw") == 1
+
+
+@pytest.mark.parametrize(
+    "op_type",
+    ["Conv", "Relu", "MaxPool", "AveragePool", "GlobalAveragePool", "BatchNormalization", "LRN",
+     "Concat", "Gemm", "MatMul", "Add", "Sum", "Mul", "Flatten", "Reshape", "Softmax",
+     "Dropout", "Transpose", "Clip", "Sigmoid", "Unsqueeze"],
+)
+def test_every_version_has_a_torch_variant(op_type):
+    for o in REGISTRY.versions(op_type):
+        assert any(v.device == "torch" for v in o.variants), o
+
+
+# ------------------------------------------------------------------------ convolution
+
+CONV_CASES = [
+    dict(x=(2, 4, 9, 9), w=(6, 4, 3, 3), pads=[1, 1, 1, 1]),
+    dict(x=(1, 4, 9, 8), w=(6, 4, 3, 3), pads=[0, 1, 2, 1], strides=[2, 1]),
+    dict(x=(1, 6, 10, 10), w=(6, 2, 3, 3), group=3, dilations=[2, 2]),
+    dict(x=(1, 8, 7, 7), w=(8, 1, 3, 3), group=8, auto_pad="SAME_UPPER", strides=[2, 2]),
+    dict(x=(1, 3, 8, 8), w=(5, 3, 2, 2), auto_pad="SAME_LOWER"),
+    dict(x=(1, 3, 8, 8), w=(5, 3, 1, 1), bias=False),
+    dict(x=(2, 3, 11), w=(4, 3, 3), pads=[2, 1], strides=[2]),
+    dict(x=(1, 2, 5, 6, 7), w=(3, 2, 2, 3, 2), pads=[1, 0, 1, 0, 1, 1]),
+]
+
+
+def _conv_inputs(case):
+    x = rand(*case["x"], seed=1)
+    w = rand(*case["w"], seed=2)
+    b = None if case.get("bias") is False else rand(case["w"][0], seed=3)
+    attrs = {k: v for k, v in case.items() if k not in ("x", "w", "bias")}
+    attrs.setdefault("auto_pad", "NOTSET")
+    return x, w, b, attrs
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=range(len(CONV_CASES)))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("const", [False, True], ids=["w", "const-w"])
+def test_conv_matches_reference(case, layout, const):
+    x, w, b, attrs = _conv_inputs(case)
+    if const:  # read-only weights are constants: NHWC 2-D convs take oneDNN's prepacked path
+        w.flags.writeable = False
+    o, v = variant("Conv", f"conv.torch.{layout.lower()}")
+    assert v.layout == layout and v.device == "torch"
+    want = o.reference(x, w, b, **attrs)
+    if layout == "NCHW":
+        close(v.fn(x, w, b, **attrs), want)
+    else:
+        got = v.fn(nhwc(x), w, b, **attrs)
+        assert got.flags.c_contiguous
+        close(nchw(got), want)
+
+
+def test_conv_works_on_read_only_weights_and_odd_strides():
+    x, w, b, attrs = _conv_inputs(CONV_CASES[0])
+    w.flags.writeable = False
+    _, v = variant("Conv", "conv.torch.nchw")
+    want = REGISTRY.versions("Conv")[-1].reference(x, w, b, **attrs)
+    close(v.fn(x, w, b, **attrs), want)
+    xr = np.ascontiguousarray(x[:, :, ::-1])[:, :, ::-1]  # a negative-stride view
+    close(v.fn(xr, w, b, **attrs), want)
+
+
+def test_conv_errors_come_from_the_reference():
+    _, v = variant("Conv", "conv.torch.nhwc")
+    with pytest.raises(KernelError, match="kernel_shape"):
+        v.fn(nhwc(rand(1, 3, 5, 5)), rand(2, 3, 3, 3), None, kernel_shape=[2, 2])
+
+
+# ---------------------------------------------------------------------------- pooling
+
+POOL_CASES = [
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1]),
+    dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+    dict(kernel_shape=[2, 3], strides=[2, 2], pads=[1, 0, 1, 2], ceil_mode=1),
+    dict(kernel_shape=[3, 3], auto_pad="SAME_UPPER", strides=[2, 2]),
+    dict(kernel_shape=[2, 2], auto_pad="SAME_LOWER"),
+    dict(kernel_shape=[3, 3], pads=[2, 2, 2, 2]),
+]
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=range(len(POOL_CASES)))
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("cip", [0, 1])
+def test_pool_matches_reference(case, op_type, layout, cip):
+    if op_type == "MaxPool" and cip:
+        pytest.skip("count_include_pad is an AveragePool attribute")
+    x = rand(2, 3, 9, 10, seed=4)
+    attrs = dict(case)
+    if op_type == "AveragePool":
+        attrs["count_include_pad"] = cip
+    o, v = variant(op_type, f"{op_type.lower()}.torch.{layout.lower()}")
+    want = o.reference(x, **attrs)
+    got = v.fn(x, **attrs) if layout == "NCHW" else nchw(v.fn(nhwc(x), **attrs))
+    close(got, want)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_pool_1d_3d_dilated_and_indices(layout):
+    conv = nhwc if layout == "NHWC" else (lambda a: a)
+    back = nchw if layout == "NHWC" else (lambda a: a)
+    suffix = layout.lower()
+    o, v = variant("MaxPool", f"maxpool.torch.{suffix}")
+    x1, x3 = rand(2, 3, 11, seed=5), rand(1, 2, 5, 6, 7, seed=6)
+    for x, attrs in (
+        (x1, dict(kernel_shape=[3], strides=[2], pads=[1, 0])),
+        (x3, dict(kernel_shape=[2, 2, 3], pads=[1, 0, 1, 0, 1, 1], dilations=[1, 2, 1])),
+    ):
+        close(back(v.fn(conv(x), **attrs)), o.reference(x, **attrs))
+    # A second output (Indices) runs the reference; Y keeps the variant's layout.
+    x = rand(1, 3, 6, 6, seed=7)
+    y, idx = v.fn(conv(x), kernel_shape=[2, 2], strides=[2, 2], noutputs=2)
+    ry, ridx = o.reference(x, kernel_shape=[2, 2], strides=[2, 2], noutputs=2)
+    close(back(y), ry)
+    np.testing.assert_array_equal(idx, ridx)
+    o, v = variant("AveragePool", f"averagepool.torch.{suffix}")
+    attrs = dict(kernel_shape=[2, 2], dilations=[2, 1], pads=[1, 1, 0, 0])
+    close(back(v.fn(conv(x), **attrs)), o.reference(x, **attrs))
+
+
+@pytest.mark.parametrize("op_type", ["GlobalAveragePool", "GlobalMaxPool"])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (2, 3, 7), (1, 2, 3, 4, 5)])
+def test_global_pools(op_type, shape):
+    x = rand(*shape, seed=8)
+    o, v = variant(op_type, f"{op_type.lower()}.torch.nchw")
+    close(v.fn(x), o.reference(x))
+    _, v = variant(op_type, f"{op_type.lower()}.torch.nhwc")
+    close(nchw(v.fn(nhwc(x))), o.reference(x))
+
+
+# ---------------------------------------------------------------------- normalization
+
+
+@pytest.mark.parametrize("since", [1, 7, 14])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_batchnorm_inference(since, layout):
+    x = rand(2, 5, 4, 3, seed=9)
+    scale, b, mean = rand(5, seed=10), rand(5, seed=11), rand(5, seed=12)
+    var = np.abs(rand(5, seed=13)) + 0.5
+    o, v = variant("BatchNormalization", f"batchnormalization.torch.{layout.lower()}", since)
+    kw = {"epsilon": 1e-3}
+    if since == 1:
+        kw["is_test"] = 1
+    if since < 14:
+        kw["noutputs"] = 1
+    want = o.reference(x, scale, b, mean, var, **kw)
+    if layout == "NCHW":
+        close(v.fn(x, scale, b, mean, var, **kw), want)
+    else:
+        close(nchw(v.fn(nhwc(x), scale, b, mean, var, **kw)), want)
+
+
+def test_batchnorm_training_runs_the_reference_in_either_layout():
+    x = rand(4, 3, 5, 5, seed=14)
+    scale, b, mean, var = rand(3), rand(3, seed=1), rand(3, seed=2), np.ones(3, np.float32)
+    o, v = variant("BatchNormalization", "batchnormalization.torch.nhwc", 14)
+    got = v.fn(nhwc(x), scale, b, mean, var, training_mode=1, epsilon=1e-5, momentum=0.9)
+    want = o.reference(x, scale, b, mean, var, training_mode=1, epsilon=1e-5, momentum=0.9)
+    close(nchw(got[0]), want[0])
+    for g, w in zip(got[1:], want[1:]):
+        close(g, w)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_lrn_window_matches_onnx(size, layout):
+    x = rand(2, 7, 4, 5, seed=15)
+    attrs = dict(alpha=0.01, beta=0.75, bias=1.5, size=size)
+    o, v = variant("LRN", f"lrn.torch.{layout.lower()}")
+    got = v.fn(x, **attrs) if layout == "NCHW" else nchw(v.fn(nhwc(x), **attrs))
+    close(got, o.reference(x, **attrs))
+
+
+# ----------------------------------------------------------------- linear and pointwise
+
+
+@pytest.mark.parametrize("since", [1, 7])
+@pytest.mark.parametrize(
+    "cfg",
+    [dict(transB=1, c=(6,)), dict(transA=1, alpha=0.5, beta=2.0, c=(4, 6)), dict(c=(1,)),
+     dict(c=None), dict(beta=0.0, c=(6,))],
+)
+def test_gemm(since, cfg):
+    cfg = dict(cfg)
+    cshape = cfg.pop("c")
+    if since == 1 and cshape is None:
+        pytest.skip("Gemm-1 requires C")
+    a = rand(*((3, 4) if cfg.get("transA") else (4, 3)), seed=16)
+    b = rand(*((6, 3) if cfg.get("transB") else (3, 6)), seed=17)
+    c = None if cshape is None else rand(*cshape, seed=18)
+    if since == 1:
+        cfg["broadcast"] = 1
+    o, v = variant("Gemm", "gemm.torch", since)
+    want = o.reference(a, b, c, **cfg)
+    close(v.fn(a, b, c, **cfg), want)
+    out = np.empty_like(want)
+    assert v.fn(a, b, c, out=out, **cfg) is out
+    close(out, want)
+
+
+def test_gemm_shape_errors_are_the_references():
+    _, v = variant("Gemm", "gemm.torch")
+    with pytest.raises(KernelError, match="inner dimensions"):
+        v.fn(rand(2, 3), rand(4, 5))
+    _, v1 = variant("Gemm", "gemm.torch", 1)
+    with pytest.raises(KernelError, match="broadcast=0"):
+        v1.fn(rand(2, 3), rand(3, 4), rand(4))
+
+
+@pytest.mark.parametrize("shapes", [((3, 4), (4, 5)), ((2, 3, 4), (4,)), ((4,), (2, 4, 3)),
+                                    ((2, 1, 3, 4), (5, 4, 2))])
+def test_matmul(shapes):
+    a, b = rand(*shapes[0], seed=19), rand(*shapes[1], seed=20)
+    o, v = variant("MatMul", "matmul.torch")
+    close(v.fn(a, b), o.reference(a, b))
+
+
+@pytest.mark.parametrize("op_type", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_binary_broadcast_and_out(op_type, dtype):
+    if op_type == "Div" and dtype == np.int64:
+        pytest.skip("integer Div stays on cpu")
+    a = (rand(2, 3, 4, seed=21) * 10).astype(dtype)
+    b = (rand(3, 1, seed=22) * 10).astype(dtype)
+    if op_type == "Div":
+        b = np.where(b == 0, 1, b)
+    o, v = variant(op_type, f"{op_type.lower()}.torch")
+    want = o.reference(a, b)
+    close(v.fn(a, b), want)
+    out = np.empty_like(want)
+    assert v.fn(a, b, out=out) is out
+    close(out, want)
+    # may_alias: the planned buffer may be input 0 itself.
+    a2 = a.copy()
+    assert v.fn(a2, b, out=a2) is a2
+    close(a2, want)
+
+
+def test_legacy_add_broadcast_axis_uses_the_reference():
+    a, b = rand(2, 3, 4), rand(3, seed=1)
+    o, v = variant("Add", "add.torch", 6)
+    close(v.fn(a, b, broadcast=1, axis=1), o.reference(a, b, broadcast=1, axis=1))
+    close(v.fn(a, a, broadcast=0), a + a)
+
+
+def test_sum_variadic_broadcast_and_out():
+    xs = [rand(3, 4, seed=23), rand(4, seed=24), rand(1, 4, seed=25), rand(2, 3, 4, seed=26)]
+    o, v = variant("Sum", "sum.torch")
+    for k in (1, 2, 3, 4):
+        want = o.reference(*xs[:k])
+        close(v.fn(*xs[:k]), want)
+        out = np.empty_like(want)
+        assert v.fn(*xs[:k], out=out) is out
+        close(out, want)
+    single = v.fn(xs[0])
+    assert single is not xs[0]
+
+
+@pytest.mark.parametrize(
+    "op_type,attrs",
+    [("Relu", {}), ("Sigmoid", {}), ("Tanh", {}), ("LeakyRelu", {"alpha": 0.2}),
+     ("HardSwish", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("Elu", {"alpha": 0.7}),
+     ("Gelu", {"approximate": "none"}), ("Gelu", {"approximate": "tanh"})],
+)
+def test_activations(op_type, attrs):
+    x = rand(3, 17, seed=27) * 4
+    o, v = variant(op_type, f"{op_type.lower()}.torch")
+    close(v.fn(x, **attrs), o.reference(x, **attrs))
+    if v.accepts_out:
+        out = np.empty_like(x)
+        assert v.fn(x, out=out, **attrs) is out
+        close(out, o.reference(x, **attrs))
+
+
+def test_clip_versions():
+    x = rand(4, 5, seed=28) * 3
+    o, v = variant("Clip", "clip.torch", 6)
+    close(v.fn(x, min=-1.0, max=0.5), o.reference(x, min=-1.0, max=0.5))
+    o, v = variant("Clip", "clip.torch", 11)
+    lo, hi = np.float32(-0.5), np.float32(1.0)
+    for args in ((lo, hi), (None, hi), (lo, None), (None, None), (hi, lo)):
+        close(v.fn(x, *args), o.reference(x, *args))
+    xi = np.arange(-5, 5, dtype=np.int64)
+    np.testing.assert_array_equal(v.fn(xi, np.int64(-2), np.int64(3)),
+                                  o.reference(xi, np.int64(-2), np.int64(3)))
+
+
+@pytest.mark.parametrize("since,axis", [(1, 1), (1, 2), (1, 0), (1, -1), (13, -1), (13, 1)])
+def test_softmax(since, axis):
+    x = rand(2, 3, 4, seed=29) * 5
+    o, v = variant("Softmax", "softmax.torch", since)
+    close(v.fn(x, axis=axis), o.reference(x, axis=axis))
+
+
+def test_concat_transpose_and_views():
+    xs = [rand(2, 3, 4, seed=s) for s in range(3)]
+    o, v = variant("Concat", "concat.torch")
+    for axis in (0, 1, -1):
+        want = o.reference(*xs, axis=axis)
+        close(v.fn(*xs, axis=axis), want)
+        out = np.empty_like(want)
+        assert v.fn(*xs, axis=axis, out=out) is out
+        close(out, want)
+    o, v = variant("Transpose", "transpose.torch")
+    for perm in ([0, 2, 1], None):
+        got = v.fn(xs[0], perm=perm)
+        assert got.flags.c_contiguous
+        close(got, o.reference(xs[0], perm=perm))
+    ints = np.arange(6, dtype=np.int64)
+    np.testing.assert_array_equal(
+        variant("Concat", "concat.torch")[1].fn(ints, ints, axis=0), np.concatenate([ints, ints])
+    )
+
+
+# ------------------------------------------------------------------------ fused ops
+
+
+def _fused_present(op_type):
+    if not REGISTRY.versions(op_type, "opwarden"):
+        pytest.skip(f"{op_type} is not defined yet")
+
+
+ACTS = [("", []), ("Relu", []), ("Clip", [0.0, 6.0]), ("Clip", [-1.0]), ("LeakyRelu", [0.1]),
+        ("Sigmoid", []), ("HardSwish", []), ("Gelu", []), ("Gelu", [1.0]), ("Tanh", [])]
+
+
+@pytest.mark.parametrize("act,params", ACTS)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", [0, 1, 5], ids=["3x3", "asym-pads", "1x1"])
+def test_fused_conv(act, params, layout, case):
+    _fused_present("FusedConv")
+    x, w, b, attrs = _conv_inputs(CONV_CASES[case])
+    w.flags.writeable = False
+    o, v = variant("FusedConv", f"fusedconv.torch.{layout.lower()}", domain="opwarden")
+    conv = REGISTRY.versions("Conv")[-1].reference(x, w, b, **attrs)
+    z = rand(*conv.shape, seed=30)
+    for zz in (None, z):
+        kw = dict(attrs, activation=act, activation_params=params)
+        want = o.reference(x, w, b, zz, **kw)
+        if layout == "NCHW":
+            got = v.fn(x, w, b, zz, **kw)
+        else:
+            got = nchw(v.fn(nhwc(x), w, b, None if zz is None else nhwc(zz), **kw))
+        close(got, want)
+
+
+def test_fused_conv_rejects_a_wrong_residual():
+    _fused_present("FusedConv")
+    x, w, b, attrs = _conv_inputs(CONV_CASES[0])
+    _, v = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
+    with pytest.raises(KernelError, match="residual Z"):
+        v.fn(nhwc(x), w, b, rand(1, 2, 3, 4), **attrs)
+
+
+@pytest.mark.parametrize("act,params", ACTS[:4])
+def test_fused_gemm_and_matmul(act, params):
+    _fused_present("FusedGemm")
+    a, b, c = rand(4, 3, seed=31), rand(6, 3, seed=32), rand(6, seed=33)
+    o, v = variant("FusedGemm", "fusedgemm.torch", domain="opwarden")
+    kw = dict(transB=1, alpha=0.5, beta=2.0, activation=act, activation_params=params)
+    close(v.fn(a, b, c, **kw), o.reference(a, b, c, **kw))
+    o, v = variant("FusedMatMul", "fusedmatmul.torch", domain="opwarden")
+    a3 = rand(2, 4, 3, seed=34)
+    bt = np.ascontiguousarray(b.T)
+    for cc in (None, c):
+        kw = dict(activation=act, activation_params=params)
+        close(v.fn(a3, bt, cc, **kw), o.reference(a3, bt, cc, **kw))
+
+
+# ------------------------------------------------------------------- whole models
+
+
+def _providers(monkeypatch):
+    from opwarden.runtime import session
+
+    try:
+        session.normalize_providers(["torch", "cpu"])
+    except OptionsError:  # the session does not know devices yet: name ours
+        monkeypatch.setitem(session._PROVIDER_ALIASES, "torch", "torch")
+    return ["torch", "cpu"]
+
+
+@pytest.mark.parametrize("name", zoo.LIGHT_MODELS)
+def test_light_models_on_torch_match_onnxruntime(name, monkeypatch):
+    ort = pytest.importorskip("onnxruntime")
+    model = zoo.build(name, seed=0)
+    data = model.SerializeToString()
+    sess = ow.InferenceSession(data, providers=_providers(monkeypatch))
+    on_cpu = [p.node.op_type for p in sess.placements if p.device != "torch"]
+    assert not on_cpu, f"{name}: not on torch: {sorted(set(on_cpu))}"
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    peer = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    feeds = zoo.feeds_for(model, seed=1)
+    for g, w in zip(sess.run(None, feeds), peer.run(None, feeds)):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        tol = 1e-3 * np.abs(w).max() + 1e-5
+        err = np.abs(g - w).max()
+        assert err <= tol, f"{name}: max|torch-ort| = {err:.3g} > {tol:.3g}"
+
+
+def test_configure_sets_threads():
+    tp.configure(3)
+    assert torch.get_num_threads() == 3
+    tp.configure(0)  # 0: leave torch's choice alone
+    assert torch.get_num_threads() == 3

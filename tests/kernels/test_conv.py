@@ -1,0 +1,158 @@
+"""Fast Conv/FusedConv variants (NHWC and NCHW) against the reference kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opwarden.errors import KernelError
+from opwarden.kernels import fused as kfused
+from opwarden.kernels._util import packed
+from opwarden.kernels.conv import conv_nchw, conv_nhwc
+from opwarden.ops.base import REGISTRY
+from opwarden.ops.conv import Conv
+from opwarden.ops.fused import FusedConv
+
+ACTS = ["", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", "Gelu", "Tanh"]
+
+
+def nhwc(x):
+    return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+
+
+def nchw(y):
+    return y.transpose(0, 3, 1, 2)
+
+
+@st.composite
+def conv_case(draw):
+    group = draw(st.sampled_from([1, 1, 2, 3, "dw"]))
+    cg = draw(st.integers(1, 4))
+    c = cg * (group if group != "dw" else 1)
+    if group == "dw":
+        group, cg, c = 0, 1, draw(st.integers(1, 6))
+        group = c
+        m = c
+    else:
+        m = group * draw(st.integers(1, 4))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    auto_pad = draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    pads = [draw(st.integers(0, 2)) for _ in range(4)] if auto_pad == "NOTSET" else None
+    h = draw(st.integers((kh - 1) * dh + 1, 11))
+    w = draw(st.integers((kw - 1) * dw + 1, 11))
+    n = draw(st.integers(1, 2))
+    bias = draw(st.booleans())
+    return dict(n=n, c=c, h=h, w=w, m=m, cg=cg, kh=kh, kw=kw, group=group, bias=bias,
+                attrs=dict(group=group, strides=[sh, sw], dilations=[dh, dw], auto_pad=auto_pad,
+                           pads=pads, kernel_shape=[kh, kw]))
+
+
+def _arrays(case, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((case["n"], case["c"], case["h"], case["w"]), dtype=np.float32)
+    w = rng.standard_normal((case["m"], case["cg"], case["kh"], case["kw"]), dtype=np.float32)
+    b = rng.standard_normal(case["m"], dtype=np.float32) if case["bias"] else None
+    return x, w, b
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(conv_case())
+def test_conv_variants_match_reference(case):
+    x, w, b = _arrays(case)
+    ref = Conv(x, w, b, **case["attrs"])
+    y1 = conv_nhwc(nhwc(x), w, b, **case["attrs"])
+    np.testing.assert_allclose(nchw(y1), ref, rtol=1e-4, atol=1e-4)
+    y2 = conv_nchw(x, w, b, **case["attrs"])
+    np.testing.assert_allclose(y2, ref, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(conv_case(), st.sampled_from(ACTS), st.booleans())
+def test_fused_conv_variants_match_reference(case, act, residual):
+    x, w, b = _arrays(case, seed=1)
+    params = {"Clip": [-0.5, 0.7], "LeakyRelu": [0.2]}.get(act, [])
+    ref0 = Conv(x, w, b, **case["attrs"])
+    z = np.random.default_rng(2).standard_normal(ref0.shape, dtype=np.float32) if residual \
+        else None
+    ref = FusedConv(x, w, b, z, activation=act, activation_params=params, **case["attrs"])
+    out = np.full((ref.shape[0],) + ref.shape[2:] + ref.shape[1:2], np.nan, np.float32)
+    y1 = kfused.fused_conv_nhwc(nhwc(x), w, b, None if z is None else nhwc(z), activation=act,
+                                activation_params=params, out=out, **case["attrs"])
+    assert y1 is out
+    np.testing.assert_allclose(nchw(y1), ref, rtol=1e-4, atol=1e-4)
+    out2 = np.full(ref.shape, np.nan, np.float32)
+    y2 = kfused.fused_conv_nchw(x, w, b, z, activation=act, activation_params=params, out=out2,
+                                **case["attrs"])
+    assert y2 is out2
+    np.testing.assert_allclose(y2, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_gelu_tanh_param_matches_reference():
+    case = dict(n=1, c=4, h=6, w=6, m=5, cg=4, kh=3, kw=3, group=1, bias=True,
+                attrs=dict(group=1, pads=[1, 1, 1, 1]))
+    x, w, b = _arrays(case)
+    ref = FusedConv(x, w, b, activation="Gelu", activation_params=[1.0], **case["attrs"])
+    y = kfused.fused_conv_nchw(x, w, b, activation="Gelu", activation_params=[1.0],
+                               **case["attrs"])
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_large_map_uses_several_bands_and_matches():
+    # A map big enough that the patch matrix is split into row bands.
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 32, 70, 70), dtype=np.float32)
+    w = rng.standard_normal((16, 32, 3, 3), dtype=np.float32) * np.float32(0.1)
+    attrs = dict(pads=[1, 1, 1, 1])
+    ref = Conv(x, w, None, **attrs)
+    np.testing.assert_allclose(nchw(conv_nhwc(nhwc(x), w, None, **attrs)), ref, rtol=1e-4,
+                               atol=1e-4)
+    np.testing.assert_allclose(conv_nchw(x, w, None, **attrs), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_weights_cached_only_for_read_only_arrays():
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    calls = []
+
+    def pack(a):
+        calls.append(1)
+        return a.T.copy()
+
+    packed(w, "t", pack)
+    packed(w, "t", pack)
+    assert len(calls) == 2  # writable: repacked every time (it may have changed)
+    w.flags.writeable = False
+    p1 = packed(w, "t", pack)
+    p2 = packed(w, "t", pack)
+    assert p1 is p2 and len(calls) == 3
+
+
+def test_weights_changed_between_calls_are_seen():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 3, 5, 5), dtype=np.float32)
+    w = rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    conv_nhwc(nhwc(x), w, None)
+    w *= 2  # writable weights are never served from the cache
+    np.testing.assert_allclose(nchw(conv_nhwc(nhwc(x), w, None)), Conv(x, w), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_shape_errors_name_what_was_expected():
+    x = np.zeros((1, 5, 4, 4), np.float32)
+    w = np.zeros((4, 3, 3, 3), np.float32)
+    with pytest.raises(KernelError, match="channels"):
+        conv_nchw(x, w, None)
+    with pytest.raises(KernelError, match="bias"):
+        conv_nhwc(np.zeros((1, 4, 4, 3), np.float32), w, np.zeros(3, np.float32))
+
+
+def test_variants_registered_on_every_conv_version():
+    for opdef in REGISTRY.versions("Conv"):
+        names = {v.name: v for v in opdef.variants}
+        assert names["conv.cpu.nhwc"].layout == "NHWC"
+        assert names["conv.cpu.nchw"].accepts_out
+    for opdef in REGISTRY.versions("FusedConv", "opwarden"):
+        assert "fusedconv.cpu.nhwc" in {v.name for v in opdef.variants}

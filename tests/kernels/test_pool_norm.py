@@ -1,0 +1,120 @@
+"""Fast pooling, BatchNormalization and LRN variants against the reference kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opwarden.kernels import norm as knorm
+from opwarden.kernels import pool as kpool
+from opwarden.ops.base import REGISTRY
+
+
+def nhwc(x):
+    return np.ascontiguousarray(np.moveaxis(x, 1, -1))
+
+
+def nchw(y):
+    return np.moveaxis(y, -1, 1)
+
+
+def ref(op_type, *args, **attrs):
+    return REGISTRY.latest(op_type).reference(*args, **attrs)
+
+
+@st.composite
+def pool_case(draw):
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    auto_pad = draw(st.sampled_from(["NOTSET", "NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER",
+                                     "VALID"]))
+    # Pads smaller than the kernel, as ONNX Runtime requires (else windows lie wholly outside).
+    pads = None
+    if auto_pad == "NOTSET":
+        pads = [draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1)),
+                draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1))]
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    attrs = dict(kernel_shape=[kh, kw], strides=[draw(st.integers(1, 3)), draw(st.integers(1, 3))],
+                 dilations=[dh, dw], auto_pad=auto_pad, pads=pads,
+                 ceil_mode=draw(st.integers(0, 1)))
+    h = draw(st.integers((kh - 1) * dh + 1, 10))
+    w = draw(st.integers((kw - 1) * dw + 1, 10))
+    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 5)), h, w)
+    return shape, attrs
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pool_case(), st.integers(0, 1))
+def test_pools_nhwc_match_reference(case, include_pad):
+    shape, attrs = case
+    x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+    want = ref("MaxPool", x, **attrs)
+    out = np.full(nhwc(want).shape, np.nan, np.float32)
+    got = kpool.maxpool_nhwc(nhwc(x), **attrs, out=out)
+    assert got is out
+    np.testing.assert_array_equal(nchw(got), want)
+    want = ref("AveragePool", x, count_include_pad=include_pad, **attrs)
+    got = kpool.averagepool_nhwc(nhwc(x), count_include_pad=include_pad, **attrs)
+    np.testing.assert_allclose(nchw(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_maxpool_nhwc_with_indices_uses_reference():
+    x = np.random.default_rng(1).standard_normal((1, 3, 6, 6), dtype=np.float32)
+    y, idx = ref("MaxPool", x, kernel_shape=[2, 2], strides=[2, 2], noutputs=2)
+    gy, gidx = kpool.maxpool_nhwc(nhwc(x), kernel_shape=[2, 2], strides=[2, 2], noutputs=2)
+    np.testing.assert_array_equal(nchw(gy), y)
+    np.testing.assert_array_equal(nchw(gidx), idx)
+
+
+def test_global_pools_match_reference():
+    rng = np.random.default_rng(2)
+    for shape in [(1, 7, 5, 5), (2, 3, 1, 9), (2, 4, 7)]:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        for op_type, fnc, fnh in (("GlobalAveragePool", kpool.global_avg_nchw,
+                                   kpool.global_avg_nhwc),
+                                  ("GlobalMaxPool", kpool.global_max_nchw,
+                                   kpool.global_max_nhwc)):
+            want = ref(op_type, x)
+            np.testing.assert_allclose(fnc(x), want, rtol=1e-5, atol=1e-6)
+            if x.ndim == 4:
+                np.testing.assert_allclose(nchw(fnh(nhwc(x))), want, rtol=1e-5, atol=1e-6)
+
+
+def test_batchnorm_matches_reference_in_both_layouts():
+    rng = np.random.default_rng(3)
+    for shape in [(2, 5, 4, 3), (3, 5), (1, 5, 6)]:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        s, b, m = (rng.standard_normal(5, dtype=np.float32) for _ in range(3))
+        v = rng.uniform(0.5, 2, 5).astype(np.float32)
+        for opdef in REGISTRY.versions("BatchNormalization"):
+            want = opdef.reference(x, s, b, m, v, epsilon=1e-3)
+            out = np.empty_like(x)
+            got = knorm.batchnorm_nchw(x, s, b, m, v, epsilon=1e-3, out=out)
+            assert got is out
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            if x.ndim == 4:
+                got = knorm.batchnorm_nhwc(nhwc(x), s, b, m, v, epsilon=1e-3)
+                np.testing.assert_allclose(nchw(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_batchnorm_training_falls_back_to_reference():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 4, 4), dtype=np.float32)
+    p = [rng.uniform(0.5, 1.5, 3).astype(np.float32) for _ in range(4)]
+    want = ref("BatchNormalization", x, *p, training_mode=1, momentum=0.9)
+    got = knorm.batchnorm_nchw(x, *p, training_mode=1, momentum=0.9)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    got = knorm.batchnorm_nhwc(nhwc(x), *p, training_mode=1, momentum=0.9)
+    np.testing.assert_allclose(nchw(got[0]), want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_lrn_matches_reference():
+    rng = np.random.default_rng(5)
+    for size in (1, 2, 3, 5, 9):
+        x = rng.standard_normal((2, 7, 3, 4), dtype=np.float32)
+        attrs = dict(alpha=1e-2, beta=0.75, bias=2.0, size=size)
+        want = ref("LRN", x, **attrs)
+        np.testing.assert_allclose(knorm.lrn_nchw(x, **attrs), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(nchw(knorm.lrn_nhwc(nhwc(x), **attrs)), want, rtol=1e-5,
+                                   atol=1e-6)

@@ -1,0 +1,291 @@
+"""Each pass in isolation on small hand-built models: what it rewrites, and that outputs stay."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import opwarden as ow
+from opwarden.passes import PASS_NAMES
+
+from .helpers import changes, check_same, model, optimized, types_of
+
+rng = np.random.default_rng(0)
+
+
+def _r(*shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _conv_bn_model(extra_nodes=(), out="y", bn_after_conv=True):
+    w, b = _r(4, 3, 3, 3), _r(4)
+    scale, bias, mean = _r(4), _r(4), _r(4)
+    var = np.abs(_r(4)) + 0.5
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c" if bn_after_conv else "x2", "s", "bb", "m",
+                                                "v"], ["bn"], epsilon=1e-3),
+        *extra_nodes,
+    ]
+    inits = [("w", w), ("b", b), ("s", scale), ("bb", bias), ("m", mean), ("v", var)]
+    return model(nodes, [("x", [2, 3, 6, 6])], [(out, [2, 4, 6, 6])], inits)
+
+
+def test_conv_bn_relu_becomes_one_fused_conv():
+    data = _conv_bn_model([helper.make_node("Relu", ["bn"], ["y"])])
+    m, report = optimized(data)
+    assert types_of(m) == ["FusedConv"]
+    node = m.graph.nodes[0]
+    assert node.attrs["activation"] == "Relu" and node.domain == "opwarden"
+    assert m.opsets["opwarden"] == 1
+    by = {e["pass"]: e for e in report}
+    assert by["conv_bn_folding"]["details"] == {"folded_nodes": 1, "convs": 1}
+    assert by["conv_fusion"]["details"]["Conv+Relu"] == 1
+    check_same(data, {"x": _r(2, 3, 6, 6)}, rtol=1e-4)
+
+
+def test_bn_as_mul_add_after_conv_folds_into_weights():
+    c = np.arange(1, 5, dtype=np.float32).reshape(4, 1, 1)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"]),
+        helper.make_node("Mul", ["c", "k"], ["mu"]),
+        helper.make_node("Add", ["d", "mu"], ["y"]),  # constant first: Add is commutative
+    ]
+    data = model(nodes, [("x", [1, 3, 5, 5])], [("y", [1, 4, 3, 3])],
+                 [("w", _r(4, 3, 3, 3)), ("k", c), ("d", -c)])
+    m, _ = optimized(data)
+    assert types_of(m) == ["Conv"]
+    assert len(m.graph.nodes[0].inputs) == 3  # a bias was created
+    check_same(data, {"x": _r(1, 3, 5, 5)}, rtol=1e-5)
+
+
+def test_conv_bn_folding_keeps_shared_intermediates():
+    # The Conv output is also a graph output: nothing may be folded into it.
+    data = _conv_bn_model([helper.make_node("Relu", ["bn"], ["y"])], out="y")
+    m, _ = optimized(data)
+    assert "BatchNormalization" not in types_of(m)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["y"])]
+    inits = [("w", _r(4, 3, 1, 1)), ("s", _r(4)), ("bb", _r(4)), ("m", _r(4)),
+             ("v", np.abs(_r(4)) + 1)]
+    data = model(nodes, [("x", [1, 3, 4, 4])], [("y", [1, 4, 4, 4]), ("c", [1, 4, 4, 4])], inits)
+    m, _ = optimized(data)
+    assert types_of(m) == ["Conv", "FusedElementwise"]  # the BN as x * s + t, fused
+    check_same(data, {"x": _r(1, 3, 4, 4)})
+
+
+def test_standalone_bn_becomes_one_fused_elementwise_with_relu():
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "bb", "m", "v"], ["bn"]),
+             helper.make_node("Relu", ["bn"], ["y"])]
+    inits = [("s", _r(3)), ("bb", _r(3)), ("m", _r(3)), ("v", np.abs(_r(3)) + 1)]
+    data = model(nodes, [("x", [2, 3, 4, 4])], [("y", [2, 3, 4, 4])], inits)
+    m, report = optimized(data)
+    assert types_of(m) == ["FusedElementwise"]
+    assert m.graph.nodes[0].attrs["program"] == "t0=mul(x0,x1);t1=add(t0,x2);t2=relu(t1)"
+    check_same(data, {"x": _r(2, 3, 4, 4)}, rtol=1e-5)
+
+
+@pytest.mark.parametrize("act, attrs, extra", [
+    ("Relu", {}, []), ("Sigmoid", {}, []), ("Tanh", {}, []), ("HardSwish", {}, []),
+    ("LeakyRelu", {"alpha": 0.2}, []), ("Clip", {}, ["lo", "hi"]), ("Clip", {}, ["", "hi"]),
+    ("Gelu", {"approximate": "tanh"}, []), ("Gelu", {}, []),
+])
+def test_conv_activation_fusion(act, attrs, extra):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[2, 2]),
+             helper.make_node(act, ["c", *extra], ["y"], **attrs)]
+    inits = [("w", _r(4, 3, 3, 3)), ("b", _r(4)),
+             ("lo", np.float32(-0.5)), ("hi", np.float32(0.7))]
+    data = model(nodes, [("x", [1, 3, 9, 9])], [("y", [1, 4, 4, 4])], inits, opset=20)
+    m, _ = optimized(data)
+    assert types_of(m) == ["FusedConv"]
+    assert m.graph.nodes[0].attrs["activation"] == act
+    check_same(data, {"x": _r(1, 3, 9, 9)})
+
+
+def test_conv_residual_add_relu_and_guard_against_broadcast():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["z", "c"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    data = model(nodes, [("x", [1, 4, 5, 5]), ("z", [1, 4, 5, 5])], [("y", [1, 4, 5, 5])],
+                 [("w", _r(4, 4, 3, 3))])
+    m, _ = optimized(data)
+    assert types_of(m) == ["FusedConv"]
+    assert [v.name if v else None for v in m.graph.nodes[0].inputs] == ["x", "w", None, "z"]
+    check_same(data, {"x": _r(1, 4, 5, 5), "z": _r(1, 4, 5, 5)})
+    # z broadcasts (it is not Y's shape): Add is not a residual; only Relu may not fuse either.
+    data = model(nodes, [("x", [1, 4, 5, 5]), ("z", [1, 1, 5, 5])], [("y", [1, 4, 5, 5])],
+                 [("w", _r(4, 4, 3, 3))])
+    m, _ = optimized(data)
+    assert "FusedConv" not in types_of(m)
+    check_same(data, {"x": _r(1, 4, 5, 5), "z": _r(1, 1, 5, 5)})
+
+
+def test_gemm_and_matmul_fusion():
+    nodes = [helper.make_node("Gemm", ["a", "w", "b"], ["g"], transB=1, alpha=0.5),
+             helper.make_node("Relu", ["g"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["mm"]),
+             helper.make_node("Add", ["mm", "b2"], ["ad"]),
+             helper.make_node("Sigmoid", ["ad"], ["y"]),
+             helper.make_node("MatMul", ["x3", "w3"], ["m3"]),
+             helper.make_node("Add", ["m3", "b3"], ["y3"])]
+    inits = [("w", _r(6, 5)), ("b", _r(6)), ("w2", _r(6, 7)), ("b2", _r(7)),
+             ("w3", _r(4, 3)), ("b3", _r(3))]
+    data = model(nodes, [("a", [2, 5]), ("x3", [2, 5, 4])], [("y", [2, 7]), ("y3", [2, 5, 3])],
+                 inits)
+    m, _ = optimized(data)
+    assert types_of(m) == ["FusedGemm", "FusedGemm", "FusedMatMul"]
+    assert m.graph.nodes[1].attrs["activation"] == "Sigmoid"
+    check_same(data, {"a": _r(2, 5), "x3": _r(2, 5, 4)})
+
+
+def test_constant_and_shape_folding_then_reshape_disappears():
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Gather", ["sh", "i0"], ["d0"], axis=0),
+             helper.make_node("Unsqueeze", ["d0", "ax"], ["d0u"]),
+             helper.make_node("Concat", ["d0u", "rest"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node("Add", ["r", "k2"], ["y"]),
+             helper.make_node("Mul", ["k0", "k1"], ["k2"])]
+    inits = [("i0", np.array(0, np.int64)), ("ax", np.array([0], np.int64)),
+             ("rest", np.array([3, 4], np.int64)), ("k0", _r(4)), ("k1", _r(4))]
+    data = model(nodes, [("x", [2, 3, 4])], [("y", [2, 3, 4])], inits)
+    m, report = optimized(data, optimization_level=1)
+    assert types_of(m) == ["Add"]
+    by = {e["pass"]: e for e in report}
+    assert by["shape_folding"]["details"] == {"Shape": 1}
+    assert by["constant_folding"]["details"] == {"Gather": 1, "Unsqueeze": 1, "Concat": 1,
+                                                 "Mul": 1}
+    assert by["identity_elimination"]["details"] == {"Reshape": 1}
+    check_same(data, {"x": _r(2, 3, 4)}, optimization_level=1)
+
+
+def test_symbolic_shapes_are_not_folded():
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Reshape", ["x", "sh"], ["y"])]
+    data = model(nodes, [("x", ["N", 3])], [("y", ["N", 3])])
+    m, _ = optimized(data)
+    assert types_of(m) == ["Shape", "Reshape"]
+    check_same(data, {"x": _r(5, 3)})
+
+
+def test_constant_folding_size_cap():
+    nodes = [helper.make_node("ConstantOfShape", ["big"], ["z"]),
+             helper.make_node("Add", ["x", "z"], ["y"])]
+    data = model(nodes, [("x", [4096, 4096])], [("y", [4096, 4096])],
+                 [("big", np.array([4096, 4096], np.int64))])
+    m, _ = optimized(data)  # 64 MiB > the cap: stays a node
+    assert "ConstantOfShape" in types_of(m)
+    small = model(nodes, [("x", [4, 4])], [("y", [4, 4])],
+                  [("big", np.array([4, 4], np.int64))])
+    m, _ = optimized(small)
+    assert "ConstantOfShape" not in types_of(m)
+
+
+def test_overridable_initializers_are_not_constants_from_ir4():
+    nodes = [helper.make_node("Mul", ["k", "k"], ["k2"]),
+             helper.make_node("Add", ["x", "k2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", 1, [3]), helper.make_tensor_value_info("k", 1, [3])],
+        [helper.make_tensor_value_info("y", 1, [3])],
+        initializer=[helper.make_tensor("k", 1, [3], [1.0, 2.0, 3.0])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    sess = ow.InferenceSession(m.SerializeToString())
+    x = np.zeros(3, np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"x": x, "k": np.ones(3, np.float32)})[0], 1.0)
+    assert changes(sess, "constant_folding") == 0
+
+
+def test_identity_elimination_keeps_graph_output_names():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Identity", ["r"], ["y"]),
+             helper.make_node("Dropout", ["y"], ["d"]),
+             helper.make_node("Cast", ["d"], ["c"], to=1),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 1]),
+             helper.make_node("Identity", ["t"], ["y2"])]
+    data = model(nodes, [("x", [2, 3])], [("y", [2, 3]), ("y2", [2, 3])])
+    m, report = optimized(data, optimization_level=1)
+    # y is a graph output and read downstream: Relu writes y directly; y2 stays named.
+    assert types_of(m) == ["Relu", "Identity"]
+    assert [v.name for v in m.graph.outputs] == ["y", "y2"]
+    s = check_same(data, {"x": _r(2, 3)}, optimization_level=1)
+    assert [o.name for o in s.get_outputs()] == ["y", "y2"]
+
+
+def test_dead_code_elimination():
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Exp", ["x"], ["unused"]),
+             helper.make_node("Neg", ["unused"], ["unused2"])]
+    data = model(nodes, [("x", [3])], [("y", [3])])
+    m, report = optimized(data, optimization_level=1)
+    assert types_of(m) == ["Relu"]
+    assert {e["pass"]: e["changes"] for e in report}["dead_code_elimination"] == 2
+
+
+def test_transpose_cancellation():
+    nodes = [helper.make_node("Transpose", ["x"], ["t1"], perm=[0, 2, 3, 1]),
+             helper.make_node("Transpose", ["t1"], ["y"], perm=[0, 3, 1, 2]),
+             helper.make_node("Transpose", ["x"], ["u1"], perm=[1, 0, 2, 3]),
+             helper.make_node("Transpose", ["u1"], ["y2"], perm=[0, 2, 3, 1])]
+    data = model(nodes, [("x", [1, 2, 3, 4])], [("y", [1, 2, 3, 4]), ("y2", [2, 3, 4, 1])])
+    m, report = optimized(data, optimization_level=2)
+    # y is a graph output fed straight by a graph input: one Transpose must stay to write it.
+    by = {e["pass"]: e for e in report}
+    assert by["transpose_cancellation"]["details"]["composed"] == 2
+    assert types_of(m) == ["Transpose", "Transpose"]
+    assert m.graph.nodes[1].attrs["perm"] == [1, 2, 3, 0]
+    check_same(data, {"x": _r(1, 2, 3, 4)}, optimization_level=2)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t1"], perm=[0, 2, 3, 1]),
+             helper.make_node("Transpose", ["t1"], ["t2"], perm=[0, 3, 1, 2]),
+             helper.make_node("Neg", ["t2"], ["y"])]
+    data = model(nodes, [("x", [1, 2, 3, 4])], [("y", [1, 2, 3, 4])])
+    m, _ = optimized(data, optimization_level=2, disabled_passes=["elementwise_fusion"])
+    assert types_of(m) == ["Relu", "Neg"]
+    check_same(data, {"x": _r(1, 2, 3, 4)}, optimization_level=2)
+
+
+def test_levels_and_disabled_passes():
+    data = _conv_bn_model([helper.make_node("Relu", ["bn"], ["y"])])
+    m, report = optimized(data, optimization_level=0)
+    assert types_of(m) == ["Conv", "BatchNormalization", "Relu"]
+    assert report[-1]["changes"] == 0
+    m, report = optimized(data, disabled_passes=["conv_bn_folding"])
+    assert "BatchNormalization" not in types_of(m)  # it became Mul/Add, fused with the Relu
+    assert {"pass": "conv_bn_folding", "changes": 0, "skipped": "disabled"} in report
+    m, _ = optimized(data, disabled_passes=["conv_bn_folding", "bn_to_affine"])
+    assert types_of(m) == ["Conv", "BatchNormalization", "Relu"]
+    assert set(PASS_NAMES) >= {e["pass"] for e in report[:-1]}
+    sess = ow.InferenceSession(data)
+    assert sess.pass_report[-1]["pass"] == "total"
+    assert sess.pass_report[-1]["nodes_before"] == 3 and sess.pass_report[-1]["nodes_after"] == 1
+
+
+def test_subgraph_reads_keep_main_graph_values():
+    then_g = helper.make_graph([helper.make_node("Neg", ["r"], ["o"])], "then", [],
+                               [helper.make_tensor_value_info("o", 1, [3])])
+    else_g = helper.make_graph([helper.make_node("Identity", ["r"], ["o2"])], "else", [],
+                               [helper.make_tensor_value_info("o2", 1, [3])])
+    nodes = [helper.make_node("Relu", ["x"], ["r0"]),
+             helper.make_node("Identity", ["r0"], ["r"]),
+             helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["cond"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)]
+    data = model(nodes, [("x", [3])], [("y", [3])], [("zero", np.float32(0))])
+    m, _ = optimized(data)
+    assert "Identity" in types_of(m)  # r is read inside the branches
+    for x in (np.array([1, -2, 3], np.float32), np.array([-1, -2, 3], np.float32)):
+        check_same(data, {"x": x})
+
+
+def test_fused_model_exports_and_reloads():
+    from opwarden.ir.export import model_proto
+
+    data = _conv_bn_model([helper.make_node("Relu", ["bn"], ["y"])])
+    m, _ = optimized(data)
+    proto = model_proto(m)
+    sess = ow.InferenceSession(proto.SerializeToString(), ow.SessionOptions(optimization_level=0))
+    x = _r(2, 3, 6, 6)
+    want = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0)).run(None, {"x": x})
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want[0], rtol=1e-4, atol=1e-4)
