@@ -81,18 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="", help="also write the rows here")
     args = ap.parse_args(argv)
 
-    import torch
-
     from opwarden import zoo
     from opwarden.devices import get_device
 
     providers = [p for p in args.providers.split(",") if p]
     if "torch" in providers:
-        get_device("torch")  # registers the provider
+        # First: the provider sets its OpenMP defaults before it imports torch.
+        get_device("torch")
         from opwarden.devices import torch_provider
 
         torch_provider.configure(args.threads)
-    torch.set_num_threads(args.threads)
     names = [m for m in args.models.split(",") if m] or list(zoo.LIGHT_MODELS)
     rows = []
     print(f"providers={providers} threads={args.threads} runs={args.runs}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import verify
 from .autograd import grad
 from .contract import Contract
+from .devices import devices
 from .errors import (
     ContractError,
     InputError,
@@ -35,6 +36,7 @@ __all__ = [
     "SessionOptions",
     "UnsupportedOpError",
     "grad",
+    "devices",
     "kernel",
     "op",
     "verify",

@@ -90,6 +90,9 @@ def peer_runner(peer: str, data: bytes, threads: int) -> Callable[[dict[str, Any
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
+        # Alternating in one process: ORT's worker threads must not keep spinning (busy-wait)
+        # after its run, or they steal the cores our next run needs (and vice versa).
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         s = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         return lambda feeds: s.run(None, feeds)
     import onnx

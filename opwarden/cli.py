@@ -148,7 +148,28 @@ def cmd_ops(args: argparse.Namespace) -> int:
             }
         )
     if args.device:
-        rows = [r for r in rows if any(v["device"] == args.device for v in r["variants"])]
+        from .devices import get_device
+
+        dev = get_device(args.device)
+        if dev.kind == "profile":
+            # a profile device runs its host's kernels under its own capability rules
+            from .devices.cli import device_matrix
+
+            matrix = device_matrix(dev.name)
+            if args.json:
+                print(json.dumps(matrix, indent=1, default=str))
+                return 0
+            from rich.table import Table
+
+            table = Table(title=f"{dev.name}: {len(matrix)} operators ({dev.description})")
+            for col in ("op", "detail"):
+                table.add_column(col)
+            for r in matrix:
+                detail = {k: v for k, v in r.items() if k not in ("op", "op_type")}
+                table.add_row(str(r.get("op") or r.get("op_type")), json.dumps(detail, default=str))
+            _console().print(table)
+            return 0
+        rows = [r for r in rows if any(v["device"] == dev.name for v in r["variants"])]
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
@@ -380,10 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--all", action="store_true", help="list every buffer")
     pl.set_defaults(fn=cmd_plan)
     from . import bench
+    from .devices import cli as dcli
     from .verify import check_cli
 
     bench.add_parser(sub)
     check_cli.add_parser(sub)
+    dcli.add_parser(sub)
+    e.set_defaults(fn=dcli.cmd_explain)
     return p
 
 

@@ -52,8 +52,10 @@ def test_explain_json(tmp_path, capsys):
     path = tmp_path / "m.onnx"
     path.write_bytes(small_cnn().SerializeToString())
     assert main(["explain", str(path), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [r["op_type"] for r in rows][:2] == ["Conv", "Relu"]
+    out = json.loads(capsys.readouterr().out)
+    ops = [r["op_type"] for r in out["nodes"]]
+    assert {"Conv", "FusedConv"} & set(ops) and "summary" in out
+    assert all({"name", "op_type", "device", "variant", "reason"} <= set(r) for r in out["nodes"])
 
 
 def test_profile_writes_trace_and_flame(tmp_path, capsys):
@@ -65,10 +67,12 @@ def test_profile_writes_trace_and_flame(tmp_path, capsys):
         == 0
     )
     res = json.loads(capsys.readouterr().out)
-    assert {r["op_type"] for r in res["by_op_type"]} >= {"Conv", "Relu", "Gemm"}
-    assert sum(r["count"] for r in res["by_op_type"]) == 2 * 7
+    kinds = {r["op_type"] for r in res["by_op_type"]}
+    assert kinds & {"Conv", "FusedConv"} and kinds & {"Gemm", "FusedGemm"}
+    count = sum(r["count"] for r in res["by_op_type"])
+    assert count % 2 == 0 and count >= 2 * 4  # every traced node, twice
     assert abs(sum(r["share"] for r in res["by_op_type"]) - 1) < 1e-6
     assert 1 <= len(res["anomalies"]) <= 5
     events = json.loads((out / "trace.json").read_text())["traceEvents"]
-    assert sum(e["ph"] == "X" for e in events) == 14
+    assert sum(e["ph"] == "X" for e in events) == count
     assert (out / "flame.svg").read_text().startswith("<svg")

@@ -19,20 +19,29 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F  # noqa: N812 - the conventional name
 
-from ..errors import KernelError
-from ..ops import REGISTRY
-from ..ops.conv import conv_pads, spatial_params
-from ..ops.pool import _setup as _pool_setup
-from .base import Device, register_device
+if "torch" not in sys.modules:
+    # OpenMP workers that spin between parallel regions stall every region when the cores are
+    # shared (other processes, onnxruntime's pool in the same process): measured 3-10x slower
+    # whole-model runs on a loaded 2-core machine, against ~1.0-1.5x with passive waiting.
+    # Only a default: a value the user set wins, and a torch imported earlier keeps its own.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402, N812 - the conventional name
+
+from ..errors import KernelError  # noqa: E402
+from ..ops import REGISTRY  # noqa: E402
+from ..ops.conv import conv_pads, spatial_params  # noqa: E402
+from ..ops.pool import _setup as _pool_setup  # noqa: E402
+from .base import Device, register_device  # noqa: E402
 
 DEVICE_NAME = "torch"
 FLOATS = ("float32", "float64")
@@ -178,10 +187,6 @@ def _nhwc_of(y: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(y, 1, -1)) if y.ndim >= 3 else y
 
 
-def _reference(opdef: Any) -> Callable[..., Any]:
-    return opdef.reference
-
-
 def _call_ref(ref: Callable[..., Any], args: tuple, kw: dict, nhwc: bool, noutputs=None):
     """The reference kernel on (possibly NHWC) data; only output 0 changes layout."""
     if noutputs is not None and _wants(ref, "noutputs"):
@@ -235,14 +240,6 @@ def _activate_(y: torch.Tensor, activation: str, params) -> torch.Tensor:
         f"activation {activation!r} is not one of Relu, Clip, LeakyRelu, Sigmoid, Tanh, "
         "HardSwish, Gelu"
     )
-
-
-def _unary(fn: Callable[[torch.Tensor], torch.Tensor]):
-    def kernel(X):
-        with _InferenceMode(True):
-            return _np(fn(_t(X)))
-
-    return kernel
 
 
 def _relu(X, *, out=None):
@@ -460,10 +457,13 @@ def _concat(*inputs, axis=None, out=None):
 
 
 def _transpose(data, *, perm=None):
+    x = np.asarray(data)
+    p = list(perm) if perm else list(range(x.ndim))[::-1]
+    if not _CUDA:
+        # NumPy's strided copy beats permute().contiguous() on the CPU (measured 1.5-2x).
+        return np.transpose(x, p).copy(order="C")
     with _InferenceMode(True):
-        t = _t(data)
-        p = list(perm) if perm else list(range(t.ndim))[::-1]
-        return _np(t.permute(*p))
+        return _np(_t(x).permute(*p))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -496,11 +496,12 @@ _PW_ACT = {
 class _ConvPlan:
     """Everything about one convolution that depends only on shapes and attributes."""
 
-    __slots__ = ("stride", "padding", "pad_arg", "dilation", "groups", "packed")
+    __slots__ = ("stride", "padding", "pad_arg", "dilation", "groups", "packed", "gemm")
 
-    def __init__(self, stride, padding, pad_arg, dilation, groups, packed) -> None:
+    def __init__(self, stride, padding, pad_arg, dilation, groups, packed, gemm=False) -> None:
         self.stride, self.padding, self.pad_arg = stride, padding, pad_arg
         self.dilation, self.groups, self.packed = dilation, groups, packed
+        self.gemm = gemm
 
 
 _CONV_PLANS: dict[tuple, _ConvPlan | None] = {}
@@ -554,7 +555,37 @@ def _make_conv_plan(xs, ws, dtype, attrs: dict, nhwc: bool) -> _ConvPlan | None:
         nhwc and not _CUDA and nsp == 2 and dtype == np.float32 and _POINTWISE is not None
         and _REORDER is not None
     )
-    return _ConvPlan(s, begin, pad_arg, d, g, packed)
+    # A pointwise (1x1, stride 1, unpadded, ungrouped) NHWC convolution is one GEMM over the
+    # (N*H*W, C) view of the input, giving (N*H*W, M) = NHWC output directly. oneDNN's fused
+    # convolution costs ~45 us per call before any arithmetic; below ~50 MFLOP the GEMM wins.
+    gemm = (
+        nhwc and g == 1 and pad_arg is None and all(k == 1 for k in ws[2:])
+        and all(v == 1 for v in s) and not any(begin)
+        and (not packed or 2 * math.prod(xs) * ws[0] < _GEMM_MAX_FLOPS)
+    )
+    return _ConvPlan(s, begin, pad_arg, d, g, packed, gemm)
+
+
+_GEMM_MAX_FLOPS = 50e6
+
+
+def _conv_gemm(X, W, B, Z, activation="", params=()) -> np.ndarray:
+    """act(X @ W^T + B (+ Z)) for a pointwise NHWC convolution, as an NHWC array."""
+    x = _t(X)
+    c, m = x.shape[-1], np.shape(W)[0]
+    w = _t(W).reshape(m, c).t()
+    x2 = x.reshape(-1, c)
+    y = torch.addmm(_t(B), x2, w) if B is not None else torch.mm(x2, w)
+    if Z is not None:
+        want = (*x.shape[:-1], m)
+        if tuple(np.shape(Z)) != want:
+            raise KernelError(
+                f"FusedConv: residual Z has shape {tuple(np.shape(Z))}, expected Y's shape "
+                f"{want} (NHWC)"
+            )
+        y.add_(_t(Z).reshape(-1, m))
+    y = _activate_(y, activation, params)
+    return _np(y).reshape(*x.shape[:-1], m)
 
 
 def _packed_weight(W: np.ndarray, plan: _ConvPlan, xshape) -> Any:
@@ -629,6 +660,8 @@ def _conv_kernel(ref: Callable[..., Any], nhwc: bool):
         if plan is None:
             return _call_ref(ref, (X, W, B), attrs, nhwc)
         with _InferenceMode(True):
+            if plan.gemm:
+                return _conv_gemm(X, W, B, None)
             if nhwc:
                 return _to_nhwc(_conv_run(_nchw_view(X), W, B, plan))
             return _np(_conv_run(_t(X), W, B, plan))
@@ -645,6 +678,8 @@ def _fused_conv_kernel(ref: Callable[..., Any], nhwc: bool):
                 dict(attrs, activation=activation, activation_params=activation_params), nhwc,
             )
         with _InferenceMode(True):
+            if plan.gemm:
+                return _conv_gemm(X, W, B, Z, activation, activation_params)
             x = _nchw_view(X) if nhwc else _t(X)
             z = None
             if Z is not None:
@@ -900,6 +935,96 @@ def _lrn_kernel(ref: Callable[..., Any], nhwc: bool):
 
 
 # ---------------------------------------------------------------------------------------------
+# FusedElementwise: the passes' elementwise programs, one torch call per statement; a temporary
+# read for the last time by a statement is overwritten by it (in place), so a linear chain
+# allocates one tensor.
+
+_EW_OUT: dict[str, Callable[..., torch.Tensor]] = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "max": torch.maximum, "min": torch.minimum, "neg": torch.neg, "abs": torch.abs,
+    "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "reciprocal": torch.reciprocal,
+    "tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid, "hardswish": F.hardswish,
+    "leakyrelu": lambda x, a: F.leaky_relu(x, a),
+    "clip": lambda x, lo, hi: torch.clamp(x, lo, hi),
+    "hardsigmoid": lambda x, a, b: x.mul(a).add_(b).clamp_(0.0, 1.0),
+}
+_EW_INPLACE: dict[str, Callable[..., torch.Tensor]] = {
+    "add": torch.Tensor.add_, "sub": torch.Tensor.sub_, "mul": torch.Tensor.mul_,
+    "div": torch.Tensor.div_, "max": lambda a, b: torch.maximum(a, b, out=a),
+    "min": lambda a, b: torch.minimum(a, b, out=a), "neg": torch.Tensor.neg_,
+    "abs": torch.Tensor.abs_, "exp": torch.Tensor.exp_, "log": torch.Tensor.log_,
+    "sqrt": torch.Tensor.sqrt_, "reciprocal": torch.Tensor.reciprocal_,
+    "tanh": torch.Tensor.tanh_, "relu": torch.Tensor.relu_, "sigmoid": torch.Tensor.sigmoid_,
+    "hardswish": lambda x: F.hardswish(x, inplace=True),
+    "leakyrelu": lambda x, a: F.leaky_relu_(x, a),
+    "clip": lambda x, lo, hi: x.clamp_(lo, hi),
+    "hardsigmoid": lambda x, a, b: x.mul_(a).add_(b).clamp_(0.0, 1.0),
+}
+_COMMUTATIVE = {"add", "mul", "max", "min"}
+_EW_PROGRAMS: dict[str, tuple] = {}
+
+
+def _ew_compile(program: str, parse: Callable[[str], Any]) -> tuple:
+    """(dest, out-of-place fn, in-place fn or None, tensor args, number args) per statement."""
+    plan = _EW_PROGRAMS.get(program)
+    if plan is not None:
+        return plan
+    stmts = parse(program)
+    last: dict[str, int] = {}
+    for k, (_, _, args) in enumerate(stmts):
+        for a in args:
+            if isinstance(a, str):
+                last[a] = k
+    out = []
+    for k, (dest, name, args) in enumerate(stmts):
+        tensors = [a for a in args if isinstance(a, str)]
+        numbers = tuple(a for a in args if not isinstance(a, str))
+        inplace = None
+        if tensors and tensors[0][0] == "t" and last[tensors[0]] == k:
+            inplace = _EW_INPLACE[name]
+        elif (len(tensors) == 2 and name in _COMMUTATIVE and tensors[1][0] == "t"
+              and last[tensors[1]] == k and tensors[0] != tensors[1]):
+            tensors = [tensors[1], tensors[0]]
+            inplace = _EW_INPLACE[name]
+        out.append((dest, _EW_OUT[name], inplace, tuple(tensors), numbers))
+    plan = tuple(out)
+    if len(_EW_PROGRAMS) > 1024:
+        _EW_PROGRAMS.clear()
+    _EW_PROGRAMS[program] = plan
+    return plan
+
+
+def _fused_elementwise_kernel(ref: Callable[..., Any], parse: Callable[[str], Any]):
+    def kernel(*inputs, program=""):
+        try:
+            plan = _ew_compile(str(program), parse)
+        except (KernelError, KeyError):
+            return ref(*inputs, program=program)  # names the problem
+        if not inputs:
+            return ref(*inputs, program=program)
+        with _InferenceMode(True):
+            env: dict[str, torch.Tensor] = {f"x{i}": _t(x) for i, x in enumerate(inputs)}
+            y = None
+            for dest, fn, inplace, tensors, numbers in plan:
+                try:
+                    vals = [env[a] for a in tensors]
+                except KeyError:
+                    return ref(*inputs, program=program)
+                y = None
+                if inplace is not None:
+                    try:
+                        y = inplace(*vals, *numbers)
+                    except RuntimeError:  # a temporary smaller than the broadcast result
+                        y = None
+                if y is None:
+                    y = fn(*vals, *numbers)
+                env[dest] = y
+            return _np(y)
+
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
 # Registration
 
 
@@ -978,6 +1103,13 @@ def _register_variants() -> None:
         _add(o, _fused_gemm_kernel(o.reference), "fusedgemm.torch")
     for o in _each("FusedMatMul", "opwarden"):
         _add(o, _fused_matmul, "fusedmatmul.torch")
+    ew = _each("FusedElementwise", "opwarden")
+    if ew:
+        from ..ops import fused
+
+        parse = getattr(fused, "parse_program", None)
+        for o in ew if parse is not None else ():
+            _add(o, _fused_elementwise_kernel(o.reference, parse), "fusedelementwise.torch")
 
 
 def configure(intra_op_num_threads: int = 0) -> None:
@@ -990,12 +1122,8 @@ def configure(intra_op_num_threads: int = 0) -> None:
         torch.set_num_threads(n)
 
 
-_REGISTERED = False
-
-
 def register() -> Device:
     """Add the torch device and its variants (idempotent: variants replace same-named ones)."""
-    global _REGISTERED
     where = "CUDA " + torch.cuda.get_device_name(0) if _CUDA else "its CPU"
     dev = register_device(
         Device(
@@ -1010,7 +1138,6 @@ def register() -> Device:
         )
     )
     _register_variants()
-    _REGISTERED = True
     return dev
 
 

@@ -22,6 +22,7 @@ class Value:
     producer: Node | None = None
     uses: list[tuple[Node, int]] = field(default_factory=list)
     graph: Graph | None = None
+    layout: str | None = None  # physical layout set by the layout pass ("NCHW", "NHWC")
 
     def __repr__(self) -> str:
         return f"Value({self.name!r}, {self.fact})"

@@ -146,7 +146,11 @@ class MemoryManager:
         if self._busy.acquire(blocking=False):
             need = plan.arena_bytes
             if self._arena is None or self._arena.nbytes < need:
-                self._arena = None  # drop the old arena before allocating the new one
+                # Drop every view of the old arena (bound calls, compiled runs) so its memory
+                # is actually freed before the bigger one is allocated.
+                for e in self._cache.values():
+                    e.calls, e.lean, e.arena_id = None, {}, -1
+                self._arena = None
                 self._arena = _aligned_empty(max(need, 1))
                 self._arena_gen += 1
             if entry.arena_id != self._arena_gen or entry.calls is None:

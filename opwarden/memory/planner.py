@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 ALIGNMENT = 64
+SEARCH_TRIES = 48  # perturbed orders tried when the greedy plans miss the lower bound
 
 
 def align(n: int, a: int = ALIGNMENT) -> int:
@@ -104,6 +105,25 @@ def _greedy(order, sizes, firsts, lasts) -> tuple[list[int], int]:
     return offsets, top
 
 
+def _breadth_order(sizes, firsts, lasts) -> list[int]:
+    """Buffers of the most crowded steps first, largest first within a step."""
+    horizon = int(max(lasts)) + 1
+    live: list[list[int]] = [[] for _ in range(horizon)]
+    load = [0] * horizon
+    for i, (sz, f, last) in enumerate(zip(sizes, firsts, lasts)):
+        for t in range(f, last + 1):
+            live[t].append(i)
+            load[t] += sz
+    seen: set[int] = set()
+    order: list[int] = []
+    for t in sorted(range(horizon), key=lambda t: (-load[t], t)):
+        for i in sorted(live[t], key=lambda i: (-sizes[i], i)):
+            if i not in seen:
+                seen.add(i)
+                order.append(i)
+    return order
+
+
 def assign_offsets(
     sizes: Sequence[int], firsts: Sequence[int], lasts: Sequence[int]
 ) -> tuple[list[int], int]:
@@ -117,12 +137,24 @@ def assign_offsets(
         sorted(idx, key=lambda i: (firsts[i], -sizes[i], i)),  # by start time
         sorted(idx, key=lambda i: (-(lasts[i] - firsts[i] + 1) * sizes[i], i)),  # by area
     ]
+    orders.append(_breadth_order(sizes, firsts, lasts))
     best: tuple[list[int], int] | None = None
     for order in orders:
         offs, top = _greedy(order, sizes, firsts, lasts)
         if best is None or top < best[1]:
             best = (offs, top)
     assert best is not None
+    # Still above the lower bound: a seeded search over perturbed size orders (deterministic).
+    bound = lower_bound(sizes, firsts, lasts)
+    rng = np.random.default_rng(0)
+    for _ in range(SEARCH_TRIES if best[1] > bound else 0):
+        noise = rng.uniform(0.7, 1.3, n)
+        order = sorted(idx, key=lambda i: (-sizes[i] * noise[i], i))
+        offs, top = _greedy(order, sizes, firsts, lasts)
+        if top < best[1]:
+            best = (offs, top)
+            if top <= bound:
+                break
     return best
 
 

@@ -424,24 +424,60 @@ def _compile(program: str):
 _compile_cached = lru_cache(maxsize=1024)(_compile)
 
 
-def _run_plan(plan, regs, xs, out) -> None:
-    for fn, ntensor, srcs, dst in plan:
-        vals = [xs[int(s[1:])] if isinstance(s, str) else out if s < 0 else regs[s]
-                for s in srcs[:ntensor]]
-        fn(*vals, *srcs[ntensor:], out=out if dst < 0 else regs[dst])
+def _generate(plan, nregs: int):
+    """The plan as one straight-line Python function run(xs, regs, out): no per-step
+    interpretation, so a small tensor's chain costs about its bare ufunc calls."""
+
+    def name(s) -> str:
+        if isinstance(s, str):
+            return f"xs[{int(s[1:])}]"
+        return "out" if s < 0 else f"r{s}"
+
+    lines = ["def run(xs, regs, out):"]
+    lines += [f"    r{j} = regs[{j}]" for j in range(nregs)]
+    env: dict[str, Any] = {}
+    for k, (fn, ntensor, srcs, dst) in enumerate(plan):
+        env[f"f{k}"] = fn
+        args = [name(a) for a in srcs[:ntensor]] + [repr(float(p)) for p in srcs[ntensor:]]
+        lines.append(f"    f{k}({', '.join(args)}, out={name(dst)})")
+    exec("\n".join(lines), env)  # noqa: S102 - source built from a parsed, whitelisted program
+    return env["run"]
+
+
+# Programs whose ops can overflow or leave their domain run under errstate (a context manager
+# costs a few microseconds, as much as a small tensor's whole chain).
+_QUIET = frozenset({"add", "sub", "mul", "max", "min", "neg", "abs", "relu", "clip", "tanh",
+                    "leakyrelu", "hardsigmoid", "hardswish"})
+_SETUPS: dict[tuple, tuple] = {}
+
+
+def _setup(program: str, shapes: tuple) -> tuple:
+    """(plan, scratch count, output shape, needs errstate) per program and input shapes."""
+    key = (program, shapes)
+    got = _SETUPS.get(key)
+    if got is None:
+        plan, nregs = _compile_cached(program)
+        noisy = any(name not in _QUIET for _, name, _ in parse_program(program))
+        got = (_generate(plan, nregs), nregs, np.broadcast_shapes(*shapes), noisy)
+        if len(_SETUPS) > 4096:
+            _SETUPS.clear()
+        _SETUPS[key] = got
+    return got
 
 
 @FusedElementwise.kernel(device="cpu", name="fusedelementwise.cpu.inplace", accepts_out=True,
                          priority=10)
 def fused_elementwise_inplace(*inputs, program="", out=None):
     """The program evaluated in place in `out` (scratch buffers only for non-linear programs)."""
-    plan, nregs = _compile_cached(program)
-    xs = [np.asarray(x) for x in inputs]
+    xs = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in inputs]
+    run, nregs, shape, noisy = _setup(program, tuple(x.shape for x in xs))
     dtype = xs[0].dtype
-    shape = np.broadcast_shapes(*(x.shape for x in xs))
     if out is None:
         out = np.empty(shape, dtype)
     regs = [np.empty(shape, dtype) for _ in range(nregs)]
-    with np.errstate(all="ignore"):
-        _run_plan(plan, regs, xs, out)
+    if noisy:
+        with np.errstate(all="ignore"):
+            run(xs, regs, out)
+    else:
+        run(xs, regs, out)
     return out

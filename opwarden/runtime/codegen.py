@@ -161,7 +161,14 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         if hook is not None:
             ns[f"h{i}"] = hook
             for k, s in enumerate(outs):
-                if s >= 0:
+                if s < 0:
+                    continue
+                if k == 0 and out_buf is not None and contract and len(outs) == 1:
+                    body.append(f"if s{s} is not r{i}: s{s} = h{i}.fix(s{s}, {k})")
+                elif k == 0 and out_buf is not None:
+                    body.append(f"if s{s} is not o{i}: s{s} = h{i}.fix(s{s}, {k})")
+                    ns[f"o{i}"] = out_buf
+                else:
                     body.append(f"s{s} = h{i}.fix(s{s}, {k})")
         if contract and out_names:
             allowed = set(st.placement.variant.op.contract.may_alias) | set(

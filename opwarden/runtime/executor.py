@@ -34,7 +34,10 @@ class Step:
     def __init__(self, placement: Placement, ins, outs, graphs) -> None:
         self.placement = placement
         self.fn = placement.variant.fn
-        self.ref = next(v for v in placement.variant.op.variants if v.reference)
+        # NHWC and emulated nodes fall back to a reference that takes their layout/numerics
+        self.ref = placement.ref_variant or next(
+            v for v in placement.variant.op.variants if v.reference
+        )
         self.ins = ins
         self.outs = outs
         self.kwargs = dict(placement.kwargs)
@@ -159,10 +162,6 @@ class Program:
         carry the attributes, ``noutputs``, and the planned ``out=``/``workspace=`` views.
         """
         calls = []
-        lo = hi = 0
-        if arena is not None:
-            lo = arena.ctypes.data
-            hi = lo + arena.nbytes
         for i, st in enumerate(self.steps):
             kw = dict(st.kwargs)
             if st.noutputs:
@@ -178,7 +177,7 @@ class Program:
                 if ws is not None:
                     kw["workspace"] = arena[ws[0] : ws[0] + ws[1]]
                 if i in binding.view_checks or region is not None:
-                    hook = _ArenaViews(lo, hi, kw.get("out"))
+                    hook = _ArenaViews(arena, kw.get("out"))
             calls.append((st, st.fn, st.ins, kw, st.frees, hook))
         return calls
 
@@ -284,12 +283,15 @@ class _ArenaViews:
 
     A kernel may return a view of an input (or the input itself) without declaring it; if
     that input lives in the arena, the view would be overwritten when the region is reused.
+    NumPy collapses view chains to the array that owns the memory, so "is a view into the
+    arena" is one identity test against the arena's owner.
     """
 
-    __slots__ = ("lo", "hi", "out", "out_ptr")
+    __slots__ = ("root", "out", "out_ptr")
 
-    def __init__(self, lo: int, hi: int, out: Any) -> None:
-        self.lo, self.hi, self.out = lo, hi, out
+    def __init__(self, arena: np.ndarray, out: Any) -> None:
+        self.root = arena.base if arena.base is not None else arena
+        self.out = out
         self.out_ptr = out.__array_interface__["data"][0] if out is not None else -1
 
     def __call__(self, st: Step, env: list[Any]) -> None:
@@ -299,14 +301,11 @@ class _ArenaViews:
 
     def fix(self, x: Any, k: int) -> Any:
         """Output `k` as it may be kept: a copy if it is an unplanned view into the arena."""
-        if not isinstance(x, np.ndarray) or (k == 0 and x is self.out) or x.base is None:
+        if type(x) is not np.ndarray or x.base is not self.root or (k == 0 and x is self.out):
             return x
-        p = x.__array_interface__["data"][0]
-        if k == 0 and p == self.out_ptr and x.nbytes == self.out.nbytes:
+        if k == 0 and x.__array_interface__["data"][0] == self.out_ptr:
             return x  # the planned buffer itself, reshaped
-        if self.lo <= p < self.hi:
-            return x.copy()
-        return x
+        return x.copy()
 
 
 def _bind(g: Any, env: list[Any], guard: Any = None) -> Any:

@@ -336,7 +336,12 @@ class LayoutPass:
         for v in g.outputs:
             if id(v) in self.phys and id(v) not in self.nchw_ok:
                 prod = self.phys[id(v)].producer
-                self._materialize(v, self.device_of.get(id(prod)), "graph output")
+                dev = self.device_of.get(id(prod)) if prod is not None else None
+                if dev is None:
+                    from ..devices import get_device
+
+                    dev = get_device("cpu")
+                self._materialize(v, dev, "graph output")
         g.nodes = self.new_nodes
         for key, o in self.orig.items():
             # An NCHW original nobody needed does not exist: only its NHWC Value does.
@@ -365,6 +370,7 @@ class LayoutPass:
             shape = tuple(o.fact.shape[p] for p in to_last(r))
             nv = self._value(f"{o.name}__nhwc", TensorFact(o.fact.dtype, shape))
             nv.layout = NHWC  # type: ignore[attr-defined]
+            nv.producer = node
             node.outputs[k] = nv
             self.phys[id(o)] = nv
             self.orig[id(o)] = o

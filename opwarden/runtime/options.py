@@ -36,7 +36,7 @@ _OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "fallback": ("allow", "'allow' or 'forbid'", lambda v: v in ("allow", "forbid")),
     "intra_op_num_threads": (0, "an int >= 0", lambda v: isinstance(v, int) and v >= 0),
     "inter_op_num_threads": (0, "an int >= 0", lambda v: isinstance(v, int) and v >= 0),
-    "plan_cache_size": (16, "an int >= 1", lambda v: isinstance(v, int) and v >= 1),
+    "plan_cache_size": (64, "an int >= 1", lambda v: isinstance(v, int) and v >= 1),
     "quarantine_file": (None, "None or a path", lambda v: v is None or isinstance(v, str)),
     "debug_memory": (False, "a bool", lambda v: isinstance(v, bool)),
     # Accepted for onnxruntime compatibility; opwarden maps or ignores them.

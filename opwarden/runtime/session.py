@@ -54,6 +54,23 @@ def normalize_providers(providers: Sequence[Any] | None) -> list[str]:
     return out
 
 
+def _apply_threads(options: SessionOptions, providers: list[str]) -> None:
+    """Size the thread pools the kernels use (BLAS, torch) from intra_op_num_threads.
+
+    These pools are process-wide: the last session created with a non-zero value sets them.
+    """
+    n = options.intra_op_num_threads
+    if n <= 0:
+        return
+    from ..kernels._util import set_blas_threads
+
+    set_blas_threads(n)
+    if "torch" in providers:
+        from ..devices import torch_provider
+
+        torch_provider.configure(n)
+
+
 @dataclass(frozen=True)
 class NodeArg:
     """A graph input or output as onnxruntime describes it (.name, .shape, .type)."""
@@ -113,6 +130,7 @@ class InferenceSession:
 
     def _prepare(self, source: Any) -> None:
         """load -> validate -> place -> compile."""
+        _apply_threads(self.options, self.providers)
         self.model: Model = load(source)
         validate(self.model)
         self.pass_report = optimize(self.model, self.options)

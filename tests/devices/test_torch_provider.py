@@ -476,3 +476,32 @@ def test_configure_sets_threads():
     assert torch.get_num_threads() == 3
     tp.configure(0)  # 0: leave torch's choice alone
     assert torch.get_num_threads() == 3
+
+
+@pytest.mark.parametrize(
+    "program,shapes",
+    [
+        ("t0=mul(x0,x1);t1=add(t0,x2);t2=relu(t1)", [(2, 5, 4, 3), (3,), (3,)]),
+        ("t0=add(x0,x1);t1=clip(t0,0.0,6.0)", [(2, 3, 4), (2, 3, 4)]),
+        ("t0=sigmoid(x0);t1=mul(x0,t0);t2=sub(t1,x1)", [(4, 6), (6,)]),
+        ("t0=mul(x1,x0);t1=max(x0,t0);t2=hardswish(t1);t3=leakyrelu(t2,0.2)", [(3, 4), (3, 4)]),
+        ("t0=abs(x0);t1=add(t0,t0);t2=sqrt(t1);t3=log(t2);t4=exp(t3);t5=reciprocal(t4);"
+         "t6=neg(t5);t7=tanh(t6);t8=hardsigmoid(t7,0.3,0.4);t9=div(t8,x0);t10=min(t9,x0)",
+         [(5, 7)]),
+        ("t0=relu(x0)", [(3, 3)]),
+    ],
+)
+def test_fused_elementwise(program, shapes):
+    _fused_present("FusedElementwise")
+    xs = [rand(*s, seed=40 + i) for i, s in enumerate(shapes)]
+    o, v = variant("FusedElementwise", "fusedelementwise.torch", domain="opwarden")
+    got = v.fn(*xs, program=program)
+    close(got, o.reference(*xs, program=program))
+    assert all(got is not x for x in xs)
+
+
+def test_fused_elementwise_bad_program_is_the_references_error():
+    _fused_present("FusedElementwise")
+    _, v = variant("FusedElementwise", "fusedelementwise.torch", domain="opwarden")
+    with pytest.raises(KernelError, match="unknown op"):
+        v.fn(rand(2), program="t0=frobnicate(x0)")
