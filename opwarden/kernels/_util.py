@@ -181,3 +181,32 @@ def set_blas_threads(n: int) -> bool:
                 fn(ctypes.c_int(int(n)))
                 return True
     return False
+
+
+_BLAS_GET: list = []
+
+
+def blas_thread_count() -> int:
+    """NumPy's OpenBLAS thread count (the core count when it cannot be asked)."""
+    import ctypes
+    import glob
+    import os
+
+    if not _BLAS_GET:
+        libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+        fn = None
+        for path in glob.glob(os.path.join(libdir, "lib*openblas*.so*")):
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for sym in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                        "openblas_get_num_threads"):
+                fn = getattr(lib, sym, None)
+                if fn is not None:
+                    break
+            if fn is not None:
+                break
+        _BLAS_GET.append(fn)
+    fn = _BLAS_GET[0]
+    return int(fn()) if fn is not None else (os.cpu_count() or 1)

@@ -119,7 +119,9 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
 
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    for i, st in enumerate(steps):
+    times = program.step_time  # step index, or wavefront when wavefronts run in parallel
+    for i0, st in enumerate(steps):
+        i = times[i0]
         for s in st.outs:
             if s >= 0 and s not in external:
                 first.setdefault(s, i)
@@ -169,7 +171,10 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
 
     # In place: output 0 joins a dying input's group.
     inplace_steps: set[int] = set()
-    for i, st in enumerate(steps):
+    for i0, st in enumerate(steps):
+        i = times[i0]
+        if program.level_width[i] != 1:
+            continue  # a concurrent step of the same wavefront may still read the input
         var = st.placement.variant
         if not var.accepts_out or not st.outs or st.outs[0] < 0:
             continue
@@ -191,7 +196,7 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
             root = groups.union(ra, ro)
             merged = members.pop(ra) + members.pop(ro)
             members[root] = merged
-            inplace_steps.add(i)
+            inplace_steps.add(i0)
             break
 
     # One buffer per clean group.
@@ -204,7 +209,7 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
         head = ms[0]
         nbytes, shape, dt = sized[head]
         size = max(sized[m][0] for m in ms)
-        prod = steps[first[head]].placement.node.name
+        prod = values[head].producer.name if values[head].producer is not None else "?"
         b = Buffer(
             name=values[head].name,
             producer=prod,
@@ -222,6 +227,7 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
     # Workspaces: one per step whose kernel asks for one, live for that step only.
     ws_steps: dict[int, Buffer] = {}
     for i, st in enumerate(steps):
+        t = times[i]
         fn = st.fn
         if not takes_workspace(fn):
             continue
@@ -245,8 +251,8 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
                     name=f"{st.placement.node.name}:workspace",
                     producer=st.placement.node.name,
                     nbytes=align(ws),
-                    first=i,
-                    last=i,
+                    first=t,
+                    last=t,
                     kind="workspace",
                     materialized=True,
                     shape=(ws,),

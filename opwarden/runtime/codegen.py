@@ -90,14 +90,16 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         add(f"    s{s} = _feed(feeds[{k}])" if contract else f"    s{s} = feeds[{k}]")
     for k, s in enumerate(program.capture_slots):
         add(f"    s{s} = captured[{k}]")
+    fed = set(program.input_slots) | set(program.capture_slots)
     for s, c in enumerate(program.template):
-        if c is not None:
+        if c is not None and s not in fed:
             ns[f"c{s}"] = _ro(c) if contract and isinstance(c, np.ndarray) else c
 
     def ref(s: int) -> str:
         if s < 0:
             return "None"
-        return f"c{s}" if program.template[s] is not None else f"s{s}"
+        # an initializer that is also a graph input is fed (its value overrides the constant)
+        return f"c{s}" if program.template[s] is not None and s not in fed else f"s{s}"
 
     add("    i = -1")
     add("    try:")

@@ -82,7 +82,11 @@ class Program:
     """A compiled graph (the main graph or a subgraph body)."""
 
     def __init__(
-        self, graph: Graph, placements: dict[int, Placement], memory_limit: int | None = None
+        self,
+        graph: Graph,
+        placements: dict[int, Placement],
+        memory_limit: int | None = None,
+        parallel: bool = False,
     ) -> None:
         self.graph = graph
         self.memory_limit = memory_limit
@@ -109,8 +113,40 @@ class Program:
                 st.fn = guard_allocation(st.fn, node, memory_limit)
             self.steps.append(st)
         self.output_slots = [self._slot(v) for v in graph.outputs]
+        # Time of each step for memory planning: its index, or its wavefront when independent
+        # steps of one wavefront run at the same time (parallel branches).
+        self.step_time = list(range(len(self.steps)))
+        self.levels: list[list[int]] | None = None
+        if parallel:
+            self._wavefronts()
+        self.level_width = [1] * (max(self.step_time, default=-1) + 1)
+        if self.levels is not None:
+            self.level_width = [len(lv) for lv in self.levels]
         self._plan_frees()
         self.calls = self.bind(None, None)
+
+    def _wavefronts(self) -> None:
+        """Reorder steps by wavefront: a step's wavefront is one past its latest producer's."""
+        produced: dict[int, int] = {}
+        level_of: list[int] = []
+        for st in self.steps:
+            reads = [s for s in st.ins if s >= 0]
+            for g in st.graphs.values():
+                for _, caps in g if isinstance(g, list) else [g]:
+                    reads.extend(caps)
+            lv = 1 + max((produced.get(s, -1) for s in reads), default=-1)
+            level_of.append(lv)
+            for s in st.outs:
+                if s >= 0:
+                    produced[s] = lv
+        order = sorted(range(len(self.steps)), key=lambda i: (level_of[i], i))
+        self.steps = [self.steps[i] for i in order]
+        self.step_time = [level_of[i] for i in order]
+        self.levels = []
+        for k, lv in enumerate(self.step_time):
+            if lv == len(self.levels):
+                self.levels.append([])
+            self.levels[lv].append(k)
 
     def _slot(self, v: Value) -> int:
         s = self.slots.get(id(v))
@@ -140,11 +176,14 @@ class Program:
                 if s >= 0:
                     last.setdefault(s, i)
         frees: dict[int, list[int]] = {}
+        level_frees: dict[int, list[int]] = {}
         for s, i in last.items():
             if s not in keep:
                 frees.setdefault(i, []).append(s)
+                level_frees.setdefault(self.step_time[i], []).append(s)
         for i, st in enumerate(self.steps):
             st.frees = tuple(frees.get(i, ()))
+        self.level_frees = [tuple(level_frees.get(t, ())) for t in range(len(self.level_width))]
 
     def _env(self, feeds: list[Any], captured: list[Any] | None) -> list[Any]:
         env = list(self.template)
@@ -231,6 +270,43 @@ class Program:
                 env[s] = None
         return [env[s] for s in self.output_slots]
 
+    def run_parallel(
+        self, feeds: list[Any], calls: list, pool: Any, contract: bool = False
+    ) -> list[Any]:
+        """`run` with the steps of each wavefront submitted together to a thread pool.
+
+        Each step reads only values of earlier wavefronts and writes its own slots, so results
+        do not depend on scheduling. With `contract`, the lean contract checks apply and a
+        failure raises LeanFault (the session reruns under the guard).
+        """
+        from ..kernels._util import blas_thread_count, set_blas_threads
+
+        env = self._env(feeds, None)
+        if contract:
+            env = [_readonly_feed(x) for x in env]
+        assert self.levels is not None
+        blas_threads = blas_thread_count()
+        for t, lv in enumerate(self.levels):
+            if len(lv) == 1:
+                _one_step(calls[lv[0]], env, contract, lv[0])
+            else:
+                # Branches share the cores: BLAS inside each gets a share, not all of them.
+                share = max(1, blas_threads // min(len(lv), pool._max_workers))
+                if share != blas_threads:
+                    set_blas_threads(share)
+                try:
+                    futures = [pool.submit(_one_step, calls[i], env, contract, i) for i in lv]
+                    errors = [f.exception() for f in futures]
+                finally:
+                    if share != blas_threads:
+                        set_blas_threads(blas_threads)
+                for e in errors:
+                    if e is not None:
+                        raise e
+            for s in self.level_frees[t]:
+                env[s] = None
+        return [env[s] for s in self.output_slots]
+
     def run_debug(
         self, feeds: list[Any], captured: list[Any] | None, calls: list, plan: Any
     ) -> list[Any]:
@@ -276,6 +352,47 @@ class Program:
                 env[s] = None
                 live.pop(s, None)
         return [env[s] for s in self.output_slots]
+
+
+def _readonly_feed(x: Any) -> Any:
+    if type(x) is np.ndarray and x.flags.writeable:
+        v = x.view()
+        v.flags.writeable = False
+        return v
+    return x
+
+
+def _one_step(call: tuple, env: list[Any], contract: bool, index: int) -> None:
+    """Run one bound call against `env` (the body of the parallel loop)."""
+    from .codegen import LeanFault
+
+    st, fn, ins, kw, _frees, hook = call
+    args = [env[s] if s >= 0 else None for s in ins]
+    if st.graphs:
+        kw = dict(kw)
+        for k, g in st.graphs.items():
+            kw[k] = _bind(g, env)
+    try:
+        res = fn(*args, **kw)
+        _store(st, res, env)
+        if hook is not None:
+            hook(st, env)
+        if contract:
+            contract_ = st.placement.variant.op.contract
+            allowed = set(contract_.may_alias) | set(contract_.must_alias)
+            for k, s in enumerate(st.outs):
+                x = env[s] if s >= 0 else None
+                if type(x) is not np.ndarray:
+                    continue
+                for a, arg in enumerate(args):
+                    if (a, k) not in allowed and arg is not None and (x is arg or x.base is arg):
+                        raise ValueError(f"output {k} aliases input {a}, undeclared")
+                if x.flags.writeable and x is not kw.get("out"):
+                    x.flags.writeable = False
+    except Exception as e:  # noqa: BLE001 - every kernel failure gets the node's context
+        if contract:
+            raise LeanFault(index, e) from e
+        raise _kernel_error(st, args, e) from e
 
 
 class _ArenaViews:

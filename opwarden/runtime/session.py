@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,20 @@ def normalize_providers(providers: Sequence[Any] | None) -> list[str]:
         if dev.name not in out:
             out.append(dev.name)
     return out
+
+
+def _parallel_threads(options: SessionOptions) -> int:
+    """Worker threads for independent branches (1: run steps one after another).
+
+    `inter_op_num_threads` > 1, or onnxruntime's `execution_mode=ORT_PARALLEL` (value 1 or
+    "parallel"), turns it on; ORT_PARALLEL without a thread count uses the machine's cores.
+    """
+    n = options.inter_op_num_threads
+    mode = options.execution_mode
+    wants = n > 1 or str(getattr(mode, "name", mode)).upper() in ("1", "PARALLEL", "ORT_PARALLEL")
+    if not wants:
+        return 1
+    return n if n > 1 else max(os.cpu_count() or 1, 1)
 
 
 def _apply_threads(options: SessionOptions, providers: list[str]) -> None:
@@ -139,7 +154,11 @@ class InferenceSession:
         )
         by_node = {id(p.node): p for p in self.placements}
         self.memory = MemoryManager.for_options(self.options)
-        self.program = Program(self.model.graph, by_node, self.memory.limit)
+        self.parallel = _parallel_threads(self.options)
+        self.program = Program(
+            self.model.graph, by_node, self.memory.limit, parallel=self.parallel > 1
+        )
+        self._pool = None
         self.memory.attach(self.program)
         self.memory.static_plan()  # refuses memory bombs before anything is allocated
 
@@ -173,6 +192,8 @@ class InferenceSession:
         try:
             if debug:
                 outs = self.program.run_debug(feeds, None, calls, self.memory.last_plan)
+            elif lean and self.program.levels is not None and token is not None:
+                outs = self._run_parallel(feeds, calls, contract)
             elif fn is not None or (lean and not contract):
                 outs = self._run_lean(fn, feeds, calls, contract)
             else:
@@ -192,6 +213,18 @@ class InferenceSession:
         except LeanFault as e:
             if contract:
                 # Rerun under the guard: it records the fault, falls back, quarantines.
+                return self._run_guarded(feeds, calls)
+            raise kernel_error(self.program.steps[e.index], [], e.error) from e.error
+
+    def _run_parallel(self, feeds: list[Any], calls: list, contract: bool) -> list[Any]:
+        if self._pool is None:
+            import concurrent.futures as cf
+
+            self._pool = cf.ThreadPoolExecutor(self.parallel, thread_name_prefix="opwarden-inter")
+        try:
+            return self.program.run_parallel(feeds, calls, self._pool, contract)
+        except LeanFault as e:
+            if contract:
                 return self._run_guarded(feeds, calls)
             raise kernel_error(self.program.steps[e.index], [], e.error) from e.error
 

@@ -227,3 +227,39 @@ def test_weights_are_views_over_the_model_file(tmp_path):
     from_bytes = opwarden.InferenceSession(m.SerializeToString(), optimization_level=0)
     feeds = zoo.feeds_for(m)
     np.testing.assert_array_equal(sess.run(None, feeds)[0], from_bytes.run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("name", ["inception_v1", "squeezenet"])
+def test_parallel_branches_give_the_sequential_result(name):
+    m = zoo.build(name)
+    feeds = zoo.feeds_for(m)
+    seq = opwarden.InferenceSession(m.SerializeToString())
+    par = opwarden.InferenceSession(m.SerializeToString(), inter_op_num_threads=2)
+    assert par.program.levels is not None
+    assert max(len(lv) for lv in par.program.levels) > 1  # the model has independent branches
+    par.memory_plan.check()  # buffers of one wavefront never share memory
+    want = seq.run(None, feeds)[0]
+    for _ in range(3):  # deterministic from run to run
+        got = par.run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_overridden_initializer_feeds_win_over_the_constant():
+    w = numpy_helper.from_array(np.full((3,), 2.0, np.float32), "w")
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["y"], name="mul")],
+        "override",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [3]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        initializer=[w],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = opwarden.InferenceSession(m)
+    x = np.ones(3, np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], [2, 2, 2])
+    np.testing.assert_array_equal(
+        sess.run(None, {"x": x, "w": np.full(3, 5.0, np.float32)})[0], [5, 5, 5]
+    )
