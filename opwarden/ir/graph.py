@@ -131,3 +131,18 @@ class Model:
     base_dir: str | None = None
     functions: dict[tuple[str, str], Any] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+    buffer: Any = None  # the memory-mapped model file the weights are views of (or None)
+
+    def release_pages(self) -> None:
+        """Let the OS drop the model file's resident pages (weights re-read on next touch).
+
+        Passes that rewrite weights (Conv+BatchNorm folding) read the originals once; their
+        file pages would otherwise stay counted in this process's memory next to the copies.
+        """
+        import mmap
+
+        if isinstance(self.buffer, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                self.buffer.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):
+                pass

@@ -426,4 +426,5 @@ def _convert(src: Source) -> Model:
         base_dir=base_dir,
         functions=functions,
         metadata={p.key: p.value for p in proto.metadata_props},
+        buffer=src.buffer,
     )

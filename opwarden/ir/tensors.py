@@ -123,6 +123,40 @@ def payload_array(t: onnx.TensorProto, buffer, pl) -> np.ndarray:
             f"{dtype} needs {count * dtype.itemsize}"
         )
     arr = np.frombuffer(buffer, dtype=dtype, count=count, offset=pl.offset).reshape(shape)
+    if pl.offset % dtype.alignment:
+        # Protobuf puts payloads at arbitrary offsets. NumPy (and BLAS) copy misaligned
+        # operands on every call, so a misaligned weight is copied once here, and its file
+        # pages are handed back so the weight is not held twice.
+        arr = _aligned_copy(buffer, arr, pl.offset)
     if arr.flags.writeable:
         arr.flags.writeable = False
     return arr
+
+
+COPY_CHUNK = 16 << 20
+
+
+def _aligned_copy(buffer, src: np.ndarray, offset: int) -> np.ndarray:
+    """An aligned copy of `src`, made in chunks whose file pages are dropped as they are read,
+    so the largest weight is never held twice."""
+    out = np.empty(src.shape, src.dtype)
+    flat_out = out.reshape(-1)
+    flat_src = src.reshape(-1)
+    step = max(COPY_CHUNK // max(src.dtype.itemsize, 1), 1)
+    for i in range(0, flat_src.size, step):
+        j = min(i + step, flat_src.size)
+        flat_out[i:j] = flat_src[i:j]
+        _drop_pages(buffer, offset + i * src.dtype.itemsize, (j - i) * src.dtype.itemsize)
+    return out
+
+
+def _drop_pages(buffer, offset: int, length: int) -> None:
+    import mmap
+
+    if not isinstance(buffer, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+    try:
+        buffer.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
+    except (OSError, ValueError):
+        pass

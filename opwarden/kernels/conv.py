@@ -106,6 +106,10 @@ def _pack_nhwc(w: np.ndarray, group: int) -> np.ndarray:
     """W (M, Cg, kh, kw) -> (group, kh*kw*Cg, M/group), rows ordered (kh, kw, c)."""
     m, cg, kh, kw = w.shape
     mg = m // group
+    if kh == kw == 1 and w.dtype == F32 and w.flags.c_contiguous:
+        # 1x1: the transposed weight is a free view (BLAS takes transposed operands), so the
+        # weights are not held twice.
+        return w.reshape(group, mg, cg).transpose(0, 2, 1)
     p = w.astype(F32).reshape(group, mg, cg, kh, kw).transpose(0, 3, 4, 2, 1)
     return np.ascontiguousarray(p.reshape(group, kh * kw * cg, mg))
 

@@ -67,6 +67,24 @@ class Rewriter:
         node.inputs[i] = new
         if new is not None:
             new.uses.append((node, i))
+        if old is not None and old is not new:
+            self._release(old)
+
+    def _release(self, v: Value) -> None:
+        """Free a replaced weight now (not at the final clean-up), so a model's folded and
+        original weights are never all in memory at once."""
+        if (
+            v.const is None
+            or v.uses
+            or id(v) in self.inputs
+            or id(v) in self.outputs
+            or self.graph.initializers.get(v.name) is not v
+        ):
+            return
+        del self.graph.initializers[v.name]
+        if self.graph.values.get(v.name) is v:
+            del self.graph.values[v.name]
+        v.const = None
 
     def replace_uses(self, old: Value, new: Value) -> bool:
         """Point every consumer of `old` at `new`; False (nothing done) if not possible."""

@@ -149,6 +149,7 @@ class InferenceSession:
         self.model: Model = load(source)
         validate(self.model)
         self.pass_report = optimize(self.model, self.options)
+        self.model.release_pages()  # weights the passes read and replaced leave memory
         self.placements: list[Placement] = place_model(
             self.model, self.providers, self.options, self.guard.quarantine
         )
