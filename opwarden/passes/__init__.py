@@ -53,6 +53,13 @@ def optimize(model: Model, options: Any) -> list[dict[str, Any]]:
     """
     level = int(getattr(options, "optimization_level", 3) or 0)
     disabled = set(getattr(options, "disabled_passes", ()) or ())
+    unknown = sorted(disabled - set(PASS_NAMES))
+    if unknown:
+        from ..errors import OptionsError
+
+        raise OptionsError(
+            f"disabled_passes names unknown pass(es) {unknown}; the passes are {list(PASS_NAMES)}"
+        )
     t0 = time.perf_counter()
     before = len(model.graph.nodes)
     report: dict[str, dict[str, Any]] = {}
