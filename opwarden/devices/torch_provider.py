@@ -57,6 +57,46 @@ _InferenceMode: Callable[[bool], Any] = getattr(torch._C, "_InferenceMode", None
     lambda _on: torch.inference_mode()
 )
 
+# Work below these sizes runs on one torch thread. On a small or shared machine the fork-join of
+# a second OpenMP worker (woken from passive waiting, or descheduled by another process) costs
+# more than it saves: measured on 2 shared cores, 1x1/3x3 convolutions under ~40 MFLOP ran
+# 1.2-4x faster on one thread, and memory-bound ops (elementwise, pools, concat) up to ~3M
+# elements were as fast or faster on one.
+_SERIAL_FLOPS = 40e6
+_SERIAL_ELEMENTS = 1 << 21
+
+
+class _Mode:
+    """Inference mode for a kernel body; with `serial`, torch on one thread until exit."""
+
+    __slots__ = ("_guard", "_restore", "_serial")
+
+    def __init__(self, serial: bool = False) -> None:
+        self._serial = serial
+        self._restore = 0
+
+    def __enter__(self) -> _Mode:
+        self._guard = _InferenceMode(True)
+        self._guard.__enter__()
+        if self._serial and not _CUDA:
+            n = torch.get_num_threads()
+            if n > 1:
+                torch.set_num_threads(1)
+                self._restore = n
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._restore:
+            torch.set_num_threads(self._restore)
+            self._restore = 0
+        self._guard.__exit__(*exc)
+
+
+def _small(*xs: Any) -> bool:
+    """Whether memory-bound work over these inputs is too small to split across threads."""
+    return max(np.size(x) for x in xs) < _SERIAL_ELEMENTS
+
+
 # ---------------------------------------------------------------------------------------------
 # NumPy <-> torch
 
@@ -243,7 +283,7 @@ def _activate_(y: torch.Tensor, activation: str, params) -> torch.Tensor:
 
 
 def _relu(X, *, out=None):
-    with _InferenceMode(True):
+    with _Mode(_small(X)):
         o = _out_t(out)
         if o is not None:
             torch.clamp_min(_t(X), 0, out=o)
@@ -252,7 +292,7 @@ def _relu(X, *, out=None):
 
 
 def _sigmoid(X, *, out=None):
-    with _InferenceMode(True):
+    with _Mode(_small(X)):
         o = _out_t(out)
         if o is not None:
             torch.sigmoid(_t(X), out=o)
@@ -261,7 +301,7 @@ def _sigmoid(X, *, out=None):
 
 
 def _tanh(X, *, out=None):
-    with _InferenceMode(True):
+    with _Mode(_small(X)):
         o = _out_t(out)
         if o is not None:
             torch.tanh(_t(X), out=o)
@@ -270,27 +310,27 @@ def _tanh(X, *, out=None):
 
 
 def _leaky_relu(X, *, alpha=0.01):
-    with _InferenceMode(True):
+    with _Mode(_small(X)):
         return _np(F.leaky_relu(_t(X), float(alpha)))
 
 
 def _hard_swish(X):
-    with _InferenceMode(True):
+    with _Mode(_small(X)):
         return _np(F.hardswish(_t(X)))
 
 
 def _hard_sigmoid(X, *, alpha=0.2, beta=0.5):
-    with _InferenceMode(True):
+    with _Mode(_small(X)):
         return _np(_t(X).mul(float(alpha)).add_(float(beta)).clamp_(0.0, 1.0))
 
 
 def _elu(X, *, alpha=1.0):
-    with _InferenceMode(True):
+    with _Mode(_small(X)):
         return _np(F.elu(_t(X), float(alpha)))
 
 
 def _gelu(X, *, approximate="none"):
-    with _InferenceMode(True):
+    with _Mode(_small(X)):
         return _np(F.gelu(_t(X), approximate="tanh" if approximate == "tanh" else "none"))
 
 
@@ -304,7 +344,7 @@ def _clip_bounds(lo, hi, x: torch.Tensor):
 
 
 def _clip_11(input, min=None, max=None, *, out=None):  # noqa: A002 - spec names
-    with _InferenceMode(True):
+    with _Mode(_small(input)):
         x = _t(input)
         lo, hi = _clip_bounds(min, max, x)
         if lo is None and hi is None:
@@ -317,7 +357,7 @@ def _clip_11(input, min=None, max=None, *, out=None):  # noqa: A002 - spec names
 
 
 def _clip_6(input, *, min=-_MAX_F, max=_MAX_F, out=None):  # noqa: A002 - spec names
-    with _InferenceMode(True):
+    with _Mode(_small(input)):
         x = _t(input)
         o = _out_t(out)
         if o is not None:
@@ -336,7 +376,7 @@ def _binary(torch_fn: Callable[..., torch.Tensor], ref: Callable[..., Any], lega
     def kernel(A, B, *, out=None, **attrs):
         if legacy and (attrs.get("broadcast") or attrs.get("axis") is not None):
             return ref(A, B, **attrs)
-        with _InferenceMode(True):
+        with _Mode(_small(A, B)):
             o = _out_t(out)
             if o is not None:
                 torch_fn(_t(A), _t(B), out=o)
@@ -347,7 +387,7 @@ def _binary(torch_fn: Callable[..., torch.Tensor], ref: Callable[..., Any], lega
 
 
 def _sum(*data, out=None):
-    with _InferenceMode(True):
+    with _Mode(_small(*data)):
         ts = [_t(d) for d in data]
         if len(ts) == 1:
             return _ret(ts[0].clone(), out)
@@ -371,8 +411,16 @@ def _sum(*data, out=None):
 # Linear algebra
 
 
+def _mm_flops(A, B) -> float:
+    """Multiply-adds x 2 of matmul(A, B), near enough to pick a thread count."""
+    a, b = np.shape(A), np.shape(B)
+    m = a[-2] if len(a) >= 2 else 1
+    n = b[-1] if len(b) >= 2 else 1
+    return 2.0 * max(math.prod(a) * n, math.prod(b) * m)
+
+
 def _matmul(A, B, *, out=None):
-    with _InferenceMode(True):
+    with _Mode(_mm_flops(A, B) < _SERIAL_FLOPS):
         a, b = _t(A), _t(B)
         o = _out_t(out)
         if o is not None and a.ndim >= 1 and b.ndim >= 1:
@@ -415,7 +463,7 @@ def _gemm_kernel(legacy: bool, ref: Callable[..., Any]):
         if bad:
             # The reference kernel names the shape problem.
             return ref(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB, **attrs)
-        with _InferenceMode(True):
+        with _Mode(2 * A.size * B.shape[0 if transB else 1] < _SERIAL_FLOPS):
             y = _gemm_t(_t(A), _t(B), _opt(C), alpha, beta, transA, transB, out)
             return out if (out is not None and not _CUDA) else _ret(y, out)
 
@@ -430,7 +478,7 @@ def _softmax_kernel(ref: Callable[..., Any], coerced: bool):
         hi = x.ndim if coerced else x.ndim - 1
         if x.ndim == 0 or x.size == 0 or not -x.ndim <= axis <= hi:
             return ref(input, axis=axis)
-        with _InferenceMode(True):
+        with _Mode(_small(x)):
             if not coerced:
                 return _np(torch.softmax(_t(x), axis))
             ax = axis + x.ndim if axis < 0 else axis
@@ -447,7 +495,7 @@ def _softmax_kernel(ref: Callable[..., Any], coerced: bool):
 def _concat(*inputs, axis=None, out=None):
     if axis is None:
         raise KernelError("Concat needs the attribute axis")
-    with _InferenceMode(True):
+    with _Mode(sum(np.size(x) for x in inputs) < _SERIAL_ELEMENTS):
         ts = [_t(x) for x in inputs]
         o = _out_t(out)
         if o is not None:
@@ -496,12 +544,13 @@ _PW_ACT = {
 class _ConvPlan:
     """Everything about one convolution that depends only on shapes and attributes."""
 
-    __slots__ = ("stride", "padding", "pad_arg", "dilation", "groups", "packed", "gemm")
+    __slots__ = ("stride", "padding", "pad_arg", "dilation", "groups", "packed", "gemm", "flops")
 
-    def __init__(self, stride, padding, pad_arg, dilation, groups, packed, gemm=False) -> None:
+    def __init__(self, stride, padding, pad_arg, dilation, groups, packed, gemm=False,
+                 flops=math.inf) -> None:
         self.stride, self.padding, self.pad_arg = stride, padding, pad_arg
         self.dilation, self.groups, self.packed = dilation, groups, packed
-        self.gemm = gemm
+        self.gemm, self.flops = gemm, flops
 
 
 _CONV_PLANS: dict[tuple, _ConvPlan | None] = {}
@@ -544,9 +593,11 @@ def _make_conv_plan(xs, ws, dtype, attrs: dict, nhwc: bool) -> _ConvPlan | None:
                                attrs.get("auto_pad", "NOTSET"))
     except KernelError:
         return None
-    for n, b, e, k, di in zip(in_sp, begin, end, ws[2:], d):
+    flops = 2.0 * xs[0] * ws[0] * math.prod(ws[1:])
+    for n, b, e, k, di, st in zip(in_sp, begin, end, ws[2:], d, s):
         if n + b + e - (k - 1) * di - 1 < 0:
             return None  # the window does not fit the input: the reference says so
+        flops *= (n + b + e - (k - 1) * di - 1) // st + 1
     pad_arg = None
     if begin != end or min(begin, default=0) < 0:
         pad_arg = _pad_arg(begin, end)
@@ -557,16 +608,18 @@ def _make_conv_plan(xs, ws, dtype, attrs: dict, nhwc: bool) -> _ConvPlan | None:
     )
     # A pointwise (1x1, stride 1, unpadded, ungrouped) NHWC convolution is one GEMM over the
     # (N*H*W, C) view of the input, giving (N*H*W, M) = NHWC output directly. oneDNN's fused
-    # convolution costs ~45 us per call before any arithmetic; below ~50 MFLOP the GEMM wins.
+    # convolution costs ~45 us per call before any arithmetic; below ~40 MFLOP the GEMM wins.
+    # The bound matches _SERIAL_FLOPS: MKL's two-thread GEMM on these skinny shapes was measured
+    # up to 8x slower than one thread (169x512x64: 730 vs 85 us), so the GEMM runs serial only.
     gemm = (
         nhwc and g == 1 and pad_arg is None and all(k == 1 for k in ws[2:])
         and all(v == 1 for v in s) and not any(begin)
         and (not packed or 2 * math.prod(xs) * ws[0] < _GEMM_MAX_FLOPS)
     )
-    return _ConvPlan(s, begin, pad_arg, d, g, packed, gemm)
+    return _ConvPlan(s, begin, pad_arg, d, g, packed, gemm, flops)
 
 
-_GEMM_MAX_FLOPS = 50e6
+_GEMM_MAX_FLOPS = _SERIAL_FLOPS
 
 
 def _conv_gemm(X, W, B, Z, activation="", params=()) -> np.ndarray:
@@ -659,7 +712,7 @@ def _conv_kernel(ref: Callable[..., Any], nhwc: bool):
         plan = _conv_plan(X, W, attrs, nhwc)
         if plan is None:
             return _call_ref(ref, (X, W, B), attrs, nhwc)
-        with _InferenceMode(True):
+        with _Mode(plan.flops < _SERIAL_FLOPS):
             if plan.gemm:
                 return _conv_gemm(X, W, B, None)
             if nhwc:
@@ -677,7 +730,7 @@ def _fused_conv_kernel(ref: Callable[..., Any], nhwc: bool):
                 ref, (X, W, B, Z),
                 dict(attrs, activation=activation, activation_params=activation_params), nhwc,
             )
-        with _InferenceMode(True):
+        with _Mode(plan.flops < _SERIAL_FLOPS):
             if plan.gemm:
                 return _conv_gemm(X, W, B, Z, activation, activation_params)
             x = _nchw_view(X) if nhwc else _t(X)
@@ -719,7 +772,7 @@ def _fused_gemm_kernel(ref: Callable[..., Any]):
         if A.ndim != 2 or B.ndim != 2:
             return ref(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB,
                        activation=activation, activation_params=activation_params, **attrs)
-        with _InferenceMode(True):
+        with _Mode(2 * A.size * B.shape[0 if transB else 1] < _SERIAL_FLOPS):
             y = _gemm_t(_t(A), _t(B), _opt(C), alpha, beta, transA, transB)
             return _np(_activate_(y, activation, activation_params))
 
@@ -727,7 +780,7 @@ def _fused_gemm_kernel(ref: Callable[..., Any]):
 
 
 def _fused_matmul(A, B, C=None, *, activation="", activation_params=(), **_attrs):
-    with _InferenceMode(True):
+    with _Mode(_mm_flops(A, B) < _SERIAL_FLOPS):
         y = torch.matmul(_t(A), _t(B))
         if C is not None:
             c = _t(C)
@@ -839,7 +892,7 @@ def _pool_kernel(ref: Callable[..., Any], nhwc: bool, kind: str, has_indices: bo
         geom = None if (has_indices and noutputs > 1) else _pool_plan(x, attrs, nhwc, kind)
         if geom is None:
             return _call_ref(ref, (X,), attrs, nhwc, noutputs if has_indices else None)
-        with _InferenceMode(True):
+        with _Mode(_small(x)):
             t = _nchw_view(x) if nhwc else _t(x)
             if kind == "max":
                 y = _maxpool_t(t, geom)
@@ -861,7 +914,7 @@ def _global_kernel(ref: Callable[..., Any], nhwc: bool, reduce: str):
         x = np.asarray(X)
         if x.ndim < 3 or x.size == 0:
             return _call_ref(ref, (X,), {}, nhwc)
-        with _InferenceMode(True):
+        with _Mode(_small(x)):
             t = _t(x)
             dims = tuple(range(1, x.ndim - 1)) if nhwc else tuple(range(2, x.ndim))
             y = t.mean(dim=dims, keepdim=True) if reduce == "mean" else t.amax(dims, keepdim=True)
@@ -888,7 +941,7 @@ def _bn_kernel(ref: Callable[..., Any], nhwc: bool, since: int):
         plain = all(np.ndim(p) == 1 and np.shape(p)[0] == c for p in params)
         if training or not plain or x.ndim < 2 or not int(attrs.get("spatial", 1)):
             return _call_ref(ref, (X, *params), dict(attrs, epsilon=epsilon), nhwc, noutputs)
-        with _InferenceMode(True):
+        with _Mode(_small(x)):
             t = _nchw_view(x) if nhwc else _t(x)
             ps = [_t(p) for p in params]
             ps = [p if p.dtype == t.dtype else p.to(t.dtype) for p in ps]
@@ -925,7 +978,7 @@ def _lrn_kernel(ref: Callable[..., Any], nhwc: bool):
             return _call_ref(
                 ref, (X,), {"alpha": alpha, "beta": beta, "bias": bias, "size": size}, nhwc
             )
-        with _InferenceMode(True):
+        with _Mode(_small(x)):
             t = _t(x)
             if nhwc and x.ndim >= 3:
                 return _np(_lrn_t(t, int(size), alpha, beta, bias, True))
@@ -1002,7 +1055,7 @@ def _fused_elementwise_kernel(ref: Callable[..., Any], parse: Callable[[str], An
             return ref(*inputs, program=program)  # names the problem
         if not inputs:
             return ref(*inputs, program=program)
-        with _InferenceMode(True):
+        with _Mode(_small(*inputs)):
             env: dict[str, torch.Tensor] = {f"x{i}": _t(x) for i, x in enumerate(inputs)}
             y = None
             for dest, fn, inplace, tensors, numbers in plan:

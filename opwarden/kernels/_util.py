@@ -71,8 +71,9 @@ def packed(w: np.ndarray, tag: Any, pack: Callable[[np.ndarray], np.ndarray]) ->
     p = pack(w)
     p.flags.writeable = False
 
-    def _drop(_ref, key=key):
-        _PACKED.pop(key, None)
+    def _drop(_ref, key=key, cache=_PACKED):
+        # The cache is bound now: at interpreter exit module globals may already be None.
+        cache.pop(key, None)
 
     try:
         ref = weakref.ref(w, _drop)
@@ -210,3 +211,44 @@ def blas_thread_count() -> int:
         _BLAS_GET.append(fn)
     fn = _BLAS_GET[0]
     return int(fn()) if fn is not None else (os.cpu_count() or 1)
+
+
+_SGEMM: list = []
+
+
+def sgemm() -> Callable[..., None] | None:
+    """NumPy's OpenBLAS row-major float32 GEMM as f(m, n, k, a_ptr, lda, b_ptr, ldb, beta,
+    c_ptr, ldc): C = A @ B + beta * C on raw pointers; None when it cannot be found.
+
+    Raw pointers let a convolution hand BLAS overlapping, offset views of one padded image
+    (each kernel tap is a shifted row range) and accumulate with beta=1, which np.matmul cannot.
+    """
+    import ctypes
+    import glob
+    import os
+
+    if _SGEMM:
+        return _SGEMM[0]
+    fn = None
+    libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(libdir, "lib*openblas*.so*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        # Only the 64-bit-integer (ILP64) interface, whose argument types are known here.
+        raw = getattr(lib, "scipy_cblas_sgemm64_", None) or getattr(lib, "cblas_sgemm64_", None)
+        if raw is None:
+            continue
+        i64, ptr, f32, enum = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+        raw.argtypes = [enum, enum, enum, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
+        raw.restype = None
+
+        def _gemm(m, n, k, a, lda, b, ldb, beta, c, ldc, _raw=raw):
+            # 101 = CblasRowMajor, 111 = CblasNoTrans.
+            _raw(101, 111, 111, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
+
+        fn = _gemm
+        break
+    _SGEMM.append(fn)
+    return fn

@@ -1,10 +1,13 @@
 """Fast 2-D float32 convolution for the CPU: NHWC and NCHW, GEMM-based, into planned buffers.
 
-NHWC: a 1x1 convolution is one GEMM (N*H*W x C) @ (C x M); a kxk one copies patches of a row
-band of the output (im2col, chunked so the patch matrix stays cache-sized) and runs one GEMM per
-band and group; depthwise convolutions are per-tap multiply-adds over the channel axis. Bias,
-residual and activation are applied on each band right after its GEMM, while it is in cache.
-NCHW: the same with the patch matrix transposed (M x K) @ (K x P), weights used as they are.
+NHWC: a 1x1 convolution is one GEMM (N*H*W x C) @ (C x M). A k x k one on a large map with
+enough input channels is "shifted GEMM": the input is padded (and split by stride phase) once,
+and each tap is one accumulating BLAS GEMM over a shifted row range of that flat image, so no
+patch matrix is built (see _phase_planes). Small maps copy patches of a band of output rows
+(im2col, one strided copy per band) and run one GEMM per band and group; few-channel stems build
+the patch matrix transposed. Depthwise convolutions are per-tap multiply-adds over contiguous
+shifted ranges. Bias, residual and activation are applied on each band right after its GEMM.
+NCHW: the patch matrix transposed (M x K) @ (K x P), weights used as they are.
 """
 
 from __future__ import annotations
@@ -15,13 +18,29 @@ import numpy as np
 
 from ..errors import KernelError
 from ..ops.conv import conv_out_shape, conv_pads, spatial_params
-from ._util import F32, apply_activation, output, packed, scratch
+from ._util import F32, apply_activation, output, packed, scratch, sgemm
 
 # Patch-matrix band size (bytes): big enough for BLAS to reach its peak, small enough to stay in
 # the last-level cache together with the weights.
 BAND_BYTES = 3 << 20
 # Depthwise band size (bytes of output): the accumulator and one product stay in L2.
 DW_BAND_BYTES = 192 << 10
+# Shifted-GEMM path: used when each group has at least this many input channels (a tap's GEMM
+# has K = C/group, too thin below that: the stem convolutions take the patch-matrix path), with
+# wide output bands of about this many bytes.
+SHIFT_MIN_C = 16
+# ... and at least this many output pixels: on small maps the wide rows waste a larger share
+# (e.g. 9 computed columns for 7) and the per-tap GEMMs are too short for two BLAS threads;
+# and at most this many output channels per input channel: each tap re-reads and re-writes the
+# output (M floats a pixel) where the patch matrix writes C, so wide outputs favour the latter.
+# (Measured on 3x3 convs of the zoo: 28x28+ maps with M <= 2C gain 10-70%; others lose.)
+SHIFT_MIN_PIXELS = 700
+# Patch rows of at most this many floats (kw * C, group 1) take the transposed stem path, with
+# bands of about STEM_BAND_BYTES.
+STEM_MAX_RUN = 24
+STEM_BAND_BYTES = 8 << 20
+SHIFT_MAX_M_PER_C = 2
+WIDE_BAND_BYTES = 4 << 20
 
 
 def geometry(hw, khw, strides, dilations, pads, auto_pad):
@@ -52,9 +71,10 @@ def _f32(a):
 
 
 def _pad_nhwc(x: np.ndarray, begin, end) -> np.ndarray:
-    """x (N, H, W, C) zero-padded on H and W into a scratch buffer (negative pads crop)."""
+    """x (N, H, W, C) zero-padded on H and W into a scratch buffer (negative pads crop);
+    always C-contiguous."""
     if not any(begin) and not any(end):
-        return x
+        return np.ascontiguousarray(x)
     n, h, w, c = x.shape
     x = x[:, max(-begin[0], 0):h - max(-end[0], 0), max(-begin[1], 0):w - max(-end[1], 0)]
     bt, bl = max(begin[0], 0), max(begin[1], 0)
@@ -106,9 +126,10 @@ def _pack_nhwc(w: np.ndarray, group: int) -> np.ndarray:
     """W (M, Cg, kh, kw) -> (group, kh*kw*Cg, M/group), rows ordered (kh, kw, c)."""
     m, cg, kh, kw = w.shape
     mg = m // group
-    if kh == kw == 1 and w.dtype == F32 and w.flags.c_contiguous:
+    if kh == kw == 1 and group == 1 and w.dtype == F32 and w.flags.c_contiguous:
         # 1x1: the transposed weight is a free view (BLAS takes transposed operands), so the
-        # weights are not held twice.
+        # weights are not held twice. Grouped 1x1 weights are small and their many small GEMMs
+        # run twice as fast on a contiguous copy (ShuffleNet), so those are packed.
         return w.reshape(group, mg, cg).transpose(0, 2, 1)
     p = w.astype(F32).reshape(group, mg, cg, kh, kw).transpose(0, 3, 4, 2, 1)
     return np.ascontiguousarray(p.reshape(group, kh * kw * cg, mg))
@@ -125,7 +146,9 @@ def conv_nhwc(
 ):
     """Y = act(Conv(X, W, B) + Z) with X, Z, Y in NHWC; W stays (M, C/group, kh, kw)."""
     group = int(group)
-    x = _f32(X)
+    # Not made contiguous here: an NHWC view of an NCHW tensor (the layout pass's transpose of
+    # a graph input) is gathered once by the padding / patch copies below, not twice.
+    x = np.asarray(X, dtype=F32)
     _check(x, W, B, group, x.shape[3] if x.ndim == 4 else -1, kernel_shape, "Conv (NHWC)")
     n, h, wd, c = x.shape
     m, cg, kh, kw = W.shape
@@ -138,8 +161,8 @@ def conv_nhwc(
     if n == 0 or oh * ow * m == 0:
         return y
     if cg == 1 and m == group:
-        _depthwise_nhwc(x, W, s, d, begin, end, y)
-        _epilogue(y, bias, z, activation, activation_params)
+        _depthwise_nhwc(x, W, s, d, begin, end, y, bias)
+        _epilogue(y, None, z, activation, activation_params)
         return y
     pw = packed(W, ("nhwc", group), lambda w: _pack_nhwc(w, group))
     mg = m // group
@@ -153,19 +176,34 @@ def conv_nhwc(
         _epilogue(y2, bias, None if z is None else z.reshape(y2.shape), activation,
                   activation_params)
         return y
+    if (cg >= SHIFT_MIN_C and oh * ow >= SHIFT_MIN_PIXELS and mg <= SHIFT_MAX_M_PER_C * cg
+            and sgemm() is not None):
+        if not pw.flags.c_contiguous:  # 1x1 packs are transposed views; BLAS gets pointers
+            pw = packed(W, ("nhwc.c", group), lambda w: np.ascontiguousarray(_pack_nhwc(w, group)))
+        _shifted_nhwc(x, pw, s, d, begin, (kh, kw), group, y, bias, z, activation,
+                      activation_params)
+        return y
+    if group == 1 and kw * cg <= STEM_MAX_RUN:
+        _stem_nhwc(x, pw[0], s, d, begin, end, (kh, kw), y, bias, z, activation,
+                   activation_params)
+        return y
     xp = _pad_nhwc(x, begin, end)
+    # Patches as one strided view (rows, cols, group, kh, kw, cg) of the padded image, so each
+    # band is filled by a single copy whose inner run is a whole (kw, cg) row of the window
+    # when the group is 1 and dilation is 1.
+    hp, wp = xp.shape[1:3]
+    e = xp.itemsize
+    view = np.lib.stride_tricks.as_strided(
+        xp, (n, oh, ow, group, kh, kw, cg),
+        (hp * wp * c * e, s[0] * wp * c * e, s[1] * c * e, cg * e, d[0] * wp * c * e,
+         d[1] * c * e, e), writeable=False)
     rows = max(1, min(oh, BAND_BYTES // max(1, ow * k * group * 4)))
     for i in range(n):
         for r0 in range(0, oh, rows):
             r1 = min(oh, r0 + rows)
             rr = r1 - r0
             cols = scratch("conv.cols", (rr, ow, group, kh, kw, cg))
-            for a in range(kh):
-                h0 = r0 * s[0] + a * d[0]
-                for b in range(kw):
-                    w0 = b * d[1]
-                    v = xp[i, h0:h0 + (rr - 1) * s[0] + 1:s[0], w0:w0 + (ow - 1) * s[1] + 1:s[1]]
-                    cols[:, :, :, a, b, :] = v.reshape(rr, ow, group, cg)
+            np.copyto(cols, view[i, r0:r1])
             c2 = cols.reshape(rr * ow, group * k)
             y2 = y[i, r0:r1].reshape(rr * ow, m)
             if group == 1:
@@ -178,31 +216,166 @@ def conv_nhwc(
     return y
 
 
-def _depthwise_nhwc(x, W, s, d, begin, end, y) -> None:
-    """y[n, oh, ow, c] = sum over taps of xp[n, oh*s + a*d, ow*s + b*d, c] * W[c, 0, a, b]."""
-    kh, kw = W.shape[2:]
-    pw = packed(W, "dw_nhwc", _pack_depthwise)
+def _stem_nhwc(x, pw, s, d, begin, end, khw, y, bias, z, activation, params) -> None:
+    """Convolutions with few input channels (the RGB stem): the patch matrix is built
+    transposed, (kh*kw*C [+1], pixels), where each of its rows is one strided image plane copy
+    rather than pixels x (kw*C)-float runs, and the bias rides in the GEMM as a row of ones."""
     xp = _pad_nhwc(x, begin, end)
-    n, oh, ow, c = y.shape
-    rows = max(1, min(oh, DW_BAND_BYTES // max(1, ow * c * 4)))
+    n, hp, wp, c = xp.shape
+    _, oh, ow, m = y.shape
+    kh, kw = khw
+    k = kh * kw * c
+    kb = k + (bias is not None)
+    e = xp.itemsize
+    view = np.lib.stride_tricks.as_strided(
+        xp, (n, kh, kw, c, oh, ow),
+        (hp * wp * c * e, d[0] * wp * c * e, d[1] * c * e, e, s[0] * wp * c * e, s[1] * c * e),
+        writeable=False)
+    wb = pw
+    if bias is not None:
+        wb = scratch("conv.stemw", (kb, m))
+        wb[:k] = pw
+        wb[k] = bias
+    rows = max(1, min(oh, STEM_BAND_BYTES // max(1, ow * kb * 4)))
     for i in range(n):
         for r0 in range(0, oh, rows):
             r1 = min(oh, r0 + rows)
             rr = r1 - r0
-            acc = y[i, r0:r1]
-            tmp = scratch("conv.dwtmp", (rr, ow, c))
-            first = True
-            for a in range(kh):
-                h0 = r0 * s[0] + a * d[0]
-                for b in range(kw):
-                    w0 = b * d[1]
-                    v = xp[i, h0:h0 + (rr - 1) * s[0] + 1:s[0], w0:w0 + (ow - 1) * s[1] + 1:s[1]]
-                    if first:
-                        np.multiply(v, pw[a, b], out=acc)
-                        first = False
-                    else:
-                        np.multiply(v, pw[a, b], out=tmp)
-                        acc += tmp
+            cols = scratch("conv.cols", (kb, rr * ow))
+            np.copyto(cols[:k].reshape(kh, kw, c, rr, ow), view[i, :, :, :, r0:r1])
+            if bias is not None:
+                cols[k] = 1
+            y2 = y[i, r0:r1].reshape(rr * ow, m)
+            np.matmul(cols.T, wb, out=y2)
+            _epilogue(y2, None, None if z is None else z[i, r0:r1].reshape(y2.shape),
+                      activation, params)
+
+
+def _phase_planes(x, i, s, d, begin, khw, oh, ow, tag):
+    """Image i of x (N, H, W, C) padded and split by stride phase into planes
+    P[p, r, j, :] = xpad[pa + r*s0, pb + j*s1, :] (zero outside x) for the phases (pa, pb) the
+    taps use. Returns (planes, wq, taps): taps lists each (a, b)'s element offset of its
+    top-left input in the flattened planes. Output pixel (r, j) of tap (a, b) then reads flat
+    row offset + r*wq + j, so every tap is a plain shifted row range of one 2-D matrix."""
+    n, h, w, c = x.shape
+    kh, kw = khw
+    qa_max, qb_max = ((kh - 1) * d[0]) // s[0], ((kw - 1) * d[1]) // s[1]
+    # wq >= ow + qb_max keeps every valid output's reads inside its plane row; one spare row
+    # takes the overrun of the last wide row (its columns past ow are discarded).
+    wq = ow + qb_max
+    hq = oh + qa_max + 1
+    pas = sorted({(a * d[0]) % s[0] for a in range(kh)})
+    pbs = sorted({(b * d[1]) % s[1] for b in range(kw)})
+    planes = scratch(tag, (len(pas) * len(pbs), hq, wq, c))
+    bt, bl = begin
+    index = {}
+    for u, pa in enumerate(pas):
+        # Rows r whose source row pa + r*s0 - bt lies inside x.
+        r0 = min(hq, max(0, -((pa - bt) // s[0])))
+        r1 = max(r0, min(hq, (h - 1 - pa + bt) // s[0] + 1))
+        for v, pb in enumerate(pbs):
+            j0 = min(wq, max(0, -((pb - bl) // s[1])))
+            j1 = max(j0, min(wq, (w - 1 - pb + bl) // s[1] + 1))
+            p = planes[u * len(pbs) + v]
+            index[pa, pb] = u * len(pbs) + v
+            p[:r0] = 0
+            p[r1:] = 0
+            p[r0:r1, :j0] = 0
+            p[r0:r1, j1:] = 0
+            if r1 > r0 and j1 > j0:
+                xr, xc = pa + r0 * s[0] - bt, pb + j0 * s[1] - bl
+                p[r0:r1, j0:j1] = x[i, xr:xr + (r1 - r0 - 1) * s[0] + 1:s[0],
+                                    xc:xc + (j1 - j0 - 1) * s[1] + 1:s[1]]
+    taps = []
+    for a in range(kh):
+        pa, qa = (a * d[0]) % s[0], (a * d[0]) // s[0]
+        for b in range(kw):
+            pb, qb = (b * d[1]) % s[1], (b * d[1]) // s[1]
+            taps.append(((index[pa, pb] * hq + qa) * wq + qb) * c)
+    return planes, wq, taps
+
+
+def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params) -> None:
+    """k x k convolution as one accumulating GEMM per tap over shifted row ranges of the
+    padded, phase-split input: no patch matrix. Each band of output rows is computed "wide"
+    (wq >= ow columns, the extra ones garbage) and its valid columns copied out with the bias."""
+    gemm = sgemm()
+    n, oh, ow, m = y.shape
+    c = x.shape[3]
+    cg, mg = c // group, m // group
+    e = 4
+    for i in range(n):
+        planes, wq, taps = _phase_planes(x, i, s, d, begin, khw, oh, ow, "conv.planes")
+        base = planes.ctypes.data
+        rows = max(1, min(oh, WIDE_BAND_BYTES // max(1, wq * m * 4)))
+        direct = wq == ow
+        for r0 in range(0, oh, rows):
+            r1 = min(oh, r0 + rows)
+            rr = r1 - r0
+            yb = y[i, r0:r1]
+            yw = yb if direct else scratch("conv.wide", (rr, wq, m))
+            for g in range(group):
+                wg = pw[g]
+                bptr = wg.ctypes.data
+                for t, off in enumerate(taps):
+                    gemm(rr * wq, mg, cg, base + (off + r0 * wq * c + g * cg) * e, c,
+                         bptr + t * cg * mg * e, mg, 0.0 if t == 0 else 1.0,
+                         yw.ctypes.data + g * mg * e, m)
+            if not direct:
+                if bias is not None:
+                    np.add(yw[:, :ow], bias, out=yb)
+                else:
+                    np.copyto(yb, yw[:, :ow])
+                _epilogue(yb, None, None if z is None else z[i, r0:r1], activation, params)
+            else:
+                _epilogue(yb, bias, None if z is None else z[i, r0:r1], activation, params)
+
+
+def _depthwise_nhwc(x, W, s, d, begin, end, y, bias) -> None:
+    """y[n, oh, ow, c] = sum over taps of xp[n, oh*s + a*d, ow*s + b*d, c] * W[c, 0, a, b]
+    (+ bias). Each tap is a multiply-add of a shifted, contiguous row range of the phase
+    planes (see _phase_planes) onto a wide accumulator band that stays in L2."""
+    kh, kw = W.shape[2:]
+    n, oh, ow, c = y.shape
+    for i in range(n):
+        planes, wq, taps = _phase_planes(x, i, s, d, begin, (kh, kw), oh, ow, "conv.planes")
+        # Tap weights repeated along a whole wide row: the products are then (rows, wq*C) by
+        # (wq*C,) with a long SIMD inner loop; broadcasting a (C,) vector runs ~2x slower.
+        pw = packed(W, ("dw_nhwc", wq), lambda w, wq=wq: np.ascontiguousarray(
+            np.tile(_pack_depthwise(w).reshape(kh * kw, 1, c), (1, wq, 1))
+        ).reshape(kh * kw, wq * c))
+        flat = planes.reshape(-1)
+        rows = max(1, min(oh, DW_BAND_BYTES // max(1, wq * c * 4)))
+        bands = [(r0, min(oh, r0 + rows)) for r0 in range(0, oh, rows)]
+        # (Splitting the bands over two threads measured slower on the shared 2-core machine.)
+        _depthwise_bands(bands, flat, pw, taps, y[i], bias, wq)
+
+
+def _depthwise_bands(bands, flat, pw, taps, y, bias, wq) -> None:
+    """Depthwise output rows [r0, r1) of one image y (OH, OW, C) for each (r0, r1) band."""
+    _oh, ow, c = y.shape
+    direct = wq == ow
+    for r0, r1 in bands:
+        rr = r1 - r0
+        size = rr * wq * c
+        yb = y[r0:r1]
+        acc = yb.reshape(rr, -1) if direct else scratch("conv.wide", (rr, wq * c))
+        tmp = scratch("conv.dwtmp", (rr, wq * c))
+        for t, off in enumerate(taps):
+            o = off + r0 * wq * c
+            v = flat[o:o + size].reshape(rr, -1)
+            if t == 0:
+                np.multiply(v, pw[t], out=acc)
+            else:
+                np.multiply(v, pw[t], out=tmp)
+                acc += tmp
+        if direct:
+            if bias is not None:
+                yb += bias
+        elif bias is not None:
+            np.add(acc.reshape(rr, wq, c)[:, :ow], bias, out=yb)
+        else:
+            np.copyto(yb, acc.reshape(rr, wq, c)[:, :ow])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ class MemoryPlan:
             ),
             "alignment": self.alignment,
             "outputs_bytes": self.outputs_bytes,
-            "signature": [list(s) for s in self.signature],
+            "signature": list(self.signature),  # the values of the symbolic input dims
             "steps": len(self.steps),
             "buffers": [b.as_dict() for b in self.buffers],
             "dynamic": list(self.dynamic),

@@ -6,6 +6,8 @@ may run on channels-last data instead. The pass
 1. classifies nodes: layout-sensitive (Conv, pools, norms, Resize, ...: activation input 0 and
    output 0 carry the layout), layout-agnostic (elementwise, Concat/Softmax with a remapped axis,
    Pad with remapped pads, DeviceCopy), model Transposes (absorbed by composing permutations),
+   channel shuffles (a Reshape -> Transpose -> Reshape chain that only permutes the channel
+   axis, as in ShuffleNet: it is rewritten to split, permute and merge the last axis instead),
    and the rest (which need ONNX's NCHW);
 2. groups sensitive and agnostic nodes that exchange 3-5-D tensors into regions and decides per
    region: NHWC when a device there requires or prefers it, or when the NHWC kernels outnumber
@@ -94,6 +96,7 @@ class LayoutReport:
     cancelled: int = 0
     absorbed: int = 0
     nhwc_nodes: int = 0
+    shuffles: int = 0
     regions: list[dict[str, Any]] = field(default_factory=list)
     inserted: dict[int, str] = field(default_factory=dict)  # id(node) -> reason
 
@@ -104,6 +107,7 @@ class LayoutReport:
             "transposes_cancelled": self.cancelled,
             "transposes_absorbed": self.absorbed,
             "nhwc_nodes": self.nhwc_nodes,
+            "channel_shuffles_nhwc": self.shuffles,
             "regions": self.regions,
         }
 
@@ -137,6 +141,10 @@ class LayoutPass:
         self.layout: dict[int, str] = {}
         self.kind: dict[int, str] = {}
         self.want: dict[int, str] = {}
+        # id(node) -> (head Reshape, Transpose, tail Reshape) of a channel shuffle it belongs to
+        self.chain: dict[int, tuple[Node, Node, Node]] = {}
+        self.shuffle_shapes: dict[int, tuple[tuple, tuple]] = {}  # id(head) -> (x, factors)
+        self._odd: set[int] = set()  # shuffle intermediates: neither NCHW nor NHWC
         self._names: set[str] = {n.name for n in graph.nodes}
 
     # -- 1. classify ---------------------------------------------------------------------------
@@ -147,6 +155,8 @@ class LayoutPass:
             return tuple(i for i in sensitive_inputs(node) if i < len(node.inputs))
         if k == "A":
             return tuple(i for i, v in enumerate(node.inputs) if _tracked(v) and v.const is None)
+        if k == "CH":
+            return (0,)
         return ()
 
     def layout_outputs(self, node: Node) -> tuple[int, ...]:
@@ -158,6 +168,8 @@ class LayoutPass:
             return tuple(
                 i for i, o in enumerate(node.outputs) if _tracked(o) and _rank(o) == r
             )
+        if k == "CT":
+            return (0,)
         return ()
 
     def classify(self, node: Node) -> str:
@@ -222,12 +234,28 @@ class LayoutPass:
             return "A" if all(v.const is not None for v in others) else "N"
         return "N"
 
+    def find_shuffles(self) -> None:
+        """Mark Reshape -> Transpose -> Reshape chains that only permute the channel axis."""
+        outs = {id(v) for v in self.g.outputs}
+        for n in self.g.nodes:
+            chain = _shuffle_at(n, outs)
+            if chain is not None and not any(id(c) in self.chain for c in chain):
+                for c, k in zip(chain, ("CH", "CM", "CT"), strict=True):
+                    self.kind[id(c)] = k
+                    self.chain[id(c)] = chain
+                xs = tuple(n.inputs[0].fact.shape)  # type: ignore[union-attr, arg-type]
+                ys = tuple(n.outputs[0].fact.shape)  # type: ignore[union-attr, arg-type]
+                self.shuffle_shapes[id(n)] = (xs, ys[1 : len(ys) - len(xs) + 2])
+
     # -- 2. regions ----------------------------------------------------------------------------
     def regions(self) -> dict[int, list[Node]]:
         uf = _Union()
-        members = [n for n in self.g.nodes if self.kind[id(n)] in ("S", "A")]
+        members = [n for n in self.g.nodes if self.kind[id(n)] in ("S", "A", "CH", "CM", "CT")]
         for n in members:
             uf.find(id(n))
+        for head, mid, tail in self.chain.values():
+            uf.union(id(head), id(mid))
+            uf.union(id(mid), id(tail))
         readers: dict[int, list[Node]] = {}
         for n in members:
             for i in self.layout_inputs(n):
@@ -282,6 +310,7 @@ class LayoutPass:
         g = self.g
         for n in g.nodes:
             self.kind[id(n)] = self.classify(n)
+        self.find_shuffles()
         nhwc_nodes: set[int] = set()
         for nodes in self.regions().values():
             wants = [self.want.get(id(n)) for n in nodes if self.kind[id(n)] == "S"]
@@ -349,11 +378,17 @@ class LayoutPass:
                 del g.values[o.name]
         g.rebuild_uses()
         self._sweep()
-        self._tag({id(v) for v in self.phys.values()})
+        self._tag({id(v) for v in self.phys.values() if id(v) not in self._odd})
+        for v in self.phys.values():
+            if id(v) in self._odd:
+                v.layout = None  # type: ignore[attr-defined]
         return self.report
 
     def _rewrite_nhwc(self, node: Node, dev: Any) -> None:
         kind = self.kind[id(node)]
+        if kind in ("CH", "CM", "CT"):
+            self._rewrite_shuffle(node, dev)
+            return
         r = _rank(node.outputs[0])
         for i in self.layout_inputs(node):
             v = node.inputs[i]
@@ -374,6 +409,51 @@ class LayoutPass:
             node.outputs[k] = nv
             self.phys[id(o)] = nv
             self.orig[id(o)] = o
+        self.new_nodes.append(node)
+
+    def _rewrite_shuffle(self, node: Node, dev: Any) -> None:
+        """A channel shuffle on channels-last data: split, permute and merge the LAST axis.
+
+        NCHW [N,C,*S] -> Reshape [N,*F,*S] -> Transpose(0, p(F), S) -> Reshape [N,C,*S] becomes
+        [N,*S,C] -> Reshape [N,*S,*F] -> Transpose(0, S, p(F)) -> Reshape [N,*S,C]: the same
+        channel permutation, with one data copy and no layout conversions.
+        """
+        head, mid, tail = self.chain[id(node)]
+        xs, factors = self.shuffle_shapes[id(head)]
+        sp = xs[2:]
+        k = len(factors)
+        batch = xs[0] if isinstance(xs[0], int) else 0  # 0 copies N (allowzero is dropped)
+        o = node.outputs[0]
+        if node is head:
+            node.inputs[0] = self._nhwc(node.inputs[0], dev, node)
+            phys: tuple = (xs[0], *sp, *factors)
+            node.inputs[1] = self._const(
+                f"{node.inputs[1].name}__nhwc", np.array([batch, *sp, *factors], dtype=np.int64)
+            )
+            node.attrs = {a: v for a, v in node.attrs.items() if a != "allowzero"}
+        elif node is mid:
+            node.inputs[0] = self.phys[id(node.inputs[0])]
+            p = [int(q) for q in node.attrs["perm"]]
+            new = [*range(1 + len(sp)), *(len(sp) + q for q in p[1 : 1 + k])]
+            node.attrs = dict(node.attrs, perm=new)
+            phys = (xs[0], *sp, *(factors[q - 1] for q in p[1 : 1 + k]))
+        else:
+            node.inputs[0] = self.phys[id(node.inputs[0])]
+            node.inputs[1] = self._const(
+                f"{node.inputs[1].name}__nhwc", np.array([batch, *sp, xs[1]], dtype=np.int64)
+            )
+            node.attrs = {a: v for a, v in node.attrs.items() if a != "allowzero"}
+            phys = (xs[0], *sp, xs[1])
+            self.report.shuffles += 1
+        nv = self._value(f"{o.name}__nhwc", TensorFact(o.fact.dtype, phys))
+        nv.producer = node
+        if node is tail:
+            nv.layout = NHWC  # type: ignore[attr-defined]
+        else:
+            self._odd.add(id(nv))
+        node.outputs[0] = nv
+        self.phys[id(o)] = nv
+        self.orig[id(o)] = o
         self.new_nodes.append(node)
 
     def _remap_attrs(self, node: Node, r: int) -> None:
@@ -556,6 +636,63 @@ class LayoutPass:
                 v.layout = NHWC  # type: ignore[attr-defined]
             else:
                 v.layout = NCHW if _tracked(v) else None  # type: ignore[attr-defined]
+
+
+def _static(shape: Any) -> bool:
+    return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
+
+
+def _only_use(v: Value | None, outs: set[int], op: str) -> Node | None:
+    """The single standard-domain `op` node reading `v` as input 0 (None if anything else)."""
+    if v is None or id(v) in outs or len(v.uses) != 1:
+        return None
+    user, idx = v.uses[0]
+    return user if idx == 0 and user.op_type == op and user.domain == "" else None
+
+
+def _shuffle_at(head: Node, outs: set[int]) -> tuple[Node, Node, Node] | None:
+    """The channel shuffle starting at `head`, or None.
+
+    Head Reshape splits the channel axis of [N, C, *S] into factors ([N, *F, *S]), a Transpose
+    permutes only the factor axes, and the tail Reshape merges them back to [N, C, *S]; the
+    intermediates have no other readers. Shapes must be static (batch may be symbolic).
+    """
+    if head.op_type != "Reshape" or head.domain != "" or len(head.inputs) < 2:
+        return None
+    x, s1 = head.inputs[0], head.inputs[1]
+    if not _tracked(x) or x.const is not None or s1 is None or s1.const is None:
+        return None
+    xs = tuple(x.fact.shape)  # type: ignore[arg-type]
+    y1 = head.outputs[0]
+    if not _static(xs[1:]) or y1 is None or y1.fact.shape is None:
+        return None
+    ys = tuple(y1.fact.shape)
+    ns = len(xs) - 2
+    k = len(ys) - 1 - ns
+    if k < 2 or ys[0] != xs[0] or ys[1 + k :] != xs[2:] or not _static(ys[1 : 1 + k]):
+        return None
+    if int(np.prod(ys[1 : 1 + k])) != xs[1]:
+        return None
+    mid = _only_use(y1, outs, "Transpose")
+    if mid is None:
+        return None
+    perm = [int(q) for q in (mid.attrs.get("perm") or reversed(range(len(ys))))]
+    if (
+        len(perm) != len(ys)
+        or perm[0] != 0
+        or perm[1 + k :] != list(range(1 + k, len(ys)))
+        or sorted(perm[1 : 1 + k]) != list(range(1, 1 + k))
+    ):
+        return None
+    tail = _only_use(mid.outputs[0], outs, "Reshape")
+    if tail is None or len(tail.inputs) < 2 or tail.inputs[1] is None:
+        return None
+    z = tail.outputs[0]
+    if tail.inputs[1].const is None or z is None or z.fact.shape is None:
+        return None
+    if tuple(z.fact.shape) != xs:
+        return None
+    return head, mid, tail
 
 
 def _perm_pads(pads: list[int], perm: tuple[int, ...]) -> list[int]:

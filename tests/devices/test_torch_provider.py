@@ -478,6 +478,62 @@ def test_configure_sets_threads():
     assert torch.get_num_threads() == 3
 
 
+# ------------------------------------------------------------- thread count per op
+
+
+def test_small_work_runs_on_one_thread_and_restores_the_count():
+    torch.set_num_threads(2)
+    seen = []
+    with tp._Mode(True):
+        seen.append(torch.get_num_threads())
+        assert torch.is_inference_mode_enabled()
+    with tp._Mode(False):
+        seen.append(torch.get_num_threads())
+    assert seen == [1, 2] and torch.get_num_threads() == 2
+    assert not torch.is_inference_mode_enabled()
+    with pytest.raises(KernelError), tp._Mode(True):
+        raise KernelError("inside")
+    assert torch.get_num_threads() == 2 and not torch.is_inference_mode_enabled()
+
+
+def test_conv_plan_counts_flops_and_picks_the_gemm_only_when_serial():
+    x = np.zeros((1, 13, 13, 64), np.float32)
+    w = np.zeros((256, 64, 3, 3), np.float32)
+    plan = tp._conv_plan(x, w, {"pads": [1, 1, 1, 1]}, True)
+    assert plan.flops == 2 * 13 * 13 * 256 * 64 * 9 and not plan.gemm
+    w1 = np.zeros((16, 64, 1, 1), np.float32)
+    assert tp._conv_plan(x, w1, {}, True).gemm  # 2.2 MFLOP: one serial GEMM
+    big = np.zeros((1, 56, 56, 256), np.float32)
+    w2 = np.zeros((512, 256, 1, 1), np.float32)
+    p2 = tp._conv_plan(big, w2, {}, True)
+    assert p2.flops >= tp._SERIAL_FLOPS and p2.gemm == (not p2.packed)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape,wshape", [
+    ((1, 8, 9, 9), (16, 8, 3, 3)),      # tiny: serial, packed 3x3
+    ((1, 64, 30, 30), (128, 64, 3, 3)),  # ~80 MFLOP: parallel, packed 3x3
+    ((1, 32, 20, 20), (48, 32, 1, 1)),  # serial GEMM 1x1
+    ((1, 256, 28, 28), (128, 256, 1, 1)),  # parallel oneDNN 1x1
+])
+def test_fused_conv_same_on_either_side_of_the_serial_bound(threads, shape, wshape):
+    _fused_present("FusedConv")
+    torch.set_num_threads(threads)
+    x, w, b = rand(*shape, seed=40), rand(*wshape, seed=41), rand(wshape[0], seed=42)
+    w.flags.writeable = False
+    b.flags.writeable = False
+    k = wshape[-1]
+    attrs = dict(pads=[k // 2] * 4, strides=[1, 1], group=1)
+    o, v = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
+    z = rand(shape[0], wshape[0], *shape[2:], seed=43)
+    for zz in (None, z):
+        kw = dict(attrs, activation="Relu", activation_params=[])
+        want = o.reference(x, w, b, zz, **kw)
+        got = nchw(v.fn(nhwc(x), w, b, None if zz is None else nhwc(zz), **kw))
+        close(got, want)
+        assert torch.get_num_threads() == threads
+
+
 @pytest.mark.parametrize(
     "program,shapes",
     [

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opwarden.errors import KernelError
+from opwarden.kernels import conv as kconv
 from opwarden.kernels import fused as kfused
-from opwarden.kernels._util import packed
+from opwarden.kernels._util import packed, sgemm
 from opwarden.kernels.conv import conv_nchw, conv_nhwc
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.conv import Conv
@@ -51,6 +54,26 @@ def conv_case(draw):
                            pads=pads, kernel_shape=[kh, kw]))
 
 
+@contextlib.contextmanager
+def nhwc_path(path):
+    """Force the NHWC k x k path: "shifted" (per-tap GEMMs), "stem" (transposed patch matrix,
+    group 1 only, else the general one) or "im2col" (patch matrix)."""
+    names = ("SHIFT_MIN_C", "SHIFT_MIN_PIXELS", "SHIFT_MAX_M_PER_C", "STEM_MAX_RUN")
+    old = {k: getattr(kconv, k) for k in names}
+    big = 1 << 30
+    new = {"shifted": (1, 1, big, 0), "stem": (big, big, 0, big), "im2col": (big, big, 0, 0)}
+    for k, v in zip(names, new[path]):
+        setattr(kconv, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(kconv, k, v)
+
+
+PATHS = ["shifted", "stem", "im2col"]
+
+
 def _arrays(case, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((case["n"], case["c"], case["h"], case["w"]), dtype=np.float32)
@@ -64,8 +87,10 @@ def _arrays(case, seed=0):
 def test_conv_variants_match_reference(case):
     x, w, b = _arrays(case)
     ref = Conv(x, w, b, **case["attrs"])
-    y1 = conv_nhwc(nhwc(x), w, b, **case["attrs"])
-    np.testing.assert_allclose(nchw(y1), ref, rtol=1e-4, atol=1e-4)
+    for path in PATHS:
+        with nhwc_path(path):
+            y1 = conv_nhwc(nhwc(x), w, b, **case["attrs"])
+        np.testing.assert_allclose(nchw(y1), ref, rtol=1e-4, atol=1e-4, err_msg=path)
     y2 = conv_nchw(x, w, b, **case["attrs"])
     np.testing.assert_allclose(y2, ref, rtol=1e-4, atol=1e-4)
 
@@ -79,11 +104,14 @@ def test_fused_conv_variants_match_reference(case, act, residual):
     z = np.random.default_rng(2).standard_normal(ref0.shape, dtype=np.float32) if residual \
         else None
     ref = FusedConv(x, w, b, z, activation=act, activation_params=params, **case["attrs"])
-    out = np.full((ref.shape[0],) + ref.shape[2:] + ref.shape[1:2], np.nan, np.float32)
-    y1 = kfused.fused_conv_nhwc(nhwc(x), w, b, None if z is None else nhwc(z), activation=act,
-                                activation_params=params, out=out, **case["attrs"])
-    assert y1 is out
-    np.testing.assert_allclose(nchw(y1), ref, rtol=1e-4, atol=1e-4)
+    for path in PATHS:
+        out = np.full((ref.shape[0],) + ref.shape[2:] + ref.shape[1:2], np.nan, np.float32)
+        with nhwc_path(path):
+            y1 = kfused.fused_conv_nhwc(nhwc(x), w, b, None if z is None else nhwc(z),
+                                        activation=act, activation_params=params, out=out,
+                                        **case["attrs"])
+        assert y1 is out
+        np.testing.assert_allclose(nchw(y1), ref, rtol=1e-4, atol=1e-4, err_msg=path)
     out2 = np.full(ref.shape, np.nan, np.float32)
     y2 = kfused.fused_conv_nchw(x, w, b, z, activation=act, activation_params=params, out=out2,
                                 **case["attrs"])
@@ -111,6 +139,54 @@ def test_large_map_uses_several_bands_and_matches():
     np.testing.assert_allclose(nchw(conv_nhwc(nhwc(x), w, None, **attrs)), ref, rtol=1e-4,
                                atol=1e-4)
     np.testing.assert_allclose(conv_nchw(x, w, None, **attrs), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    "xs, ws, attrs",
+    [
+        ((1, 64, 30, 30), (48, 64, 3, 3), dict(pads=[1, 1, 1, 1])),  # many wide bands
+        ((2, 32, 17, 15), (40, 32, 3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),
+        ((1, 32, 19, 19), (24, 16, 5, 5), dict(pads=[2, 1, 0, 2], group=2, dilations=[2, 1])),
+        ((1, 24, 20, 20), (32, 24, 1, 1), dict(strides=[2, 2])),
+        ((1, 24, 9, 9), (32, 12, 1, 1), dict(group=2)),  # pointwise
+        ((1, 16, 12, 12), (8, 16, 3, 3), dict(pads=[-1, 0, 2, -1], strides=[1, 3])),
+        ((1, 3, 40, 40), (16, 3, 7, 7), dict(pads=[3, 3, 3, 3], strides=[2, 2])),
+        ((2, 48, 21, 21), (48, 1, 3, 3), dict(pads=[1, 1, 1, 1], group=48)),  # depthwise
+        ((1, 40, 23, 22), (40, 1, 3, 3), dict(pads=[1, 0, 1, 1], strides=[2, 2], group=40)),
+    ],
+)
+def test_realistic_shapes_match_reference(xs, ws, attrs, path):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(xs, dtype=np.float32)
+    w = rng.standard_normal(ws, dtype=np.float32) * np.float32(0.1)
+    w.flags.writeable = False  # as initializers: exercises the packed-weight cache
+    b = rng.standard_normal(ws[0], dtype=np.float32)
+    ref = Conv(x, w, b, **attrs)
+    old = kconv.WIDE_BAND_BYTES, kconv.DW_BAND_BYTES
+    # Small bands: the band loops and their offsets are exercised.
+    kconv.WIDE_BAND_BYTES = kconv.DW_BAND_BYTES = 8 << 10
+    try:
+        with nhwc_path(path):
+            # A strided NHWC view of the NCHW array, as the layout pass's input transpose gives.
+            y = conv_nhwc(x.transpose(0, 2, 3, 1), w, b, **attrs)
+    finally:
+        kconv.WIDE_BAND_BYTES, kconv.DW_BAND_BYTES = old
+    np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_blas_binding_accumulates():
+    gemm = sgemm()
+    if gemm is None:
+        pytest.skip("no OpenBLAS ILP64 interface in this NumPy")
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((7, 5), dtype=np.float32)
+    b = rng.standard_normal((5, 3), dtype=np.float32)
+    c = np.ones((7, 4), np.float32)
+    # C[:, 1:] += A @ B with ldc 4: the leading column must be left alone.
+    gemm(7, 3, 5, a.ctypes.data, 5, b.ctypes.data, 3, 1.0, c.ctypes.data + 4, 4)
+    np.testing.assert_allclose(c[:, 1:], a @ b + 1, rtol=1e-5)
+    np.testing.assert_array_equal(c[:, 0], 1)
 
 
 def test_packed_weights_cached_only_for_read_only_arrays():

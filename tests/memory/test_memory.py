@@ -263,3 +263,25 @@ def test_overridden_initializer_feeds_win_over_the_constant():
     np.testing.assert_array_equal(
         sess.run(None, {"x": x, "w": np.full(3, 5.0, np.float32)})[0], [5, 5, 5]
     )
+
+
+def test_plan_command_json_and_picture(tmp_path, capsys):
+    import json
+
+    from opwarden.cli import main
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(small_cnn().SerializeToString())
+    svg = tmp_path / "arena.svg"
+    assert main(["plan", str(path), "--json", "--batch", "3", "--png", str(svg)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"arena_bytes", "lower_bound_bytes", "naive_bytes", "buffers"} <= set(out)
+    assert out["lower_bound_bytes"] <= out["arena_bytes"] <= out["naive_bytes"]
+    assert out["signature"] == [3]
+    assert all({"name", "producer", "size", "offset", "first_step", "last_step"} <= set(b)
+               for b in out["buffers"])
+    assert svg.read_text().startswith("<svg") and svg.read_text().count("<rect") > len(
+        out["buffers"]
+    )
+    assert main(["plan", str(path)]) == 0  # the table
+    assert "lower bound" in capsys.readouterr().out
