@@ -7,9 +7,9 @@ reference kernel in tests/kernels/. NHWC variants are chosen by the layout pass.
 
 from __future__ import annotations
 
-from . import conv, elementwise, fused, linalg, norm, pool
+from . import conv, elementwise, fused, linalg, norm, pool, shape
 
-for _module in (conv, pool, norm, linalg, elementwise, fused):
+for _module in (conv, pool, norm, linalg, elementwise, fused, shape):
     _module.register()
 
-__all__ = ["conv", "elementwise", "fused", "linalg", "norm", "pool"]
+__all__ = ["conv", "elementwise", "fused", "linalg", "norm", "pool", "shape"]

@@ -218,7 +218,8 @@ _SGEMM: list = []
 
 def sgemm() -> Callable[..., None] | None:
     """NumPy's OpenBLAS row-major float32 GEMM as f(m, n, k, a_ptr, lda, b_ptr, ldb, beta,
-    c_ptr, ldc): C = A @ B + beta * C on raw pointers; None when it cannot be found.
+    c_ptr, ldc, ta=False, tb=False): C = A' @ B' + beta * C on raw pointers (A' = A.T when
+    ta, B' likewise); None when it cannot be found.
 
     Raw pointers let a convolution hand BLAS overlapping, offset views of one padded image
     (each kernel tap is a shifted row range) and accumulate with beta=1, which np.matmul cannot.
@@ -244,11 +245,42 @@ def sgemm() -> Callable[..., None] | None:
         raw.argtypes = [enum, enum, enum, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
         raw.restype = None
 
-        def _gemm(m, n, k, a, lda, b, ldb, beta, c, ldc, _raw=raw):
-            # 101 = CblasRowMajor, 111 = CblasNoTrans.
-            _raw(101, 111, 111, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
+        def _gemm(m, n, k, a, lda, b, ldb, beta, c, ldc, ta=False, tb=False, _raw=raw):
+            # 101 = CblasRowMajor, 111 = CblasNoTrans, 112 = CblasTrans.
+            _raw(101, 112 if ta else 111, 112 if tb else 111, m, n, k, 1.0, a, lda, b, ldb,
+                 beta, c, ldc)
 
         fn = _gemm
         break
     _SGEMM.append(fn)
     return fn
+
+
+def _operand(a: np.ndarray) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a 2-D float32 matrix BLAS can read in place."""
+    e = a.itemsize
+    r, c = a.shape
+    if (a.strides[1] == e or c == 1) and a.strides[0] % e == 0 and a.strides[0] >= c * e:
+        return False, max(1, a.strides[0] // e) if r > 1 else max(1, c)
+    if (a.strides[0] == e or r == 1) and a.strides[1] % e == 0 and a.strides[1] >= r * e:
+        return True, max(1, a.strides[1] // e) if c > 1 else max(1, r)
+    return None
+
+
+def matmul_acc(a: np.ndarray, b: np.ndarray, y: np.ndarray, accumulate: bool) -> None:
+    """y = a @ b, or y += a @ b when `accumulate` (one BLAS call, no temporary): float32 2-D
+    operands, row-major or transposed, y with unit inner stride."""
+    gemm = sgemm() if a.size and b.size and y.size else None
+    ta, tb = _operand(a), _operand(b)
+    if (gemm is None or ta is None or tb is None or y.strides[1] != y.itemsize
+            or y.strides[0] % y.itemsize or a.dtype != F32 or b.dtype != F32 or y.dtype != F32):
+        if accumulate:
+            y += a @ b
+        else:
+            np.matmul(a, b, out=y)
+        return
+    m, k = a.shape
+    n = b.shape[1]
+    ldc = y.strides[0] // y.itemsize if m > 1 else n
+    gemm(m, n, k, a.ctypes.data, ta[1], b.ctypes.data, tb[1], 1.0 if accumulate else 0.0,
+         y.ctypes.data, max(ldc, n), ta[0], tb[0])

@@ -57,6 +57,91 @@ def _fold(xp, y, kernel, s, d, ufunc) -> None:
                         ufunc(acc, v, out=acc)
 
 
+def _tap_range(off: int, size: int, o: int, st: int, b: int) -> tuple[int, int]:
+    """Output indices [lo, hi) whose tap at kernel offset `off` reads inside the input."""
+    lo = min(o, max(0, -((off - b) // st)))
+    hi = min(o, (size - 1 - off + b) // st + 1)
+    return lo, max(lo, hi)
+
+
+def _fold_direct(x, y, kernel, s, d, begin, ufunc) -> bool:
+    """_fold without a padded copy of x, separably: a band of input rows is first folded
+    along W (into H: rows x OW x C), then H's rows along H into y. Each tap folds only the
+    outputs whose window cell lies inside x (a padding cell adds nothing to a max or a sum).
+    The H pass's views have long contiguous runs when the W stride is 1, the second pass's
+    always (whole rows), where the 2-D window's views run C floats at a time. Needs a tap
+    inside x for every output along each axis, to start from, and a window where this pays
+    (see _separable); False (nothing done) otherwise."""
+    n, h, w, c = x.shape
+    if not _separable(kernel, s, begin, c):
+        return False
+    _, oh, ow, _ = y.shape
+    (kh, kw), (s0, s1), (d0, d1), (bt, bl) = kernel, s, d, begin
+    rows = [_tap_range(a * d0, h, oh, s0, bt) for a in range(kh)]
+    cols = [_tap_range(b * d1, w, ow, s1, bl) for b in range(kw)]
+    row_taps = _order(rows, oh)
+    col_taps = _order(cols, ow)
+    if row_taps is None or col_taps is None:
+        return False
+    band = max(1, min(oh, BAND_BYTES // max(1, s0 * ow * c * 4)))
+    for i in range(n):
+        for r0 in range(0, oh, band):
+            r1 = min(oh, r0 + band)
+            lo_in = max(0, r0 * s0 - bt)
+            hi_in = min(h, (r1 - 1) * s0 + (kh - 1) * d0 - bt + 1)
+            hb = scratch("pool.h", (hi_in - lo_in, ow, c))
+            _fold_axis(hb, x[i, lo_in:hi_in], 1, (s1, d1, bl), col_taps, cols, 0, ufunc)
+            local = [(max(lo, r0) - r0, min(hi, r1) - r0) for lo, hi in rows]
+            _fold_axis(y[i, r0:r1], hb, 0, (s0, d0, bt + lo_in), row_taps, local, r0, ufunc)
+    return True
+
+
+def _separable(kernel, s, begin, c: int) -> bool:
+    """Whether the separable fold pays: it does kh + kw folds where the 2-D one does kh * kw,
+    but the first over more rows, with runs of only C floats when the W stride is not 1.
+    Measured: a loss for 2x2 windows and for W-strided ones, unless it saves the padded copy
+    of a wide input (the 112x112x64 stem pools: -13%)."""
+    return kernel[0] * kernel[1] >= 9 and (s[1] == 1 or (any(begin) and c >= 64))
+
+
+def _order(ranges, o):
+    """Taps with a non-empty output range, those covering all o outputs first; None when
+    none covers all."""
+    full = [t for t, r in enumerate(ranges) if r == (0, o)]
+    if not full:
+        return None
+    return full + [t for t, (lo, hi) in enumerate(ranges) if hi > lo and t not in full]
+
+
+def _fold_axis(acc, base, axis, geom, taps, ranges, shift, ufunc) -> None:
+    """acc = ufunc-fold over the taps along `axis`: local output q of tap t reads base at
+    index (q + shift) * stride + t * dilation - offset, geom = (stride, dilation, offset);
+    ranges are the local outputs [lo, hi) each tap reaches."""
+    n = acc.shape[axis]
+    st, dl, off = geom
+
+    def part(a, lo, hi):
+        return a[lo:hi] if axis == 0 else a[:, lo:hi]
+
+    def src(t, lo, hi):
+        first = (lo + shift) * st + t * dl - off
+        sl = slice(first, first + (hi - lo - 1) * st + 1, st)
+        return base[sl] if axis == 0 else base[:, sl]
+
+    t0 = taps[0]
+    rest = taps[1:]
+    if len(taps) > 1 and ranges[taps[1]] == (0, n):
+        ufunc(src(t0, 0, n), src(taps[1], 0, n), out=acc)
+        rest = taps[2:]
+    else:
+        np.copyto(acc, src(t0, 0, n))
+    for t in rest:
+        lo, hi = ranges[t]
+        if hi > lo:
+            sub = part(acc, lo, hi)
+            ufunc(sub, src(t, lo, hi), out=sub)
+
+
 def _counts(n, k, s, d, b, e, o, include_pad) -> np.ndarray:
     """Per output position along one axis: window cells inside the input (or explicit pads)."""
     lo, hi = (-b, n + e) if include_pad else (0, n)
@@ -78,8 +163,9 @@ def maxpool_nhwc(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
     y = output(out, (x.shape[0], o[0], o[1], x.shape[3]))
     if y.size == 0:
         return y
-    xp = _padded_nhwc(x, begin, [e + t for e, t in zip(end, extra)], -np.inf)
-    _fold(xp, y, kernel, s, d, np.maximum)
+    if not _fold_direct(x, y, kernel, s, d, begin, np.maximum):
+        xp = _padded_nhwc(x, begin, [e + t for e, t in zip(end, extra)], -np.inf)
+        _fold(xp, y, kernel, s, d, np.maximum)
     return y
 
 
@@ -92,8 +178,9 @@ def averagepool_nhwc(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, 
     y = output(out, (x.shape[0], o[0], o[1], x.shape[3]))
     if y.size == 0:
         return y
-    xp = _padded_nhwc(x, begin, [e + t for e, t in zip(end, extra)], 0.0)
-    _fold(xp, y, kernel, s, d, np.add)
+    if not _fold_direct(x, y, kernel, s, d, begin, np.add):
+        xp = _padded_nhwc(x, begin, [e + t for e, t in zip(end, extra)], 0.0)
+        _fold(xp, y, kernel, s, d, np.add)
     h, w = x.shape[1:3]
     ch = _counts(h, kernel[0], s[0], d[0], begin[0], end[0], o[0], count_include_pad)
     cw = _counts(w, kernel[1], s[1], d[1], begin[1], end[1], o[1], count_include_pad)

@@ -1,0 +1,158 @@
+"""Kernel fast paths that small random cases do not reach by themselves: pointwise convs with
+bias/residual written before an accumulating GEMM or computed as a transposed product, raw
+BLAS on transposed operands, separable pooling over several row bands, the channel-major stem
+patch matrix, and Concat into the planned buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opwarden.errors import KernelError
+from opwarden.kernels import conv as kconv
+from opwarden.kernels import fused as kfused
+from opwarden.kernels import pool as kpool
+from opwarden.kernels import shape as kshape
+from opwarden.kernels._util import matmul_acc, sgemm
+from opwarden.ops.base import REGISTRY
+from opwarden.ops.fused import FusedConv
+
+from .test_conv import ACTS, _arrays, conv_case, nchw, nhwc
+
+
+@st.composite
+def pointwise_case(draw):
+    """conv_case with a 1x1 kernel, unit strides and no padding (the pointwise branch)."""
+    case = draw(conv_case())
+    case.update(kh=1, kw=1)
+    case["attrs"].update(kernel_shape=[1, 1], strides=[1, 1], pads=None, auto_pad="NOTSET",
+                         dilations=[1, 1])
+    return case
+
+
+def ref(op_type, *args, **attrs):
+    return REGISTRY.latest(op_type).reference(*args, **attrs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pointwise_case(), st.sampled_from(ACTS), st.booleans())
+def test_pointwise_prefilled_or_transposed_match_reference(case, act, residual):
+    x, w, b = _arrays(case, seed=4)
+    params = {"Clip": [-0.5, 0.7], "LeakyRelu": [0.2]}.get(act, [])
+    z = None
+    if residual:
+        shape = FusedConv(x, w, b, **case["attrs"]).shape
+        z = np.random.default_rng(5).standard_normal(shape, dtype=np.float32)
+    want = FusedConv(x, w, b, z, activation=act, activation_params=params, **case["attrs"])
+    old = kconv.PREFILL_MIN, kconv.PW_T_MAX_PIXELS
+    for prefill_min, pw_t in ((0, 0), (0, 1 << 30)):  # prefilled, or the transposed product
+        kconv.PREFILL_MIN, kconv.PW_T_MAX_PIXELS = prefill_min, pw_t
+        try:
+            got = kfused.fused_conv_nhwc(nhwc(x), w, b, None if z is None else nhwc(z),
+                                         activation=act, activation_params=params,
+                                         **case["attrs"])
+        finally:
+            kconv.PREFILL_MIN, kconv.PW_T_MAX_PIXELS = old
+        np.testing.assert_allclose(nchw(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_large_pointwise_conv_with_residual_matches_reference():
+    # Big enough for the prefill path at its real threshold.
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 40, 30, 30), dtype=np.float32)
+    w = rng.standard_normal((160, 40, 1, 1), dtype=np.float32)
+    b = rng.standard_normal(160, dtype=np.float32)
+    z = rng.standard_normal((1, 160, 30, 30), dtype=np.float32)
+    assert 160 * 30 * 30 >= kconv.PREFILL_MIN
+    want = FusedConv(x, w, b, z, activation="Relu")
+    got = kfused.fused_conv_nhwc(nhwc(x), w, b, nhwc(z), activation="Relu")
+    np.testing.assert_allclose(nchw(got), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(sgemm() is None, reason="NumPy's OpenBLAS ILP64 interface not found")
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("acc", [False, True])
+def test_matmul_acc_on_transposed_operands(ta, tb, acc):
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((9, 13), dtype=np.float32)
+    b = rng.standard_normal((13, 6), dtype=np.float32)
+    a_in = np.ascontiguousarray(a.T).T if ta else a
+    b_in = np.ascontiguousarray(b.T).T if tb else b
+    big = rng.standard_normal((9, 10), dtype=np.float32)
+    before = big.copy()
+    y = big[:, 2:8]  # a column block of a wider matrix, as the grouped GEMMs write
+    start = y.copy()
+    matmul_acc(a_in, b_in, y, acc)
+    want = a.astype(np.float64) @ b + (start if acc else 0)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(big[:, :2], before[:, :2])  # neighbours untouched
+    np.testing.assert_array_equal(big[:, 8:], before[:, 8:])
+
+
+def test_matmul_acc_falls_back_for_strided_operands():
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((8, 12), dtype=np.float32)[:, ::2]  # no unit stride
+    b = rng.standard_normal((6, 4), dtype=np.float32)
+    y = np.ones((8, 4), np.float32)
+    matmul_acc(a, b, y, True)
+    np.testing.assert_allclose(y, a @ b + 1, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k,s,p,c", [(3, 2, 1, 64), (3, 1, 1, 8), (5, 2, 2, 70), (3, 2, 0, 64)])
+@pytest.mark.parametrize("ceil_mode", [0, 1])
+def test_separable_pools_over_several_bands(k, s, p, c, ceil_mode):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, c, 19, 17), dtype=np.float32)
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=[p] * 4, ceil_mode=ceil_mode)
+    old = kpool.BAND_BYTES
+    kpool.BAND_BYTES = 2 * 9 * c * 4  # two output rows a band
+    try:
+        for include_pad in (0, 1):
+            want = ref("AveragePool", x, count_include_pad=include_pad, **attrs)
+            got = kpool.averagepool_nhwc(nhwc(x), count_include_pad=include_pad, **attrs)
+            np.testing.assert_allclose(nchw(got), want, rtol=1e-5, atol=1e-5)
+        want = ref("MaxPool", x, **attrs)
+        out = np.full(nhwc(want).shape, np.nan, np.float32)
+        got = kpool.maxpool_nhwc(nhwc(x), out=out, **attrs)
+        assert got is out
+        np.testing.assert_array_equal(nchw(got), want)
+    finally:
+        kpool.BAND_BYTES = old
+
+
+def test_stem_reads_an_nhwc_view_of_an_nchw_input():
+    # The layout pass hands the first convolution a transposed view of the graph input.
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((2, 3, 23, 21), dtype=np.float32)
+    w = rng.standard_normal((8, 3, 7, 7), dtype=np.float32)
+    b = rng.standard_normal(8, dtype=np.float32)
+    attrs = dict(strides=[2, 2], pads=[3, 2, 1, 3], dilations=[1, 2])
+    want = FusedConv(x, w, b, activation="Relu", **attrs)
+    got = kfused.fused_conv_nhwc(x.transpose(0, 2, 3, 1), w, b, activation="Relu", **attrs)
+    np.testing.assert_allclose(nchw(got), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 3, -1, -3])
+def test_concat_matches_reference_into_the_planned_buffer(axis):
+    rng = np.random.default_rng(11)
+    shapes = [[2, 3, 4, 5], [2, 3, 4, 5], [2, 3, 4, 5]]
+    for i, sh in enumerate(shapes):
+        sh[axis] += i
+    xs = [rng.standard_normal(sh, dtype=np.float32) for sh in shapes]
+    want = ref("Concat", *xs, axis=axis)
+    out = np.full(want.shape, np.nan, np.float32)
+    got = kshape.concat(*xs, axis=axis, out=out)
+    assert got is out
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(kshape.concat(*xs, axis=axis), want)
+
+
+def test_concat_errors_name_the_input():
+    a = np.zeros((1, 2, 3), np.float32)
+    with pytest.raises(KernelError, match="input 1 has shape"):
+        kshape.concat(a, np.zeros((1, 3, 4), np.float32), axis=1)
+    with pytest.raises(KernelError, match="axis 3 is out of range"):
+        kshape.concat(a, a, axis=3)
