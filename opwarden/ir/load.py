@@ -80,23 +80,6 @@ def read_source(source: Any) -> Source:
     return Source(proto, base_dir, True, buf if payloads else None, payloads)
 
 
-def read_proto(source: Any) -> tuple[onnx.ModelProto, str | None, bool]:
-    """(proto, base_dir, owned) with every weight inside the proto (for tools that need it)."""
-    if isinstance(source, onnx.ModelProto):
-        return source, None, False
-    buf, base_dir = _read_buffer(source)
-    proto = onnx.ModelProto()
-    try:
-        proto.ParseFromString(buf if isinstance(buf, bytes) else buf[:])
-    except (DecodeError, ValueError, RuntimeError) as e:
-        raise ModelError(f"not a valid ONNX model (protobuf parse failed: {e})") from None
-    if not proto.HasField("graph"):
-        raise ModelError("not a valid ONNX model: it has no graph (empty, truncated or not ONNX)")
-    if proto.ir_version <= 0:
-        raise ModelError(f"not a valid ONNX model: ir_version is {proto.ir_version}")
-    return proto, base_dir, True
-
-
 def type_fact(tp: onnx.TypeProto) -> tuple[str, TensorFact]:
     """(kind, fact) of a TypeProto."""
     which = tp.WhichOneof("value")

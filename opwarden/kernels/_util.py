@@ -163,57 +163,55 @@ def static_rank(fact: Any) -> int | None:
     return None if shape is None else len(shape)
 
 
-def set_blas_threads(n: int) -> bool:
-    """Set the thread count of NumPy's bundled OpenBLAS; False when it cannot be found."""
+def openblas_symbol(*names: str) -> Any:
+    """The first of `names` exported by NumPy's bundled OpenBLAS (ctypes function) or None."""
     import ctypes
     import glob
     import os
 
     libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
-    for path in glob.glob(os.path.join(libdir, "lib*openblas*.so*")):
+    for path in sorted(glob.glob(os.path.join(libdir, "lib*openblas*.so*"))):
         try:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        for sym in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-                    "openblas_set_num_threads"):
-            fn = getattr(lib, sym, None)
+        for name in names:
+            fn = getattr(lib, name, None)
             if fn is not None:
-                fn(ctypes.c_int(int(n)))
-                return True
-    return False
+                return fn
+    return None
 
 
+_BLAS_SET: list = []
 _BLAS_GET: list = []
+_SGEMM: list = []
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set the thread count of NumPy's bundled OpenBLAS; False when it cannot be found."""
+    import ctypes
+
+    if not _BLAS_SET:
+        _BLAS_SET.append(openblas_symbol(
+            "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+            "openblas_set_num_threads"))
+    fn = _BLAS_SET[0]
+    if fn is None:
+        return False
+    fn(ctypes.c_int(int(n)))
+    return True
 
 
 def blas_thread_count() -> int:
     """NumPy's OpenBLAS thread count (the core count when it cannot be asked)."""
-    import ctypes
-    import glob
     import os
 
     if not _BLAS_GET:
-        libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
-        fn = None
-        for path in glob.glob(os.path.join(libdir, "lib*openblas*.so*")):
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
-            for sym in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
-                        "openblas_get_num_threads"):
-                fn = getattr(lib, sym, None)
-                if fn is not None:
-                    break
-            if fn is not None:
-                break
-        _BLAS_GET.append(fn)
+        _BLAS_GET.append(openblas_symbol(
+            "scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+            "openblas_get_num_threads"))
     fn = _BLAS_GET[0]
     return int(fn()) if fn is not None else (os.cpu_count() or 1)
-
-
-_SGEMM: list = []
 
 
 def sgemm() -> Callable[..., None] | None:
@@ -225,22 +223,13 @@ def sgemm() -> Callable[..., None] | None:
     (each kernel tap is a shifted row range) and accumulate with beta=1, which np.matmul cannot.
     """
     import ctypes
-    import glob
-    import os
 
     if _SGEMM:
         return _SGEMM[0]
     fn = None
-    libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
-    for path in sorted(glob.glob(os.path.join(libdir, "lib*openblas*.so*"))):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        # Only the 64-bit-integer (ILP64) interface, whose argument types are known here.
-        raw = getattr(lib, "scipy_cblas_sgemm64_", None) or getattr(lib, "cblas_sgemm64_", None)
-        if raw is None:
-            continue
+    # Only the 64-bit-integer (ILP64) interface, whose argument types are known here.
+    raw = openblas_symbol("scipy_cblas_sgemm64_", "cblas_sgemm64_")
+    if raw is not None:
         i64, ptr, f32, enum = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
         raw.argtypes = [enum, enum, enum, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
         raw.restype = None
@@ -251,7 +240,6 @@ def sgemm() -> Callable[..., None] | None:
                  beta, c, ldc)
 
         fn = _gemm
-        break
     _SGEMM.append(fn)
     return fn
 

@@ -231,20 +231,9 @@ class Program:
     ) -> list[Any]:
         """Run with values for graph.inputs (and captured outer values); returns graph outputs."""
         env = self._env(feeds, captured)
-        for st, fn, ins, kw, frees, hook in calls or self.calls:
-            args = [env[s] if s >= 0 else None for s in ins]
-            if st.graphs:
-                kw = dict(kw)
-                for k, g in st.graphs.items():
-                    kw[k] = _bind(g, env)
-            try:
-                res = fn(*args, **kw)
-            except Exception as e:  # noqa: BLE001 - every kernel failure gets the node's context
-                raise _kernel_error(st, args, e) from e
-            _store(st, res, env)
-            if hook is not None:
-                hook(st, env)
-            for s in frees:
+        for call in calls or self.calls:
+            _call_step(call, env)
+            for s in call[4]:
                 env[s] = None
         return [env[s] for s in self.output_slots]
 
@@ -283,7 +272,9 @@ class Program:
 
         env = self._env(feeds, None)
         if contract:
-            env = [_readonly_feed(x) for x in env]
+            from .codegen import _feed
+
+            env = [_feed(x) for x in env]
         assert self.levels is not None
         blas_threads = blas_thread_count()
         for t, lv in enumerate(self.levels):
@@ -320,19 +311,9 @@ class Program:
             for s in st.ins:
                 if s >= 0:
                     last[s] = i
-        for i, (st, fn, ins, kw, frees, hook) in enumerate(calls):
-            args = [env[s] if s >= 0 else None for s in ins]
-            if st.graphs:
-                kw = dict(kw)
-                for k, g in st.graphs.items():
-                    kw[k] = _bind(g, env)
-            try:
-                res = fn(*args, **kw)
-            except Exception as e:  # noqa: BLE001
-                raise _kernel_error(st, args, e) from e
-            _store(st, res, env)
-            if hook is not None:
-                hook(st, env)
+        for i, call in enumerate(calls):
+            st, frees = call[0], call[4]
+            _call_step(call, env)
             for s, crc in list(live.items()):
                 x = env[s]
                 if last.get(s, -1) <= i:  # dead after this step: in-place reuse is allowed
@@ -354,12 +335,21 @@ class Program:
         return [env[s] for s in self.output_slots]
 
 
-def _readonly_feed(x: Any) -> Any:
-    if type(x) is np.ndarray and x.flags.writeable:
-        v = x.view()
-        v.flags.writeable = False
-        return v
-    return x
+def _call_step(call: tuple, env: list[Any]) -> None:
+    """One bound call against `env`: gather inputs, call the kernel, store outputs."""
+    st, fn, ins, kw, _frees, hook = call
+    args = [env[s] if s >= 0 else None for s in ins]
+    if st.graphs:
+        kw = dict(kw)
+        for k, g in st.graphs.items():
+            kw[k] = _bind(g, env)
+    try:
+        res = fn(*args, **kw)
+    except Exception as e:  # noqa: BLE001 - every kernel failure gets the node's context
+        raise _kernel_error(st, args, e) from e
+    _store(st, res, env)
+    if hook is not None:
+        hook(st, env)
 
 
 def _one_step(call: tuple, env: list[Any], contract: bool, index: int) -> None:

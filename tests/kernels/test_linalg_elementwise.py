@@ -104,7 +104,8 @@ def test_elementwise_match_reference_and_may_write_over_input0(in_place):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=op_type)
         got = fn(*args, **attrs)
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=op_type)
-    np.testing.assert_allclose(kew.clip_6(r(2, 2) * 9, min=-1.0, max=1.0).max(), 1.0)
+    x = np.array([[-9.0, 0.5], [3.0, 2.0]], np.float32)  # fixed: both bounds are hit
+    np.testing.assert_array_equal(kew.clip_6(x, min=-1.0, max=1.0), [[-1, 0.5], [1, 1]])
 
 
 def test_a_session_runs_the_fast_conv_variant():
