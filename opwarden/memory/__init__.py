@@ -150,8 +150,12 @@ class MemoryManager:
                 # is actually freed before the bigger one is allocated.
                 for e in self._cache.values():
                     e.calls, e.lean, e.arena_id = None, {}, -1
+                old = 0 if self._arena is None else self._arena.nbytes
                 self._arena = None
-                self._arena = _aligned_empty(max(need, 1))
+                # Grow geometrically (within the limit) so rising batch sizes reallocate a few
+                # times, not once per new size.
+                grown = min(max(need, old + old // 2), max(self.limit - need, need))
+                self._arena = _aligned_empty(max(need, grown, 1))
                 self._arena_gen += 1
             if entry.arena_id != self._arena_gen or entry.calls is None:
                 entry.calls = self.program.bind(entry.binding, self._arena)

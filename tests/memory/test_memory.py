@@ -161,9 +161,9 @@ def test_plans_per_batch_size_are_cached_and_bounded():
         sess.run(None, {"x": rng.standard_normal((n, 3, 8, 8)).astype(np.float32)})
         sizes.append(sess.memory_plan.signature)
     assert len(sess.memory._cache) == 4
-    assert sess.memory.arena_bytes == max(
-        sess.plan_for({"x": np.zeros((10, 3, 8, 8), np.float32)}).arena_bytes, 1
-    )
+    biggest = sess.plan_for({"x": np.zeros((10, 3, 8, 8), np.float32)}).arena_bytes
+    # one arena for all plans, grown geometrically: at least the biggest plan, not unbounded
+    assert biggest <= sess.memory.arena_bytes <= 2 * biggest
     # a bigger batch needs a bigger plan; the arena grows once and is reused after
     assert sess.plan_for({"x": np.zeros((7, 3, 8, 8), np.float32)}).arena_bytes < (
         sess.plan_for({"x": np.zeros((70, 3, 8, 8), np.float32)}).arena_bytes
