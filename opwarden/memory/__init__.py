@@ -79,6 +79,11 @@ class MemoryManager:
         entry = self._entry((), {})
         return entry.binding.plan
 
+    def plan_for(self, feeds: list[Any]) -> MemoryPlan:
+        """The plan these (validated) feeds use, planned now if not cached."""
+        key, dims = self.signature(feeds)
+        return self._entry(key, dims).binding.plan
+
     def signature(self, feeds: list[Any]) -> tuple[tuple, dict[str, int]]:
         dims: dict[str, int] = {}
         if not self._sym:

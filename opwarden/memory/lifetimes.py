@@ -170,7 +170,6 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
         members.setdefault(groups.find(s), []).append(s)
 
     # In place: output 0 joins a dying input's group.
-    inplace_steps: set[int] = set()
     for i0, st in enumerate(steps):
         i = times[i0]
         if program.level_width[i] != 1:
@@ -196,7 +195,6 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
             root = groups.union(ra, ro)
             merged = members.pop(ra) + members.pop(ro)
             members[root] = merged
-            inplace_steps.add(i0)
             break
 
     # One buffer per clean group.
@@ -295,5 +293,4 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
             if all(st.ins[a] in slot_buf for a, _ in st.placement.variant.op.contract.must_alias
                    if a < len(st.ins) and st.ins[a] >= 0):
                 binding.view_checks.discard(i)
-    binding.inplace_steps = inplace_steps  # type: ignore[attr-defined]
     return binding

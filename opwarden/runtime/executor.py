@@ -353,36 +353,34 @@ def _call_step(call: tuple, env: list[Any]) -> None:
 
 
 def _one_step(call: tuple, env: list[Any], contract: bool, index: int) -> None:
-    """Run one bound call against `env` (the body of the parallel loop)."""
+    """One step of the parallel loop: `_call_step`, plus the lean contract checks."""
+    if not contract:
+        _call_step(call, env)
+        return
     from .codegen import LeanFault
 
-    st, fn, ins, kw, _frees, hook = call
-    args = [env[s] if s >= 0 else None for s in ins]
-    if st.graphs:
-        kw = dict(kw)
-        for k, g in st.graphs.items():
-            kw[k] = _bind(g, env)
     try:
-        res = fn(*args, **kw)
-        _store(st, res, env)
-        if hook is not None:
-            hook(st, env)
-        if contract:
-            contract_ = st.placement.variant.op.contract
-            allowed = set(contract_.may_alias) | set(contract_.must_alias)
-            for k, s in enumerate(st.outs):
-                x = env[s] if s >= 0 else None
-                if type(x) is not np.ndarray:
-                    continue
-                for a, arg in enumerate(args):
-                    if (a, k) not in allowed and arg is not None and (x is arg or x.base is arg):
-                        raise ValueError(f"output {k} aliases input {a}, undeclared")
-                if x.flags.writeable and x is not kw.get("out"):
-                    x.flags.writeable = False
-    except Exception as e:  # noqa: BLE001 - every kernel failure gets the node's context
-        if contract:
-            raise LeanFault(index, e) from e
-        raise _kernel_error(st, args, e) from e
+        _call_step(call, env)
+        _check_lean_contract(call, env)
+    except Exception as e:  # noqa: BLE001 - the session reruns the whole run under the guard
+        raise LeanFault(index, e) from e
+
+
+def _check_lean_contract(call: tuple, env: list[Any]) -> None:
+    """What the lean loop checks: no undeclared output-is-input, outputs made read-only."""
+    st, _fn, ins, kw, _frees, _hook = call
+    contract = st.placement.variant.op.contract
+    allowed = set(contract.may_alias) | set(contract.must_alias)
+    args = [env[s] if s >= 0 else None for s in ins]
+    for k, s in enumerate(st.outs):
+        x = env[s] if s >= 0 else None
+        if type(x) is not np.ndarray:
+            continue
+        for a, arg in enumerate(args):
+            if (a, k) not in allowed and arg is not None and (x is arg or x.base is arg):
+                raise ValueError(f"output {k} aliases input {a}, undeclared")
+        if x.flags.writeable and x is not kw.get("out"):
+            x.flags.writeable = False
 
 
 class _ArenaViews:

@@ -244,9 +244,7 @@ class InferenceSession:
 
     def plan_for(self, input_feed: Mapping[str, Any]) -> MemoryPlan:
         """The memory plan these feeds would use (planned now if not cached); runs nothing."""
-        feeds = self._feeds(input_feed)
-        key, dims = self.memory.signature(feeds)
-        return self.memory._entry(key, dims).binding.plan
+        return self.memory.plan_for(self._feeds(input_feed))
 
     # -- guard and trace ---------------------------------------------------------------------
     @property
