@@ -174,6 +174,24 @@ def _pack_depthwise(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.astype(F32)[:, 0].transpose(1, 2, 0))
 
 
+def _prologue(x, W, B, Z, group, kernel_shape, strides, dilations, pads, auto_pad, out, nhwc):
+    """What both layouts check and derive first: (strides, dilations, pads begin/end, output
+    buffer, residual, bias)."""
+    tag = " (NHWC)" if nhwc else ""
+    cin = x.shape[3 if nhwc else 1] if x.ndim == 4 else -1
+    _check(x, W, B, group, cin, kernel_shape, "Conv" + tag)
+    n = x.shape[0]
+    hw = x.shape[1:3] if nhwc else x.shape[2:4]
+    m = W.shape[0]
+    s, d, begin, end, (oh, ow) = geometry(hw, W.shape[2:4], strides, dilations, pads, auto_pad)
+    y = output(out, (n, oh, ow, m) if nhwc else (n, m, oh, ow))
+    z = None if Z is None else _f32(Z)
+    if z is not None and z.shape != y.shape:
+        raise KernelError(f"FusedConv{tag}: residual Z {z.shape} must match the output {y.shape}")
+    bias = None if B is None else _f32(B)
+    return s, d, begin, end, y, z, bias
+
+
 def conv_nhwc(
     X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
     pads=None, strides=None, activation="", activation_params=(), out=None,
@@ -183,15 +201,12 @@ def conv_nhwc(
     # Not made contiguous here: an NHWC view of an NCHW tensor (the layout pass's transpose of
     # a graph input) is gathered once by the padding / patch copies below, not twice.
     x = np.asarray(X, dtype=F32)
-    _check(x, W, B, group, x.shape[3] if x.ndim == 4 else -1, kernel_shape, "Conv (NHWC)")
+    s, d, begin, end, y, z, bias = _prologue(
+        x, W, B, Z, group, kernel_shape, strides, dilations, pads, auto_pad, out, nhwc=True
+    )
     n, h, wd, c = x.shape
     m, cg, kh, kw = W.shape
-    s, d, begin, end, (oh, ow) = geometry((h, wd), (kh, kw), strides, dilations, pads, auto_pad)
-    y = output(out, (n, oh, ow, m))
-    z = None if Z is None else _f32(Z)
-    if z is not None and z.shape != y.shape:
-        raise KernelError(f"FusedConv (NHWC): residual Z {z.shape} must match the output {y.shape}")
-    bias = None if B is None else _f32(B)
+    oh, ow = y.shape[1:3]
     if n == 0 or oh * ow * m == 0:
         return y
     if cg == 1 and m == group:
@@ -451,15 +466,13 @@ def conv_nchw(
     """Y = act(Conv(X, W, B) + Z) in NCHW, 2-D, float32."""
     group = int(group)
     x = _f32(X)
-    _check(x, W, B, group, x.shape[1] if x.ndim == 4 else -1, kernel_shape, "Conv")
+    s, d, begin, end, y, z, bias = _prologue(
+        x, W, B, Z, group, kernel_shape, strides, dilations, pads, auto_pad, out, nhwc=False
+    )
     n, c, h, wd = x.shape
     m, cg, kh, kw = W.shape
-    s, d, begin, end, (oh, ow) = geometry((h, wd), (kh, kw), strides, dilations, pads, auto_pad)
-    y = output(out, (n, m, oh, ow))
-    z = None if Z is None else _f32(Z)
-    if z is not None and z.shape != y.shape:
-        raise KernelError(f"FusedConv: residual Z {z.shape} must match the output {y.shape}")
-    bias = None if B is None else _f32(B).reshape(m, 1)
+    oh, ow = y.shape[2:4]
+    bias = None if bias is None else bias.reshape(m, 1)
     if n == 0 or oh * ow * m == 0:
         return y
     p = oh * ow
