@@ -70,6 +70,25 @@ def _external(t: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
+def _dtype(t: onnx.TensorProto) -> np.dtype:
+    try:
+        return np_dtype(t.data_type)
+    except KeyError:
+        raise ModelError(f"tensor {t.name!r}: unknown data type {t.data_type}") from None
+
+
+def _raw_layout(t: onnx.TensorProto, dtype: np.dtype, nbytes: int) -> tuple[tuple, int]:
+    """(shape, element count) of a raw payload, checked against its byte length."""
+    shape = tuple(int(d) for d in t.dims)
+    count = int(np.prod(shape, dtype=np.int64))
+    if nbytes != count * dtype.itemsize:
+        raise ModelError(
+            f"tensor {t.name!r}: raw_data has {nbytes} bytes, shape {list(shape)} of "
+            f"{dtype} needs {count * dtype.itemsize}"
+        )
+    return shape, count
+
+
 def to_array(t: onnx.TensorProto, base_dir: str | None = None, owned: bool = False) -> np.ndarray:
     """NumPy array for a TensorProto: a read-only view over its bytes where possible.
 
@@ -78,19 +97,10 @@ def to_array(t: onnx.TensorProto, base_dir: str | None = None, owned: bool = Fal
     """
     if t.data_location == onnx.TensorProto.EXTERNAL:
         return _external(t, base_dir)
-    try:
-        dtype = np_dtype(t.data_type)
-    except KeyError:
-        raise ModelError(f"tensor {t.name!r}: unknown data type {t.data_type}") from None
-    shape = tuple(int(d) for d in t.dims)
+    dtype = _dtype(t)
     if t.HasField("raw_data") and t.data_type not in _PACKED and dtype.kind != 'O':
         raw = t.raw_data
-        count = int(np.prod(shape, dtype=np.int64))
-        if len(raw) != count * dtype.itemsize:
-            raise ModelError(
-                f"tensor {t.name!r}: raw_data has {len(raw)} bytes, shape {list(shape)} of "
-                f"{dtype} needs {count * dtype.itemsize}"
-            )
+        shape, _ = _raw_layout(t, dtype, len(raw))
         arr = np.frombuffer(raw, dtype=dtype).reshape(shape)
         if owned:
             t.ClearField("raw_data")
@@ -106,22 +116,13 @@ def to_array(t: onnx.TensorProto, base_dir: str | None = None, owned: bool = Fal
 
 def payload_array(t: onnx.TensorProto, buffer, pl) -> np.ndarray:
     """A read-only view over an initializer's raw bytes left in the serialized model."""
-    try:
-        dtype = np_dtype(t.data_type)
-    except KeyError:
-        raise ModelError(f"tensor {t.name!r}: unknown data type {t.data_type}") from None
+    dtype = _dtype(t)
     if t.data_type in _PACKED or dtype.kind == "O":
         full = onnx.TensorProto()
         full.CopyFrom(t)
         full.raw_data = bytes(buffer[pl.offset : pl.offset + pl.length])
         return to_array(full)
-    shape = tuple(int(d) for d in t.dims)
-    count = int(np.prod(shape, dtype=np.int64))
-    if pl.length != count * dtype.itemsize:
-        raise ModelError(
-            f"tensor {t.name!r}: raw_data has {pl.length} bytes, shape {list(shape)} of "
-            f"{dtype} needs {count * dtype.itemsize}"
-        )
+    shape, count = _raw_layout(t, dtype, pl.length)
     arr = np.frombuffer(buffer, dtype=dtype, count=count, offset=pl.offset).reshape(shape)
     if pl.offset % dtype.alignment:
         # Protobuf puts payloads at arbitrary offsets. NumPy (and BLAS) copy misaligned
