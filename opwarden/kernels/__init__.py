@@ -7,9 +7,9 @@ reference kernel in tests/kernels/. NHWC variants are chosen by the layout pass.
 
 from __future__ import annotations
 
-from . import conv, elementwise, fused, linalg, norm, pool, shape
+from . import conv, elementwise, fused, linalg, norm, pool, shape, shuffle
 
-for _module in (conv, pool, norm, linalg, elementwise, fused, shape):
+for _module in (conv, pool, norm, linalg, elementwise, fused, shape, shuffle):
     _module.register()
 
-__all__ = ["conv", "elementwise", "fused", "linalg", "norm", "pool", "shape"]
+__all__ = ["conv", "elementwise", "fused", "linalg", "norm", "pool", "shape", "shuffle"]

@@ -481,3 +481,44 @@ def fused_elementwise_inplace(*inputs, program="", out=None):
     else:
         run(xs, regs, out)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ChannelShuffle
+#
+# The layout pass emits it for ShuffleNet's Reshape -> Transpose -> Reshape chain on channels-last
+# data: the same channel permutation as one node (one copy, into a planned buffer), instead of a
+# Reshape of a transposed view that NumPy copies into a fresh array on every run.
+
+
+@op(
+    "ChannelShuffle",
+    domain=DOMAIN,
+    since=1,
+    inputs=["X: T"],
+    outputs=["Y: T"],
+    types={"T": ["float16", "float32", "float64", "bfloat16", "int8", "uint8", "int32", "int64",
+                 "bool"]},
+    attrs={"group": 1},
+    contract=Contract(
+        nan="propagate",
+        allowed={"group": such_that(lambda g: int(g) >= 1, "a positive integer")},
+    ),
+)
+def ChannelShuffle(X, *, group=1):
+    """Channels on the LAST axis, split as (group, C/group), transposed and merged:
+    Y[..., j*group + i] = X[..., i*(C/group) + j]."""
+    x = np.asarray(X)
+    g = int(group)
+    if x.ndim < 1 or x.shape[-1] % g:
+        raise KernelError(
+            f"ChannelShuffle: the last axis of X {x.shape} must be divisible by group={g}"
+        )
+    c = x.shape[-1]
+    # Always a copy: the output is a new tensor even where the permutation is the identity.
+    return x.reshape(*x.shape[:-1], g, c // g).swapaxes(-1, -2).copy().reshape(x.shape)
+
+
+@ChannelShuffle.infer
+def _channel_shuffle_infer(x, *, group=1):
+    return TensorFact(x.dtype, x.shape)

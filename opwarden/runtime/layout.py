@@ -145,6 +145,7 @@ class LayoutPass:
         self.chain: dict[int, tuple[Node, Node, Node]] = {}
         self.shuffle_shapes: dict[int, tuple[tuple, tuple]] = {}  # id(head) -> (x, factors)
         self._odd: set[int] = set()  # shuffle intermediates: neither NCHW nor NHWC
+        self.fused_shuffles: set[int] = set()  # id(head) of shuffles emitted as one node
         self._names: set[str] = {n.name for n in graph.nodes}
 
     # -- 1. classify ---------------------------------------------------------------------------
@@ -422,6 +423,10 @@ class LayoutPass:
         xs, factors = self.shuffle_shapes[id(head)]
         sp = xs[2:]
         k = len(factors)
+        if id(head) in self.fused_shuffles:
+            return  # mid and tail are part of the ChannelShuffle emitted at the head
+        if node is head and self._one_shuffle(head, mid, tail, factors, dev):
+            return
         batch = xs[0] if isinstance(xs[0], int) else 0  # 0 copies N (allowzero is dropped)
         o = node.outputs[0]
         if node is head:
@@ -455,6 +460,40 @@ class LayoutPass:
         self.phys[id(o)] = nv
         self.orig[id(o)] = o
         self.new_nodes.append(node)
+
+    def _one_shuffle(self, head: Node, mid: Node, tail: Node, factors: tuple, dev: Any) -> bool:
+        """A two-factor shuffle on a device with a ChannelShuffle kernel becomes that one node
+        (one copy into a planned buffer, where the Reshape of the transposed view copies into a
+        fresh array); False (nothing done) otherwise."""
+        perm = [int(q) for q in (mid.attrs.get("perm") or ())]
+        if len(factors) != 2 or perm[1:3] != [2, 1] or dev is None:
+            return False
+        from ..ops import REGISTRY
+
+        opdef, schema = REGISTRY.resolve("ChannelShuffle", "opwarden", 1)
+        if opdef is None or not any(v.device == dev.name for v in opdef.variants):
+            return False
+        z = tail.outputs[0]
+        x = self._nhwc(head.inputs[0], dev, head)
+        nv = self._value(f"{z.name}__nhwc", TensorFact(z.fact.dtype, tuple(x.fact.shape)))
+        node = self._node("ChannelShuffle", [x], nv, {"group": int(factors[0])},
+                          f"{tail.name}/shuffle")
+        node.domain = "opwarden"
+        node.opset = 1
+        node.opdef, node.schema = opdef, schema
+        self.device_of[id(node)] = dev
+        self.kind[id(node)] = "N"
+        self.layout[id(node)] = NHWC
+        nv.layout = NHWC  # type: ignore[attr-defined]
+        self.phys[id(z)] = nv
+        self.orig[id(z)] = z
+        self.fused_shuffles.add(id(head))
+        for v in (head.outputs[0], mid.outputs[0]):  # nobody produces or reads these now
+            if v is not None and self.g.values.get(v.name) is v:
+                del self.g.values[v.name]
+        self.report.shuffles += 1
+        self.new_nodes.append(node)
+        return True
 
     def _remap_attrs(self, node: Node, r: int) -> None:
         perm = to_last(r)

@@ -163,15 +163,15 @@ def test_realistic_shapes_match_reference(xs, ws, attrs, path):
     w.flags.writeable = False  # as initializers: exercises the packed-weight cache
     b = rng.standard_normal(ws[0], dtype=np.float32)
     ref = Conv(x, w, b, **attrs)
-    old = kconv.WIDE_BAND_BYTES, kconv.DW_BAND_BYTES
+    old = kconv.WIDE_BAND_BYTES
     # Small bands: the band loops and their offsets are exercised.
-    kconv.WIDE_BAND_BYTES = kconv.DW_BAND_BYTES = 8 << 10
+    kconv.WIDE_BAND_BYTES = 8 << 10
     try:
         with nhwc_path(path):
             # A strided NHWC view of the NCHW array, as the layout pass's input transpose gives.
             y = conv_nhwc(x.transpose(0, 2, 3, 1), w, b, **attrs)
     finally:
-        kconv.WIDE_BAND_BYTES, kconv.DW_BAND_BYTES = old
+        kconv.WIDE_BAND_BYTES = old
     np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4)
 
 

@@ -1,0 +1,43 @@
+"""ChannelShuffle (channels last): the fast variant against the reference and a direct index map."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opwarden.errors import KernelError, OpwardenError
+from opwarden.kernels.shuffle import channel_shuffle
+from opwarden.ops.fused import ChannelShuffle
+
+
+@pytest.mark.parametrize(
+    "shape, group, dtype",
+    [
+        ((1, 56, 56, 112), 4, np.float32),
+        ((2, 3, 5, 12), 3, np.float32),
+        ((2, 3, 5, 12), 12, np.float64),
+        ((4, 6), 2, np.int64),
+        ((7,), 1, np.float32),
+        ((0, 3, 8), 2, np.float32),
+    ],
+)
+def test_fast_matches_reference_and_index_map(shape, group, dtype):
+    x = (np.arange(np.prod(shape)) % 251).astype(dtype).reshape(shape)
+    c = shape[-1]
+    idx = np.array([(p % group) * (c // group) + p // group for p in range(c)])
+    want = x[..., idx]  # Y[..., j*g + i] = X[..., i*(C/g) + j]
+    np.testing.assert_array_equal(ChannelShuffle(x, group=group), want)
+    out = np.empty_like(x)
+    got = channel_shuffle(x, group=group, out=out)
+    assert got is out
+    np.testing.assert_array_equal(got, want)
+    # A strided (non-contiguous) input view gives the same result.
+    xs = np.repeat(x, 2, axis=0)[::2]
+    np.testing.assert_array_equal(channel_shuffle(xs, group=group), want)
+
+
+@pytest.mark.parametrize("fn", [ChannelShuffle, channel_shuffle])
+def test_group_must_divide_channels(fn):
+    with pytest.raises(KernelError, match="divisible by group=5") as e:
+        fn(np.zeros((2, 12), np.float32), group=5)
+    assert isinstance(e.value, OpwardenError)
