@@ -1,7 +1,10 @@
 """Fast float32 pooling for the CPU: MaxPool/AveragePool (2-D) and the global pools, NHWC and NCHW.
 
-Windowed pools fold one strided view per kernel offset into the output buffer, a row band at a
-time so the accumulator stays in cache; averages divide by a separable count map.
+Windowed NHWC pools are separable and read x in place (no padded copy): per band of output
+rows, whole input rows fold along H into a small W-padded band buffer (long contiguous runs),
+then its columns fold along W into y (C-long runs only when the W stride is > 1, over the output
+size). Averages scale each band by its row counts and fix only the border columns. The steps of
+each (shape, attributes) are planned once and cached: small pools are Python-overhead bound.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from ..ops.base import REGISTRY
 from ..ops.pool import _setup
 from ._util import F32, output, scratch
 
+# Budget for the H-folded band (the W pass reads it back): small enough to stay in L2 with the
+# input rows it came from, large enough that the per-op Python overhead stays small.
 BAND_BYTES = 256 << 10
 
 
@@ -21,42 +26,6 @@ def _geometry_nhwc(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mod
     return _setup((n, c, h, w), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
 
 
-def _padded_nhwc(x, begin, full_end, value) -> np.ndarray:
-    if not any(begin) and not any(full_end):
-        return x
-    n, h, w, c = x.shape
-    bt, bl = begin
-    xp = scratch("pool.pad", (n, h + bt + full_end[0], w + bl + full_end[1], c))
-    xp[:, :bt] = value
-    xp[:, bt + h:] = value
-    xp[:, bt:bt + h, :bl] = value
-    xp[:, bt:bt + h, bl + w:] = value
-    xp[:, bt:bt + h, bl:bl + w] = x
-    return xp
-
-
-def _fold(xp, y, kernel, s, d, ufunc) -> None:
-    """y[n, oh, ow, :] = ufunc-reduce over the window at (oh, ow) of padded xp (NHWC)."""
-    n, oh, ow, c = y.shape
-    rows = max(1, min(oh, BAND_BYTES // max(1, ow * c * 4)))
-    for i in range(n):
-        for r0 in range(0, oh, rows):
-            r1 = min(oh, r0 + rows)
-            rr = r1 - r0
-            acc = y[i, r0:r1]
-            first = True
-            for a in range(kernel[0]):
-                h0 = r0 * s[0] + a * d[0]
-                for b in range(kernel[1]):
-                    w0 = b * d[1]
-                    v = xp[i, h0:h0 + (rr - 1) * s[0] + 1:s[0], w0:w0 + (ow - 1) * s[1] + 1:s[1]]
-                    if first:
-                        np.copyto(acc, v)
-                        first = False
-                    else:
-                        ufunc(acc, v, out=acc)
-
-
 def _tap_range(off: int, size: int, o: int, st: int, b: int) -> tuple[int, int]:
     """Output indices [lo, hi) whose tap at kernel offset `off` reads inside the input."""
     lo = min(o, max(0, -((off - b) // st)))
@@ -64,82 +33,153 @@ def _tap_range(off: int, size: int, o: int, st: int, b: int) -> tuple[int, int]:
     return lo, max(lo, hi)
 
 
-def _fold_direct(x, y, kernel, s, d, begin, ufunc) -> bool:
-    """_fold without a padded copy of x, separably: a band of input rows is first folded
-    along W (into H: rows x OW x C), then H's rows along H into y. Each tap folds only the
-    outputs whose window cell lies inside x (a padding cell adds nothing to a max or a sum).
-    The H pass's views have long contiguous runs when the W stride is 1, the second pass's
-    always (whole rows), where the 2-D window's views run C floats at a time. Needs a tap
-    inside x for every output along each axis, to start from, and a window where this pays
-    (see _separable); False (nothing done) otherwise."""
-    n, h, w, c = x.shape
-    if not _separable(kernel, s, begin, c):
-        return False
-    _, oh, ow, _ = y.shape
+def _as_f32(X) -> np.ndarray:
+    """X as float32 with a contiguous last axis (no copy when it already is)."""
+    x = np.asarray(X)
+    if x.dtype != F32 or x.strides[-1] != 4:
+        x = np.ascontiguousarray(x, dtype=F32)
+    return x
+
+
+# Step codes of a plan: each step is (code, dst, dst_index, a, a_index, b, b_index), buffers
+# 0 = x, 1 = the band buffer, 2 = y. UFUNC: dst = f(a, b); COPY: dst = a; FILL: dst = the
+# identity; SCALE: dst *= a_index (a number or a broadcastable array).
+UFUNC, COPY, FILL, SCALE = range(4)
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _plan(xshape, kernel, s, d, begin, o, counts):
+    """The steps of a 2-D NHWC pool (cached by the caller, so the Python work of slicing
+    every band's taps is paid once per shape). counts: (ch, cw) for an average, else None.
+
+    Per band of images / output rows: fold whole input rows along H into the band buffer
+    (its W-padding columns hold the identity, filled once per call), then fold its columns
+    along W into y, then (averages) scale the band while it is in cache."""
+    n, h, w, c = xshape
+    oh, ow = o
     (kh, kw), (s0, s1), (d0, d1), (bt, bl) = kernel, s, d, begin
+    wp = (ow - 1) * s1 + (kw - 1) * d1 + 1  # band width in padded columns
+    wuse = max(0, min(w, wp - bl))  # input columns any window reads
     rows = [_tap_range(a * d0, h, oh, s0, bt) for a in range(kh)]
-    cols = [_tap_range(b * d1, w, ow, s1, bl) for b in range(kw)]
-    row_taps = _order(rows, oh)
-    col_taps = _order(cols, ow)
-    if row_taps is None or col_taps is None:
-        return False
-    band = max(1, min(oh, BAND_BYTES // max(1, s0 * ow * c * 4)))
-    for i in range(n):
+    # One tap and no W padding: the band is a strided view of x, no H pass at all.
+    direct = kh == 1 and rows[0] == (0, oh) and bl == 0 and wuse == wp
+    row_bytes = max(1, wp * c * 4)
+    if oh * row_bytes <= BAND_BYTES:
+        nb, band = max(1, min(n, BAND_BYTES // (oh * row_bytes))), oh
+    else:
+        nb, band = 1, max(1, BAND_BYTES // row_bytes)
+    steps = []
+    if not direct:
+        if bl:
+            steps.append((FILL, 1, np.s_[:, :, :bl], 0, None, 0, None))
+        if bl + wuse < wp:
+            steps.append((FILL, 1, np.s_[:, :, bl + wuse:], 0, None, 0, None))
+    for i0 in range(0, n, nb):
+        im = slice(i0, min(n, i0 + nb))
+        tm = slice(0, im.stop - i0)
         for r0 in range(0, oh, band):
             r1 = min(oh, r0 + band)
-            lo_in = max(0, r0 * s0 - bt)
-            hi_in = min(h, (r1 - 1) * s0 + (kh - 1) * d0 - bt + 1)
-            hb = scratch("pool.h", (hi_in - lo_in, ow, c))
-            _fold_axis(hb, x[i, lo_in:hi_in], 1, (s1, d1, bl), col_taps, cols, 0, ufunc)
-            local = [(max(lo, r0) - r0, min(hi, r1) - r0) for lo, hi in rows]
-            _fold_axis(y[i, r0:r1], hb, 0, (s0, d0, bt + lo_in), row_taps, local, r0, ufunc)
-    return True
+            if direct:
+                first = r0 * s0 - bt
+                src, base = 0, (im, slice(first, first + (r1 - r0 - 1) * s0 + 1, s0))
+            else:
+                src, base = 1, (tm, slice(0, r1 - r0))
+                steps += _rows_steps(rows, r0, r1, (s0, d0, bt), im, tm, bl, wuse)
+            steps += _cols_steps(src, base, (im, slice(r0, r1)), ow, kw, s1, d1)
+            if counts is not None:
+                steps += _scale_steps(counts, (im, slice(r0, r1)))
+    return tuple(steps), direct, (nb, band, wp, c)
 
 
-def _separable(kernel, s, begin, c: int) -> bool:
-    """Whether the separable fold pays: it does kh + kw folds where the 2-D one does kh * kw,
-    but the first over more rows, with runs of only C floats when the W stride is not 1.
-    Measured: a loss for 2x2 windows and for W-strided ones, unless it saves the padded copy
-    of a wide input (the 112x112x64 stem pools: -13%)."""
-    return kernel[0] * kernel[1] >= 9 and (s[1] == 1 or (any(begin) and c >= 64))
-
-
-def _order(ranges, o):
-    """Taps with a non-empty output range, those covering all o outputs first; None when
-    none covers all."""
-    full = [t for t, r in enumerate(ranges) if r == (0, o)]
-    if not full:
-        return None
-    return full + [t for t, (lo, hi) in enumerate(ranges) if hi > lo and t not in full]
-
-
-def _fold_axis(acc, base, axis, geom, taps, ranges, shift, ufunc) -> None:
-    """acc = ufunc-fold over the taps along `axis`: local output q of tap t reads base at
-    index (q + shift) * stride + t * dilation - offset, geom = (stride, dilation, offset);
-    ranges are the local outputs [lo, hi) each tap reaches."""
-    n = acc.shape[axis]
+def _rows_steps(rows, r0, r1, geom, im, tm, bl, wuse):
+    """Band rows [r0, r1): band[:, q, bl:bl + wuse] = fold over the H taps of x's input rows
+    for output row r0 + q, each tap a set of whole rows (long runs); rows a tap misses (H
+    padding) are left out of that tap, so a band with no tap covering all of it starts from
+    the identity."""
     st, dl, off = geom
+    rr = r1 - r0
+    cols = slice(0, wuse)
+    local = [(max(lo, r0) - r0, min(hi, r1) - r0) for lo, hi in rows]
 
-    def part(a, lo, hi):
-        return a[lo:hi] if axis == 0 else a[:, lo:hi]
+    def src(a, lo, hi):
+        first = (lo + r0) * st + a * dl - off
+        return (im, slice(first, first + (hi - lo - 1) * st + 1, st), cols)
 
-    def src(t, lo, hi):
-        first = (lo + shift) * st + t * dl - off
-        sl = slice(first, first + (hi - lo - 1) * st + 1, st)
-        return base[sl] if axis == 0 else base[:, sl]
+    def dst(lo, hi):
+        return (tm, slice(lo, hi), slice(bl, bl + wuse))
 
-    t0 = taps[0]
-    rest = taps[1:]
-    if len(taps) > 1 and ranges[taps[1]] == (0, n):
-        ufunc(src(t0, 0, n), src(taps[1], 0, n), out=acc)
-        rest = taps[2:]
+    full = [a for a, r in enumerate(local) if r == (0, rr)]
+    rest = [a for a, (lo, hi) in enumerate(local) if hi > lo and a not in full]
+    out = []
+    if len(full) >= 2:
+        out.append((UFUNC, 1, dst(0, rr), 0, src(full[0], 0, rr), 0, src(full[1], 0, rr)))
+        full = full[2:]
+    elif full:
+        out.append((COPY, 1, dst(0, rr), 0, src(full[0], 0, rr), 0, None))
+        full = []
     else:
-        np.copyto(acc, src(t0, 0, n))
-    for t in rest:
-        lo, hi = ranges[t]
-        if hi > lo:
-            sub = part(acc, lo, hi)
-            ufunc(sub, src(t, lo, hi), out=sub)
+        out.append((FILL, 1, dst(0, rr), 0, None, 0, None))
+    for a in full:
+        out.append((UFUNC, 1, dst(0, rr), 1, dst(0, rr), 0, src(a, 0, rr)))
+    for a in rest:
+        lo, hi = local[a]
+        out.append((UFUNC, 1, dst(lo, hi), 1, dst(lo, hi), 0, src(a, lo, hi)))
+    return out
+
+
+def _cols_steps(src, base, ydst, ow, kw, st, dl):
+    """y band = fold over b < kw of band[:, :, j * st + b * dl] (the band is padded along W,
+    so every tap covers every column). Stride 1: each tap is one long run per row."""
+    def tap(b):
+        return base + (slice(b * dl, b * dl + (ow - 1) * st + 1, st),)
+
+    if kw == 1:
+        return [(COPY, 2, ydst, src, tap(0), 0, None)]
+    out = [(UFUNC, 2, ydst, src, tap(0), src, tap(1))]
+    out += [(UFUNC, 2, ydst, 2, ydst, src, tap(b)) for b in range(2, kw)]
+    return out
+
+
+def _scale_steps(counts, ydst):
+    """Divide a band of y by its windows' counts: whole rows by the row count times the
+    interior column count (long runs), then only the columns whose count differs."""
+    ch, cw = counts
+    im, rs = ydst
+    ch = ch[rs]
+    typical = cw[len(cw) // 2]
+    odd = np.flatnonzero(cw != typical)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if len(odd) > 4:
+            inv = (1.0 / np.outer(ch, cw)).astype(F32)[:, :, None]
+            return [(SCALE, 2, ydst, 0, inv, 0, None)]
+        row = (1.0 / (ch * typical)).astype(F32)
+        out = []
+        if np.all(row == row[0]):
+            if row[0] != 1:
+                out.append((SCALE, 2, ydst, 0, row[0], 0, None))
+        else:
+            out.append((SCALE, 2, ydst, 0, row[:, None, None], 0, None))
+        for j in odd:
+            out.append((SCALE, 2, (im, rs, int(j)), 0, np.float32(typical / cw[j]), 0, None))
+    return out
+
+
+def _run(plan, x, y, ufunc, ident) -> None:
+    """Run a plan: y = ufunc-fold of each window of x (NHWC), padding cells reading `ident`
+    (never copied), then (averages) divided by the window counts."""
+    steps, direct, band_shape, _ = plan
+    bufs = (x, x if direct else scratch("pool.band", band_shape), y)
+    copyto, multiply = np.copyto, np.multiply
+    for code, dst, di, a, ai, b, bi in steps:
+        if code == UFUNC:
+            ufunc(bufs[a][ai], bufs[b][bi], out=bufs[dst][di])
+        elif code == COPY:
+            copyto(bufs[dst][di], bufs[a][ai])
+        elif code == FILL:
+            bufs[dst][di] = ident
+        else:
+            v = bufs[dst][di]
+            multiply(v, ai, out=v)
 
 
 def _counts(n, k, s, d, b, e, o, include_pad) -> np.ndarray:
@@ -147,7 +187,34 @@ def _counts(n, k, s, d, b, e, o, include_pad) -> np.ndarray:
     lo, hi = (-b, n + e) if include_pad else (0, n)
     start = np.arange(o) * s - b
     taps = start[:, None] + np.arange(k)[None, :] * d
-    return ((taps >= lo) & (taps < hi)).sum(axis=1).astype(np.float32)
+    return ((taps >= lo) & (taps < hi)).sum(axis=1).astype(np.float64)
+
+
+def _tup(v):
+    return None if v is None else tuple(int(t) for t in v)
+
+
+def _cached_plan(kind, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode,
+                 count_include_pad):
+    """(steps, direct, band shape, output shape) for this input shape and these attributes."""
+    key = (kind, x.shape, _tup(kernel_shape), _tup(strides), _tup(dilations), _tup(pads),
+           auto_pad, int(ceil_mode), int(count_include_pad), BAND_BYTES)
+    hit = _PLANS.get(key)
+    if hit is not None:
+        return hit
+    kernel, s, d, begin, end, o, _ = _geometry_nhwc(
+        x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    counts = None
+    if kind == "avg":
+        h, w = x.shape[1:3]
+        counts = (_counts(h, kernel[0], s[0], d[0], begin[0], end[0], o[0], count_include_pad),
+                  _counts(w, kernel[1], s[1], d[1], begin[1], end[1], o[1], count_include_pad))
+    plan = _plan(x.shape, kernel, s, d, begin, o, counts) + ((x.shape[0], o[0], o[1],
+                                                              x.shape[3]),)
+    if len(_PLANS) > 512:  # a bound for shape-polymorphic callers; plans are cheap to rebuild
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
 
 
 def maxpool_nhwc(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None,
@@ -157,36 +224,23 @@ def maxpool_nhwc(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
         return _via_reference("MaxPool", X, noutputs=noutputs, auto_pad=auto_pad,
                               ceil_mode=ceil_mode, dilations=dilations, kernel_shape=kernel_shape,
                               pads=pads, storage_order=storage_order, strides=strides)
-    x = np.ascontiguousarray(X, dtype=F32)
-    kernel, s, d, begin, end, o, extra = _geometry_nhwc(
-        x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    y = output(out, (x.shape[0], o[0], o[1], x.shape[3]))
-    if y.size == 0:
-        return y
-    if not _fold_direct(x, y, kernel, s, d, begin, np.maximum):
-        xp = _padded_nhwc(x, begin, [e + t for e, t in zip(end, extra)], -np.inf)
-        _fold(xp, y, kernel, s, d, np.maximum)
+    x = _as_f32(X)
+    plan = _cached_plan("max", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, 0)
+    y = output(out, plan[3])
+    if y.size:
+        _run(plan, x, y, np.maximum, -np.inf)
     return y
 
 
 def averagepool_nhwc(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
                      kernel_shape=None, pads=None, strides=None, out=None):
     """AveragePool on NHWC activations."""
-    x = np.ascontiguousarray(X, dtype=F32)
-    kernel, s, d, begin, end, o, extra = _geometry_nhwc(
-        x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    y = output(out, (x.shape[0], o[0], o[1], x.shape[3]))
-    if y.size == 0:
-        return y
-    if not _fold_direct(x, y, kernel, s, d, begin, np.add):
-        xp = _padded_nhwc(x, begin, [e + t for e, t in zip(end, extra)], 0.0)
-        _fold(xp, y, kernel, s, d, np.add)
-    h, w = x.shape[1:3]
-    ch = _counts(h, kernel[0], s[0], d[0], begin[0], end[0], o[0], count_include_pad)
-    cw = _counts(w, kernel[1], s[1], d[1], begin[1], end[1], o[1], count_include_pad)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv = (np.float32(1.0) / np.outer(ch, cw)).astype(F32)
-        y *= inv[:, :, None]
+    x = _as_f32(X)
+    plan = _cached_plan("avg", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode,
+                        count_include_pad)
+    y = output(out, plan[3])
+    if y.size:
+        _run(plan, x, y, np.add, 0.0)
     return y
 
 
