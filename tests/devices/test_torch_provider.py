@@ -384,6 +384,39 @@ def test_concat_transpose_and_views():
     )
 
 
+@pytest.mark.parametrize("shape,perm,gather", [
+    ((2, 5, 6, 4, 7), [0, 1, 2, 4, 3], True),  # channel shuffle: gathered via a cached index
+    ((4, 8, 3, 5, 2), [0, 1, 4, 2, 3], True),  # a 3-axis trailing block
+    ((1, 3, 10, 12), [0, 2, 3, 1], False),     # NCHW -> NHWC: torch's permuted copy
+    ((3, 1, 5, 1), [0, 3, 2, 1], False),       # moves unit axes only: still a fresh array
+    ((2, 3), [0, 1], False),                   # identity
+])
+def test_transpose_paths_agree_with_the_reference_and_never_alias(shape, perm, gather):
+    x = rand(*shape, seed=31)
+    x.flags.writeable = False
+    o, v = variant("Transpose", "transpose.torch")
+    got = v.fn(x, perm=perm)
+    np.testing.assert_array_equal(got, o.reference(x, perm=perm))
+    assert got.flags.c_contiguous and not np.shares_memory(got, x)
+    assert (tp._inner_gather(shape, perm) is not None) == gather
+
+
+def test_few_input_channels_skip_the_packed_convolution():
+    x3 = np.zeros((1, 32, 32, 3), np.float32)
+    w3 = np.zeros((16, 3, 3, 3), np.float32)
+    assert not tp._conv_plan(x3, w3, {"pads": [1, 1, 1, 1]}, True).packed
+    x = np.zeros((1, 32, 32, 16), np.float32)
+    w = np.zeros((16, 16, 3, 3), np.float32)
+    assert tp._conv_plan(x, w, {"pads": [1, 1, 1, 1]}, True).packed == (tp._POINTWISE is not None)
+    w.flags.writeable = w3.flags.writeable = False
+    b = rand(16, seed=5)
+    for xx, ww in ((rand(1, 3, 9, 9, seed=6), w3 + 1), (rand(1, 16, 9, 9, seed=7), w + 1)):
+        ww.flags.writeable = False
+        o, v = variant("Conv", "conv.torch.nhwc")
+        want = o.reference(xx, ww, b, pads=[1, 1, 1, 1])
+        close(nchw(v.fn(nhwc(xx), ww, b, pads=[1, 1, 1, 1])), want)
+
+
 # ------------------------------------------------------------------------ fused ops
 
 
