@@ -44,10 +44,21 @@ def release_scratch() -> None:
     _LOCAL.pool = {}
 
 
-def output(out: np.ndarray | None, shape: Sequence[int], dtype: Any = F32) -> np.ndarray:
-    """The planned buffer when it fits, else a fresh array."""
+def output(
+    out: np.ndarray | None, shape: Sequence[int], dtype: Any = F32, strided_ok: bool = False
+) -> np.ndarray:
+    """The planned buffer when it fits, else a fresh array.
+
+    `strided_ok`: the caller (a variant registered with ``strided_out=True``) can write into a
+    view whose outer axes are strided (a slice of a Concat's output), as long as the last axis
+    is contiguous.
+    """
     shape = tuple(shape)
-    if out is not None and out.shape == shape and out.dtype == dtype and out.flags.c_contiguous:
+    if out is None or out.shape != shape or out.dtype != dtype:
+        return np.empty(shape, dtype=dtype)
+    if out.flags.c_contiguous:
+        return out
+    if strided_ok and (out.strides[-1] == out.itemsize or shape[-1] <= 1):
         return out
     return np.empty(shape, dtype=dtype)
 

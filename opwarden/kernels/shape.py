@@ -1,4 +1,9 @@
-"""Concat into the planned output buffer (the reference allocates a fresh array each run)."""
+"""Concat into the planned output buffer (the reference allocates a fresh array each run).
+
+When the memory plan binds a Concat's inputs as slices of its output (their producers wrote
+straight into them, see opwarden/memory/lifetimes.py), those inputs are already in place and
+are not copied; every other input is copied into its slice.
+"""
 
 from __future__ import annotations
 
@@ -27,12 +32,29 @@ def concat(*inputs, axis=1, out=None):
     shape[a] = sum(x.shape[a] for x in inputs)
     if out is None or list(out.shape) != shape or out.dtype != inputs[0].dtype:
         return np.concatenate(inputs, axis=a)
-    return np.concatenate(inputs, axis=a, out=out)
+    owner = out if out.base is None else out.base
+    if not any(x.base is owner for x in inputs):
+        return np.concatenate(inputs, axis=a, out=out)
+    # Some inputs were written straight into their slice of out (out itself may be a strided
+    # slice of an enclosing Concat): copy input by input, skipping those that already are their
+    # slice (same memory and strides; the shape matches by construction).
+    idx: list[slice] = [slice(None)] * r
+    pos = 0
+    for x in inputs:
+        n = x.shape[a]
+        if n:
+            idx[a] = slice(pos, pos + n)
+            dst = out[tuple(idx)]
+            if (x.base is not owner or x.strides != dst.strides
+                    or x.__array_interface__["data"][0] != dst.__array_interface__["data"][0]):
+                np.copyto(dst, x)
+            pos += n
+    return out
 
 
 def register() -> None:
     """Register the Concat variant on every version (layout-agnostic: the layout pass remaps
-    the axis)."""
+    the axis). It accepts a strided out (a slice of an enclosing Concat), so Concats nest."""
     for opdef in REGISTRY.versions("Concat"):
         opdef.kernel("cpu", dtypes=["float32"], priority=10, accepts_out=True,
-                     name="concat.cpu.out")(concat)
+                     strided_out=True, name="concat.cpu.out")(concat)

@@ -9,6 +9,13 @@ Rules:
   group whose lifetime covers both.
 - In place: a variant that accepts ``out=`` and whose contract allows (input i, output 0) to alias
   writes into input i's buffer when that input dies at this step and has the same size.
+- Concat slices: a Concat whose output is planned gets each input that a planned step of a
+  ``strided_out`` variant produces (as its output 0, read once by this Concat, neither a graph
+  output nor part of a view group) bound as a slice of its own output along the concat axis:
+  the producer writes straight into it and the Concat copies only the other inputs. The slices
+  are part of the Concat's buffer, which then lives from the earliest producer to the last read
+  of the Concat or of any slice. Concats nest (an input that is itself a Concat output becomes a
+  slice, and its own slices slices of that). Slices never take part in in-place reuse.
 - Values read by a subgraph (If/Loop/Scan bodies) live until the step that runs the subgraph.
 - A tensor whose size depends on data (unknown or unresolved dims) is left to the kernel and
   listed as dynamic.
@@ -72,10 +79,17 @@ def takes_workspace(fn: Any) -> bool:
 
 @dataclass
 class Binding:
-    """A plan made concrete for the executor: per step, where output 0 and workspace go."""
+    """A plan made concrete for the executor: per step, where output 0 and workspace go.
+
+    `out_region[step]` is (byte offset, shape, dtype, slices): the array of `shape` at the
+    offset, then indexed by each (axis, start, stop) of `slices` in turn (empty unless output
+    0 is a slice of a Concat's output). `slice_inputs[step]`: input positions of a Concat step
+    that are slices of its own output (the Concat skips copying them).
+    """
 
     plan: MemoryPlan
-    out_region: dict[int, tuple[int, tuple[int, ...], Any]] = field(default_factory=dict)
+    out_region: dict[int, tuple[int, tuple[int, ...], Any, tuple]] = field(default_factory=dict)
+    slice_inputs: dict[int, tuple[int, ...]] = field(default_factory=dict)
     ws_region: dict[int, tuple[int, int]] = field(default_factory=dict)
     # steps that read an arena tensor but do not write into the arena: their results are
     # checked for being undeclared views of arena memory (those are copied out)
@@ -169,6 +183,9 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
     for s in first:
         members.setdefault(groups.find(s), []).append(s)
 
+    # Concat slices (before in place, which then leaves the slices alone).
+    slice_of = _concat_slices(steps, external, sized, groups, members, bad_roots)
+
     # In place: output 0 joins a dying input's group.
     for i0, st in enumerate(steps):
         i = times[i0]
@@ -185,7 +202,7 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
             if b_o != 0 or a_i >= len(st.ins) or st.ins[a_i] < 0:
                 continue
             a = st.ins[a_i]
-            if a in external or a not in first:
+            if a in external or a not in first or a in slice_of:
                 continue
             ra = groups.find(a)
             if ra in bad_roots or g_last(ra, members) != i:
@@ -205,6 +222,8 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
             continue
         ms = sorted(ms, key=lambda m: first[m])
         head = ms[0]
+        if head in slice_of:  # a Concat's buffer: named and shaped after the outermost Concat
+            head = _slice_root(head, slice_of)
         nbytes, shape, dt = sized[head]
         size = max(sized[m][0] for m in ms)
         prod = values[head].producer.name if values[head].producer is not None else "?"
@@ -272,6 +291,7 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
         dynamic,
         outputs_bytes,
     )
+    plan.slices = {values[s].name: values[p].name for s, (p, *_r) in slice_of.items()}
 
     binding = Binding(plan)
     for i, st in enumerate(steps):
@@ -279,9 +299,17 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
         if var.accepts_out and st.outs and st.outs[0] >= 0 and st.outs[0] in slot_buf:
             o = st.outs[0]
             b = slot_buf[o]
-            nb, shape, dt = sized[o]
-            binding.out_region[i] = (b.offset, shape, dt)
+            top, chain = o, ()
+            while top in slice_of:
+                parent, axis, lo, hi = slice_of[top]
+                chain = ((axis, lo, hi),) + chain
+                top = parent
+            binding.out_region[i] = (b.offset, sized[top][1] if chain else sized[o][1],
+                                     sized[o][2], chain)
             b.materialized = True
+            sl = tuple(k for k, s in enumerate(st.ins) if s in slice_of and slice_of[s][0] == o)
+            if sl:
+                binding.slice_inputs[i] = sl
         elif any(s in slot_buf for s in _reads(st)):
             binding.view_checks.add(i)
         if i in ws_steps:
@@ -294,3 +322,67 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
                    if a < len(st.ins) and st.ins[a] >= 0):
                 binding.view_checks.discard(i)
     return binding
+
+
+def _slice_root(s: int, slice_of: dict[int, tuple[int, int, int, int]]) -> int:
+    while s in slice_of:
+        s = slice_of[s][0]
+    return s
+
+
+def _concat_slices(
+    steps: list[Any],
+    external: set[int],
+    sized: dict[int, tuple[int, tuple[int, ...], Any]],
+    groups: _Groups,
+    members: dict[int, list[int]],
+    bad_roots: set[int],
+) -> dict[int, tuple[int, int, int, int]]:
+    """slot -> (Concat output slot, axis, start, stop): the Concat inputs bound as slices of its
+    output. Merges each slice's group into the Concat's (`groups`, `members` updated)."""
+    producer: dict[int, Any] = {}
+    for st in steps:
+        if st.outs and st.outs[0] >= 0:
+            producer[st.outs[0]] = st
+    # Slots alone in their view group (no Identity/view of them and they view nothing).
+    solo = {s for s, ms in ((r, m) for r, m in members.items()) if len(ms) == 1
+            for s in ms if s not in bad_roots}
+    slice_of: dict[int, tuple[int, int, int, int]] = {}
+    for st in steps:  # program order: inner Concats are claimed before the outer ones
+        node, var = st.placement.node, st.placement.variant
+        if node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+            continue
+        if not var.accepts_out or not st.outs or st.outs[0] < 0 or st.outs[0] not in sized:
+            continue
+        c = st.outs[0]
+        if groups.find(c) in bad_roots:
+            continue
+        _, cshape, cdt = sized[c]
+        rank = len(cshape)
+        axis = st.kwargs.get("axis", 1)
+        if not isinstance(axis, int) or not -rank <= axis < rank:
+            continue
+        axis %= rank
+        pos = 0
+        picked: list[tuple[int, int, int]] = []
+        for x in st.ins:
+            tb = sized.get(x) if x >= 0 else None
+            if tb is None or len(tb[1]) != rank:
+                picked = []
+                break  # the layout of the output is not statically known: leave it alone
+            n = tb[1][axis]
+            p = producer.get(x)
+            if (n and x in solo and x not in slice_of and x not in external
+                    and st.ins.count(x) == 1 and tb[2] == cdt
+                    and p is not None and p.placement.variant.strided_out):
+                picked.append((x, pos, pos + n))
+            pos += n
+        if pos != cshape[axis]:
+            continue
+        for x, lo, hi in picked:
+            slice_of[x] = (c, axis, lo, hi)
+            rc, rx = groups.find(c), groups.find(x)
+            root = groups.union(rc, rx)
+            merged = members.pop(rc, []) + members.pop(rx, [])
+            members[root] = merged
+    return slice_of

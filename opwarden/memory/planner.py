@@ -171,6 +171,8 @@ class MemoryPlan:
     dynamic: list[str] = field(default_factory=list)  # values whose size is not known statically
     outputs_bytes: int = 0
     alignment: int = ALIGNMENT
+    # value name -> the Concat output it is a slice of (its producer writes into it)
+    slices: dict[str, str] = field(default_factory=dict)
 
     @property
     def materialized_bytes(self) -> int:
@@ -191,6 +193,7 @@ class MemoryPlan:
             "steps": len(self.steps),
             "buffers": [b.as_dict() for b in self.buffers],
             "dynamic": list(self.dynamic),
+            "concat_slices": dict(self.slices),
         }
 
     def check(self) -> None:

@@ -24,6 +24,10 @@ def summary_lines(plan: MemoryPlan) -> list[str]:
         f"({describe_bytes(plan.materialized_bytes)}); outputs "
         f"{describe_bytes(plan.outputs_bytes)} outside the arena",
     ]
+    if plan.slices:
+        cats = len(set(plan.slices.values()))
+        lines.append(f"{len(plan.slices)} Concat inputs written straight into their slice of "
+                     f"{cats} Concat outputs (not copied)")
     if plan.dynamic:
         shown = ", ".join(plan.dynamic[:6]) + (" ..." if len(plan.dynamic) > 6 else "")
         lines.append(f"{len(plan.dynamic)} tensors sized at run time (not planned): {shown}")

@@ -30,6 +30,9 @@ class Variant:
     reference: bool = False
     accepts_out: bool = False
     wants_noutputs: bool = False
+    # out= may be a strided view (a slice of a Concat's output along its axis; last axis
+    # contiguous) that the kernel writes into and returns; see opwarden/memory/lifetimes.py
+    strided_out: bool = False
 
     def describe(self) -> dict[str, Any]:
         if isinstance(self.dtypes, Mapping):
@@ -120,6 +123,7 @@ class OpDef:
         when: Callable[..., bool] | None = None,
         name: str | None = None,
         accepts_out: bool = False,
+        strided_out: bool = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering a variant of this operator."""
 
@@ -140,6 +144,7 @@ class OpDef:
                     when=when,
                     accepts_out=accepts_out,
                     wants_noutputs=_wants_noutputs(fn),
+                    strided_out=strided_out and accepts_out,
                 )
             )
             return fn
@@ -303,6 +308,7 @@ def kernel(
     domain: str = "",
     since: int | None = None,
     accepts_out: bool = False,
+    strided_out: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a kernel variant for an existing operator (its latest version unless `since`)."""
     versions = REGISTRY.versions(op_type, domain)
@@ -324,6 +330,7 @@ def kernel(
         when=when,
         name=name,
         accepts_out=accepts_out,
+        strided_out=strided_out,
     )
 
 
