@@ -88,7 +88,10 @@ def sum_(*Xs, out=None):
 
 def register() -> None:
     """Register the elementwise variants (layout-agnostic) on the versions they implement."""
-    kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True}
+    # Every kernel here writes through ufunc out= only, so a strided out (a slice of a Concat's
+    # output, see opwarden/memory/lifetimes.py) is as good as a contiguous one.
+    kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True,
+          "strided_out": True}
     unary = {"Relu": relu, "Tanh": tanh, "Sigmoid": sigmoid, "LeakyRelu": leaky_relu}
     for op_type, fn in unary.items():
         for opdef in REGISTRY.versions(op_type):

@@ -304,3 +304,28 @@ def test_random_concat_graphs_in_debug_mode(graph):
     sess.memory_plan.check()
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def test_builtin_elementwise_producers_write_into_their_slices():
+    """Relu, Add and Sigmoid (built-in fast variants, strided_out) feed a Concat: all three
+    are planned as slices, and every run path agrees with onnxruntime."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Add", ["x", "x"], ["b"]),
+        helper.make_node("Sigmoid", ["x"], ["c"]),
+        helper.make_node("Concat", ["a", "b", "c"], ["cat"], axis=1),
+        helper.make_node("Mul", ["cat", "cat"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "ew", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 9, 4, 5])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = np.random.default_rng(3).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    (want,) = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})
+    for opts in ({}, {"checks": "all"}, {"debug_memory": True}):
+        sess = opwarden.InferenceSession(m.SerializeToString(), **opts)
+        assert sess.memory_plan.to_dict()["concat_slices"] == {"a": "cat", "b": "cat", "c": "cat"}
+        (got,) = sess.run(None, {"x": x})
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
