@@ -268,7 +268,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     source, label = (args.model, args.model) if args.model else _load_default()
     opts = SessionOptions(trace=True, checks=args.checks.split(",") if args.checks else ())
-    sess = InferenceSession(source, sess_options=opts)
+    providers = args.providers.split(",") if getattr(args, "providers", None) else None
+    sess = InferenceSession(source, sess_options=opts, providers=providers)
     feeds = _random_feeds(sess, 0)
     feeds.update(_parse_inputs(args.input or []))
     records = []
@@ -390,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--checks", help="comma-separated: nan,inf,shape,dtype,contract or all")
     pr.add_argument("--input", action="append", metavar="NAME=FILE.npy")
     pr.add_argument("--json", action="store_true")
+    pr.add_argument("--providers", help="comma-separated devices in priority order, e.g. torch,cpu")
     pr.add_argument("--out", default="opwarden_profile")
     pr.set_defaults(fn=cmd_profile)
     pl = sub.add_parser("plan", help="static memory plan: arena, lower bound, buffers, picture")

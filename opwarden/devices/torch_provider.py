@@ -767,11 +767,13 @@ def _conv_kernel(ref: Callable[..., Any], nhwc: bool):
 
 def _fused_conv_kernel(ref: Callable[..., Any], nhwc: bool):
     def kernel(X, W, B=None, Z=None, *, activation="", activation_params=(), **attrs):
-        plan = _conv_plan(X, W, attrs, nhwc)
-        if plan is None:
+        shuffle = int(attrs.pop("input_shuffle", 0) or 0)
+        plan = None if shuffle > 1 else _conv_plan(X, W, attrs, nhwc)
+        if plan is None:  # (a folded input shuffle, too, is left to the reference)
             return _call_ref(
                 ref, (X, W, B, Z),
-                dict(attrs, activation=activation, activation_params=activation_params), nhwc,
+                dict(attrs, activation=activation, activation_params=activation_params,
+                     input_shuffle=shuffle), nhwc,
             )
         with _Mode(plan.flops < _SERIAL_FLOPS):
             if plan.gemm:

@@ -4,22 +4,26 @@ applied in place on the GEMM output, band by band for convolutions."""
 from __future__ import annotations
 
 from ..ops.base import REGISTRY
+from ..ops.fused import shuffle_channels
 from .conv import _conv_ok, conv_nchw, conv_nhwc
 from .linalg import _gemm_ok, _matmul_ok, fused_matmul, gemm
 
 DOMAIN = "opwarden"
 
 
-def fused_conv_nhwc(X, W, B=None, Z=None, *, activation="", activation_params=None, out=None,
-                    **attrs):
-    """act(Conv(X, W, B) + Z) with X, Z and Y in NHWC."""
+def fused_conv_nhwc(X, W, B=None, Z=None, *, activation="", activation_params=None,
+                    input_shuffle=0, out=None, **attrs):
+    """act(Conv(shuffle(X), W, B) + Z) with X, Z and Y in NHWC."""
     return conv_nhwc(X, W, B, Z, activation=activation,
-                     activation_params=activation_params or (), out=out, **attrs)
+                     activation_params=activation_params or (), input_shuffle=input_shuffle,
+                     out=out, **attrs)
 
 
-def fused_conv_nchw(X, W, B=None, Z=None, *, activation="", activation_params=None, out=None,
-                    **attrs):
-    """act(Conv(X, W, B) + Z) in NCHW."""
+def fused_conv_nchw(X, W, B=None, Z=None, *, activation="", activation_params=None,
+                    input_shuffle=0, out=None, **attrs):
+    """act(Conv(shuffle(X), W, B) + Z) in NCHW."""
+    if int(input_shuffle or 0) > 1:
+        X = shuffle_channels(X, int(input_shuffle), axis=1)
     return conv_nchw(X, W, B, Z, activation=activation,
                      activation_params=activation_params or (), out=out, **attrs)
 

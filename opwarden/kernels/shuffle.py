@@ -25,10 +25,20 @@ def channel_shuffle(X, *, group=1, out=None):
             f"ChannelShuffle: the last axis of X {x.shape} must be divisible by group={g}"
         )
     y = output(out, x.shape, x.dtype)
+    shuffle_into(x, g, y)
+    return y
+
+
+def shuffle_into(x: np.ndarray, g: int, y: np.ndarray) -> None:
+    """y[..., j*g + i] = x[..., i*(C/g) + j] for y of x's shape with a contiguous last axis
+    (e.g. the interior of a padded buffer)."""
     c = x.shape[-1]
     lead = x.shape[:-1]
-    np.copyto(y.reshape(*lead, c // g, g).swapaxes(-1, -2), x.reshape(*lead, g, c // g))
-    return y
+    # Splitting a contiguous last axis is always a view, so the copy lands in y itself.
+    yv = y.reshape(*lead, c // g, g)
+    if c and y.size and not np.shares_memory(yv, y):
+        raise KernelError("ChannelShuffle: the output's last axis must be contiguous")
+    np.copyto(yv.swapaxes(-1, -2), x.reshape(*lead, g, c // g))
 
 
 def register() -> bool:

@@ -59,6 +59,20 @@ def _facts_static(*facts: TensorFact | None) -> bool:
     return all(f is not None and f.static for f in facts)
 
 
+def shuffle_channels(x, group: int, axis: int) -> np.ndarray:
+    """A copy of x with the channels on `axis` split as (group, C/group) and transposed:
+    out[.., j*group + i, ..] = x[.., i*(C/group) + j, ..]."""
+    x = np.asarray(x)
+    axis %= max(x.ndim, 1)
+    c = x.shape[axis] if x.ndim else 0
+    if x.ndim == 0 or group < 1 or c % group:
+        raise KernelError(
+            f"channel shuffle: axis {axis} of X {x.shape} must be divisible by group={group}"
+        )
+    split = x.reshape(*x.shape[:axis], group, c // group, *x.shape[axis + 1:])
+    return split.swapaxes(axis, axis + 1).copy().reshape(x.shape)
+
+
 # ---------------------------------------------------------------------------------------------
 # FusedConv
 
@@ -77,6 +91,9 @@ _CONV_ATTRS = {
     "strides": ("INTS", []),
     "activation": "",
     "activation_params": ("FLOATS", []),
+    # g >= 2: X's channels are shuffled with group g first (ChannelShuffle folded into its
+    # depthwise consumer by the layout pass: the shuffle rides on the padding copy).
+    "input_shuffle": 0,
 }
 
 
@@ -96,14 +113,18 @@ _CONV_ATTRS = {
             "auto_pad": AUTO_PAD,
             "group": such_that(lambda g: int(g) >= 1, "a positive integer"),
             "activation": _ACT_RULE,
+            "input_shuffle": such_that(lambda g: int(g) >= 0, "0 (none) or a group count"),
         },
     ),
 )
 def FusedConv(
     X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-    pads=None, strides=None, activation="", activation_params=None,
+    pads=None, strides=None, activation="", activation_params=None, input_shuffle=0,
 ):
-    """act(Conv(X, W, B) + Z): convolution, optional residual Z, optional activation."""
+    """act(Conv(shuffle(X), W, B) + Z): convolution, optional channel shuffle of the input,
+    residual Z and activation."""
+    if int(input_shuffle) > 1:
+        X = shuffle_channels(X, int(input_shuffle), axis=1)
     y = Conv(
         X, W, B, auto_pad=auto_pad, dilations=dilations or None, group=group,
         kernel_shape=kernel_shape or None, pads=pads or None, strides=strides or None,
@@ -514,9 +535,8 @@ def ChannelShuffle(X, *, group=1):
         raise KernelError(
             f"ChannelShuffle: the last axis of X {x.shape} must be divisible by group={g}"
         )
-    c = x.shape[-1]
     # Always a copy: the output is a new tensor even where the permutation is the identity.
-    return x.reshape(*x.shape[:-1], g, c // g).swapaxes(-1, -2).copy().reshape(x.shape)
+    return shuffle_channels(x, g, axis=-1)
 
 
 @ChannelShuffle.infer

@@ -98,6 +98,7 @@ class LayoutReport:
     absorbed: int = 0
     nhwc_nodes: int = 0
     shuffles: int = 0
+    shuffles_folded: int = 0  # ChannelShuffle nodes folded into their depthwise consumer
     regions: list[dict[str, Any]] = field(default_factory=list)
     inserted: dict[int, str] = field(default_factory=dict)  # id(node) -> reason
 
@@ -109,6 +110,7 @@ class LayoutReport:
             "transposes_absorbed": self.absorbed,
             "nhwc_nodes": self.nhwc_nodes,
             "channel_shuffles_nhwc": self.shuffles,
+            "channel_shuffles_folded": self.shuffles_folded,
             "regions": self.regions,
         }
 
@@ -379,6 +381,8 @@ class LayoutPass:
             if key not in self.nchw_ok and g.values.get(o.name) is o:
                 del g.values[o.name]
         g.rebuild_uses()
+        if self._fold_shuffles():
+            g.rebuild_uses()
         self._sweep()
         self._tag({id(v) for v in self.phys.values() if id(v) not in self._odd})
         for v in self.phys.values():
@@ -495,6 +499,48 @@ class LayoutPass:
         self.report.shuffles += 1
         self.new_nodes.append(node)
         return True
+
+    def _fold_shuffles(self) -> int:
+        """Fold each ChannelShuffle read only by a depthwise convolution on the same device
+        into that convolution (FusedConv's `input_shuffle`: the shuffle then rides on the
+        padding copy the depthwise kernel makes anyway). Returns how many were folded."""
+        from ..ops import REGISTRY
+
+        outs = {id(v) for v in self.g.outputs}
+        folded: set[int] = set()
+        for n in self.g.nodes:
+            if n.op_type != "ChannelShuffle" or n.domain != "opwarden":
+                continue
+            y = n.outputs[0]
+            if y is None or id(y) in outs or len(y.uses) != 1:
+                continue
+            conv, idx = y.uses[0]
+            w = conv.inputs[1] if len(conv.inputs) > 1 else None
+            if (
+                idx != 0
+                or (conv.op_type, conv.domain) not in (("Conv", ""), ("FusedConv", "opwarden"))
+                or self.device_of.get(id(conv)) is not self.device_of.get(id(n))
+                or self.layout.get(id(conv)) != NHWC
+                or int(conv.attrs.get("input_shuffle", 0) or 0) > 1
+                or w is None
+                or w.fact.shape is None
+                or len(w.fact.shape) != 4
+                or w.fact.shape[1] != 1
+                or int(conv.attrs.get("group", 1)) != w.fact.shape[0]
+            ):
+                continue
+            if conv.op_type == "Conv":
+                conv.op_type, conv.domain, conv.opset = "FusedConv", "opwarden", 1
+                conv.opdef, conv.schema = REGISTRY.resolve("FusedConv", "opwarden", 1)
+            conv.attrs = dict(conv.attrs, input_shuffle=int(n.attrs["group"]))
+            conv.inputs[0] = n.inputs[0]
+            folded.add(id(n))
+            if self.g.values.get(y.name) is y:
+                del self.g.values[y.name]
+        if folded:
+            self.g.nodes = [n for n in self.g.nodes if id(n) not in folded]
+            self.report.shuffles_folded += len(folded)
+        return len(folded)
 
     def _remap_attrs(self, node: Node, r: int) -> None:
         perm = to_last(r)

@@ -9,6 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import opwarden as ow
 from opwarden import zoo
+from opwarden.kernels.fused import fused_conv_nhwc
+from opwarden.ops import REGISTRY
 from opwarden.runtime.layout import LayoutPass
 
 ort = pytest.importorskip("onnxruntime")
@@ -134,8 +136,10 @@ def test_shuffle_runs_in_nhwc_and_matches(case):
     # (three factors, or a device without that kernel) the rewritten Reshape/Transpose chain.
     one_node = providers is None and len(kw.get("factors", (3, 4))) == 2
     if one_node:
-        assert {"merge/shuffle", "dw"} <= set(rows) and not {"split", "shuffle"} & set(rows)
-        assert rows["merge/shuffle"]["op_type"] == "ChannelShuffle"
+        # ... which is then folded into its depthwise consumer (FusedConv input_shuffle).
+        assert "dw" in rows and not {"split", "shuffle", "merge/shuffle"} & set(rows)
+        assert rows["dw"]["op_type"] == "FusedConv"
+        assert sess.placements.report["channel_shuffles_folded"] == 1
     else:
         assert {"split", "shuffle", "merge", "dw"} <= set(rows)
     assert all(r["layout"] == "NHWC" for r in rows.values() if not r["inserted"])
@@ -208,13 +212,52 @@ def test_intermediates_are_not_tagged_nhwc():
     assert mid and all(v.layout is None for v in mid)
     sh = [v for v in vals.values() if v.name.startswith("sh")]
     assert [v.layout for v in sh] == ["NHWC"] and sh[0].fact.shape == (2, 5, 6, 12)
-    # Two factors: one ChannelShuffle node, and its former intermediates are gone.
-    model = shuffle_model()
+    # Two factors: one ChannelShuffle node (kept: its output is also a graph output), and its
+    # former intermediates are gone.
+    model = shuffle_model(tail_output=True)
     sess, _ = _run(model, _x(model))
     vals = sess.model.graph.values
     assert not [v for v in vals.values() if v.name.startswith(("r5", "t5"))]
-    sh = [v for v in vals.values() if v.name.startswith("sh")]
+    sh = [v for v in vals.values() if v.name.startswith("sh__")]
     assert [v.layout for v in sh] == ["NHWC"] and sh[0].fact.shape == (2, 5, 6, 12)
+    assert [r["op_type"] for r in sess.explain() if r["name"] == "merge/shuffle"] == [
+        "ChannelShuffle"
+    ]
+    assert sess.placements.report["channel_shuffles_folded"] == 0
+
+
+def test_shuffle_folds_into_depthwise_and_survives_a_faulting_kernel():
+    """The folded shuffle runs in the depthwise kernel's padding copy; when that kernel faults
+    the node reruns on the reference FusedConv, which applies input_shuffle itself."""
+    model = shuffle_model()
+    x = _x(model)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    sess, got = _run(model, x)
+    rows = {r["name"]: r for r in sess.explain()}
+    assert rows["dw"]["op_type"] == "FusedConv"
+    node = next(p.node for p in sess.placements if p.node.name == "dw")
+    assert node.attrs["input_shuffle"] == 3
+    assert np.abs(got[0] - want[0]).max() <= _tol(want[0])
+
+    calls = []
+
+    def bad(X, W, B=None, Z=None, **attrs):
+        calls.append(attrs.get("input_shuffle"))
+        if attrs.get("input_shuffle"):
+            raise RuntimeError("simulated kernel failure")
+        return fused_conv_nhwc(X, W, B, Z, **attrs)
+
+    fused = REGISTRY.versions("FusedConv", "opwarden")[0]
+    before = list(fused.variants)
+    fused.kernel(device="cpu", layout="NHWC", dtypes=["float32"], priority=100,
+                 name="fusedconv.cpu.bad")(bad)
+    try:
+        sess = ow.InferenceSession(model.SerializeToString())
+        (got,) = sess.run(None, {"x": x})
+    finally:
+        fused.variants = before
+    assert 3 in calls and sess.faults
+    assert np.abs(got - want[0]).max() <= _tol(want[0])
 
 
 def test_shufflenet_keeps_its_shuffles_in_nhwc():

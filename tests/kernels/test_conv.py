@@ -57,11 +57,14 @@ def conv_case(draw):
 @contextlib.contextmanager
 def nhwc_path(path):
     """Force the NHWC k x k path: "shifted" (per-tap GEMMs), "stem" (transposed patch matrix,
-    group 1 only, else the general one) or "im2col" (patch matrix)."""
-    names = ("SHIFT_MIN_C", "SHIFT_MIN_PIXELS", "SHIFT_MAX_M_PER_C", "STEM_MAX_RUN")
+    group 1 only, else the general one; taps copied straight from x), "stem_planes" (the same
+    through phase planes) or "im2col" (patch matrix)."""
+    names = ("SHIFT_MIN_C", "SHIFT_MIN_PIXELS", "SHIFT_MAX_M_PER_C", "STEM_MAX_RUN",
+             "STEM_DIRECT_MAX_TAPS")
     old = {k: getattr(kconv, k) for k in names}
     big = 1 << 30
-    new = {"shifted": (1, 1, big, 0), "stem": (big, big, 0, big), "im2col": (big, big, 0, 0)}
+    new = {"shifted": (1, 1, big, 0, big), "stem": (big, big, 0, big, big),
+           "stem_planes": (big, big, 0, big, 0), "im2col": (big, big, 0, 0, big)}
     for k, v in zip(names, new[path]):
         setattr(kconv, k, v)
     try:
@@ -71,7 +74,7 @@ def nhwc_path(path):
             setattr(kconv, k, v)
 
 
-PATHS = ["shifted", "stem", "im2col"]
+PATHS = ["shifted", "stem", "stem_planes", "im2col"]
 
 
 def _arrays(case, seed=0):
@@ -232,3 +235,70 @@ def test_variants_registered_on_every_conv_version():
         assert names["conv.cpu.nchw"].accepts_out
     for opdef in REGISTRY.versions("FusedConv", "opwarden"):
         assert "fusedconv.cpu.nhwc" in {v.name for v in opdef.variants}
+
+
+@pytest.mark.parametrize("path", ["stem", "stem_planes"])
+@pytest.mark.parametrize(
+    "hw, k, attrs",
+    [
+        ((37, 41), 3, dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+        ((37, 41), 3, dict(strides=[2, 2], pads=[0, 0, 0, 0])),
+        ((30, 29), 4, dict(strides=[4, 4], pads=[0, 2, 1, 0])),
+        ((23, 25), 3, dict(strides=[1, 2], pads=[-1, 2, 0, -2], dilations=[2, 1])),
+        ((40, 40), 7, dict(strides=[2, 2], pads=[3, 3, 3, 3])),
+    ],
+)
+def test_stem_taps_from_strided_input_match_reference(hw, k, attrs, path):
+    # RGB stems read an NHWC view of the NCHW graph input; a small band size makes the band
+    # loop clip each tap's rows.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, *hw), dtype=np.float32)
+    w = rng.standard_normal((8, 3, k, k), dtype=np.float32)
+    b = rng.standard_normal(8, dtype=np.float32)
+    ref = FusedConv(x, w, b, activation="Relu", **attrs)
+    old = kconv.STEM_BAND_BYTES
+    kconv.STEM_BAND_BYTES = 4 << 10
+    try:
+        with nhwc_path(path):
+            y = kfused.fused_conv_nhwc(x.transpose(0, 2, 3, 1), w, b, activation="Relu",
+                                       **attrs)
+    finally:
+        kconv.STEM_BAND_BYTES = old
+    np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_bias_row_follows_the_bias_given():
+    # The im2col path folds the bias into the weights; the folded copy is cached only while W
+    # and B are both read-only, so another bias (or a changed writable one) is always seen.
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 16, 9, 9), dtype=np.float32)
+    w = rng.standard_normal((64, 16, 3, 3), dtype=np.float32)
+    w.flags.writeable = False
+    attrs = dict(pads=[1, 1, 1, 1])
+    b1 = rng.standard_normal(64, dtype=np.float32)
+    b1.flags.writeable = False
+    b2 = rng.standard_normal(64, dtype=np.float32)
+    b2.flags.writeable = False
+    b3 = rng.standard_normal(64, dtype=np.float32)
+    with nhwc_path("im2col"):
+        for b in (b1, b2, b1, b3):
+            y = conv_nhwc(nhwc(x), w, b, **attrs)
+            np.testing.assert_allclose(nchw(y), Conv(x, w, b, **attrs), rtol=1e-4, atol=1e-4)
+        b3 += 1
+        y = conv_nhwc(nhwc(x), w, b3, **attrs)
+    np.testing.assert_allclose(nchw(y), Conv(x, w, b3, **attrs), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cols", [8, 64, 2 * kconv.RELU_CHUNK])
+def test_relu_on_contiguous_and_strided_rows(cols):
+    rng = np.random.default_rng(9)
+    base = rng.standard_normal((3 * kconv.RELU_CHUNK // cols + 5, cols + 3), dtype=np.float32)
+    base[0, 0] = np.nan
+    want = np.maximum(base, 0)
+    a = base.copy()
+    kconv._relu(a)  # contiguous: flat chunks
+    np.testing.assert_array_equal(a, want)
+    b = base.copy()
+    kconv._relu(b[:, :cols])  # rows with a contiguous last axis, outer axis strided
+    np.testing.assert_array_equal(b[:, :cols], want[:, :cols])
+    np.testing.assert_array_equal(b[:, cols:], base[:, cols:])
