@@ -8,7 +8,7 @@ patch matrix is built (see _phase_planes). Small maps copy patches of a band of 
 the patch matrix transposed, small kernels copying each tap straight from the input. Where a
 patch matrix is built (group 1), the bias rides in its GEMM as a column (row) of ones.
 Depthwise convolutions are one einsum over a strided window view. Bias, residual and activation
-are otherwise applied on each band right after its GEMM; Relu against a zero array (_relu).
+are otherwise applied on each band right after its GEMM; Relu against a zero array (_util.relu).
 NCHW: the patch matrix transposed (M x K) @ (K x P), weights used as they are.
 """
 
@@ -52,10 +52,6 @@ WIDE_BAND_BYTES = 4 << 20
 PREFILL_MIN = 1 << 17
 # Pointwise convolutions over at most this many pixels compute the transposed product.
 PW_T_MAX_PIXELS = 64
-# Relu runs as np.maximum against a zero array of at most this many floats (see _relu).
-RELU_CHUNK = 1 << 16
-_ZEROS = np.zeros(RELU_CHUNK, F32)
-_ZEROS.flags.writeable = False  # shared by every thread
 
 
 def geometry(hw, khw, strides, dilations, pads, auto_pad):
@@ -172,35 +168,8 @@ def _epilogue(y: np.ndarray, bias, z, activation: str, params) -> None:
         y += bias
     if z is not None:
         y += z
-    if activation == "Relu":
-        _relu(y)
-    elif activation:
+    if activation:
         apply_activation(y, activation, params)
-
-
-def _relu(y: np.ndarray) -> None:
-    """y = max(y, 0) in place, against chunks of a zero array: NumPy's maximum with a scalar
-    (or any broadcast) operand takes a slow loop, 1.5-2.5x slower than two contiguous operands
-    on float32 (measured on conv outputs of 40 KB-3 MB); chunks of RELU_CHUNK floats keep the
-    zeros cache-resident. Same results, NaN included."""
-    if y.flags.c_contiguous:
-        flat = y.reshape(-1)
-        size = flat.size
-        for a in range(0, size, RELU_CHUNK):
-            b = min(size, a + RELU_CHUNK)
-            np.maximum(flat[a:b], _ZEROS[:b - a], out=flat[a:b])
-        return
-    m = y.shape[-1] if y.ndim else 1
-    if y.ndim == 2 and 0 < m <= RELU_CHUNK and y.strides[1] == y.itemsize:
-        # Rows with a contiguous last axis (a strided planned output).
-        step = RELU_CHUNK // m
-        rows = y.shape[0]
-        zero = _ZEROS[:min(rows, step) * m].reshape(-1, m)
-        for a in range(0, rows, step):
-            b = min(rows, a + step)
-            np.maximum(y[a:b], zero[:b - a], out=y[a:b])
-        return
-    np.maximum(y, 0, out=y)
 
 
 # ---------------------------------------------------------------------------------------------

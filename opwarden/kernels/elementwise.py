@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.base import REGISTRY
+from ._util import relu as _relu
 
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
@@ -25,8 +26,10 @@ def div(A, B, *, out=None):
 
 
 def relu(X, *, out=None):
-    """max(X, 0) into the planned buffer."""
-    return np.maximum(X, _ZERO, out=out) if out is not None else np.asarray(np.maximum(X, _ZERO))
+    """max(X, 0) into the planned buffer (see _util.relu)."""
+    if out is None or not isinstance(X, np.ndarray):
+        return np.asarray(np.maximum(X, _ZERO))
+    return _relu(X, out)
 
 
 def tanh(X, *, out=None):

@@ -273,6 +273,11 @@ def _leakyrelu(x, alpha, out=None):
 
 
 def _relu(x, out=None):
+    if out is not None and x.dtype == np.float32:
+        # The fast kernels' chunked maximum against zeros (faster than a scalar operand).
+        from ..kernels._util import relu
+
+        return relu(x, out)
     return np.maximum(x, x.dtype.type(0), out=out)
 
 

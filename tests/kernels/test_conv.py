@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opwarden.errors import KernelError
+from opwarden.kernels import _util as kutil
 from opwarden.kernels import conv as kconv
 from opwarden.kernels import fused as kfused
 from opwarden.kernels._util import packed, sgemm
@@ -289,16 +290,24 @@ def test_bias_row_follows_the_bias_given():
     np.testing.assert_allclose(nchw(y), Conv(x, w, b3, **attrs), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("cols", [8, 64, 2 * kconv.RELU_CHUNK])
+@pytest.mark.parametrize("cols", [8, 64, 2 * kutil.RELU_CHUNK])
 def test_relu_on_contiguous_and_strided_rows(cols):
     rng = np.random.default_rng(9)
-    base = rng.standard_normal((3 * kconv.RELU_CHUNK // cols + 5, cols + 3), dtype=np.float32)
+    base = rng.standard_normal((3 * kutil.RELU_CHUNK // cols + 5, cols + 3), dtype=np.float32)
     base[0, 0] = np.nan
     want = np.maximum(base, 0)
     a = base.copy()
-    kconv._relu(a)  # contiguous: flat chunks
+    assert kutil.relu(a) is a  # contiguous, in place: flat chunks
     np.testing.assert_array_equal(a, want)
     b = base.copy()
-    kconv._relu(b[:, :cols])  # rows with a contiguous last axis, outer axis strided
+    kutil.relu(b[:, :cols])  # rows with a contiguous last axis, outer axis strided
     np.testing.assert_array_equal(b[:, :cols], want[:, :cols])
     np.testing.assert_array_equal(b[:, cols:], base[:, cols:])
+    # Out of place, into a fresh buffer and into a strided one; other dtypes take the plain call.
+    o = np.empty_like(base)
+    assert kutil.relu(base, o) is o
+    np.testing.assert_array_equal(o, want)
+    o2 = np.zeros((base.shape[0], cols + 7), np.float32)
+    kutil.relu(base[:, :cols], o2[:, 2:cols + 2])
+    np.testing.assert_array_equal(o2[:, 2:cols + 2], want[:, :cols])
+    np.testing.assert_array_equal(kutil.relu(base.astype(np.float64)), want.astype(np.float64))
