@@ -103,6 +103,7 @@ ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", "Gelu", 
 
 # Relu runs as np.maximum against a zero array of at most this many floats (see relu).
 RELU_CHUNK = 1 << 16
+RELU_SMALL = 1 << 13
 _ZEROS = np.zeros(RELU_CHUNK, F32)
 _ZEROS.flags.writeable = False  # shared by every thread
 
@@ -114,7 +115,8 @@ def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     40 KB-3 MB); RELU_CHUNK-float chunks keep the zeros in L1/L2. Same results, NaN included.
     Other dtypes and layouts take the plain call."""
     y = x if out is None else out
-    if x.dtype != F32 or y.dtype != F32 or x.shape != y.shape:
+    if x.size < RELU_SMALL or x.dtype != F32 or y.dtype != F32 or x.shape != y.shape:
+        # (Small tensors: the chunk loop costs more than it saves.)
         return np.maximum(x, x.dtype.type(0), out=y)
     if x.flags.c_contiguous and y.flags.c_contiguous:
         src, dst = x.reshape(-1), y.reshape(-1)

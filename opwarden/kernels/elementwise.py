@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.base import REGISTRY
+from ._util import RELU_SMALL
 from ._util import relu as _relu
 
 _ZERO = np.float32(0.0)
@@ -29,6 +30,8 @@ def relu(X, *, out=None):
     """max(X, 0) into the planned buffer (see _util.relu)."""
     if out is None or not isinstance(X, np.ndarray):
         return np.asarray(np.maximum(X, _ZERO))
+    if X.size < RELU_SMALL:  # a bare ufunc call: per-node dispatch stays minimal
+        return np.maximum(X, _ZERO, out=out)
     return _relu(X, out)
 
 

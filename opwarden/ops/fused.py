@@ -272,12 +272,17 @@ def _leakyrelu(x, alpha, out=None):
     return out
 
 
-def _relu(x, out=None):
-    if out is not None and x.dtype == np.float32:
-        # The fast kernels' chunked maximum against zeros (faster than a scalar operand).
-        from ..kernels._util import relu
+_FAST_RELU: list = []
 
-        return relu(x, out)
+
+def _relu(x, out=None):
+    if out is not None and x.dtype == np.float32 and x.size >= 8192:
+        # The fast kernels' chunked maximum against zeros (faster than a scalar operand).
+        if not _FAST_RELU:
+            from ..kernels._util import relu
+
+            _FAST_RELU.append(relu)
+        return _FAST_RELU[0](x, out)
     return np.maximum(x, x.dtype.type(0), out=out)
 
 
