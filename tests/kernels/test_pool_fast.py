@@ -12,19 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opwarden.kernels import pool as kpool
-from opwarden.ops.base import REGISTRY
-
-
-def nhwc(x):
-    return np.ascontiguousarray(np.moveaxis(x, 1, -1))
-
-
-def nchw(y):
-    return np.moveaxis(y, -1, 1)
-
-
-def ref(op_type, *args, **attrs):
-    return REGISTRY.latest(op_type).reference(*args, **attrs)
+from tests.kernels.test_pool_norm import nchw, nhwc, pool_case, ref
 
 
 def check(x, attrs, include_pad=0, out=False):
@@ -88,26 +76,9 @@ def test_pools_over_many_bands_match_reference(attrs, small_bands):
         check(x, attrs, include_pad)
 
 
-@st.composite
-def pool_case(draw):
-    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    auto_pad = draw(st.sampled_from(["NOTSET"] * 4 + ["SAME_UPPER", "SAME_LOWER", "VALID"]))
-    pads = None
-    if auto_pad == "NOTSET":  # pads smaller than the kernel, as ONNX Runtime requires
-        pads = [draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1)),
-                draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1))]
-    dh, dw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    attrs = dict(kernel_shape=[kh, kw], strides=[draw(st.integers(1, 4)), draw(st.integers(1, 4))],
-                 dilations=[dh, dw], auto_pad=auto_pad, pads=pads,
-                 ceil_mode=draw(st.integers(0, 1)))
-    h = draw(st.integers((kh - 1) * dh + 1, 14))
-    w = draw(st.integers((kw - 1) * dw + 1, 14))
-    shape = (draw(st.integers(1, 3)), draw(st.integers(1, 9)), h, w)
-    return shape, attrs
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(pool_case(), st.integers(0, 1), st.sampled_from([1, 300, 1 << 18]))
+@given(pool_case(k=5, dil=3, stride=4, hw=14, n=3, c=9), st.integers(0, 1),
+       st.sampled_from([1, 300, 1 << 18]))
 def test_random_pools_match_reference(case, include_pad, band_bytes):
     shape, attrs = case
     old = kpool.BAND_BYTES

@@ -24,8 +24,9 @@ def ref(op_type, *args, **attrs):
 
 
 @st.composite
-def pool_case(draw):
-    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+def pool_case(draw, k=4, dil=2, stride=3, hw=10, n=2, c=5):
+    """A 2-D pool: NCHW shape and attributes (kernels up to k, dilations up to dil, ...)."""
+    kh, kw = draw(st.integers(1, k)), draw(st.integers(1, k))
     auto_pad = draw(st.sampled_from(["NOTSET", "NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER",
                                      "VALID"]))
     # Pads smaller than the kernel, as ONNX Runtime requires (else windows lie wholly outside).
@@ -33,13 +34,14 @@ def pool_case(draw):
     if auto_pad == "NOTSET":
         pads = [draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1)),
                 draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1))]
-    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    attrs = dict(kernel_shape=[kh, kw], strides=[draw(st.integers(1, 3)), draw(st.integers(1, 3))],
+    dh, dw = draw(st.integers(1, dil)), draw(st.integers(1, dil))
+    attrs = dict(kernel_shape=[kh, kw],
+                 strides=[draw(st.integers(1, stride)), draw(st.integers(1, stride))],
                  dilations=[dh, dw], auto_pad=auto_pad, pads=pads,
                  ceil_mode=draw(st.integers(0, 1)))
-    h = draw(st.integers((kh - 1) * dh + 1, 10))
-    w = draw(st.integers((kw - 1) * dw + 1, 10))
-    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 5)), h, w)
+    h = draw(st.integers((kh - 1) * dh + 1, hw))
+    w = draw(st.integers((kw - 1) * dw + 1, hw))
+    shape = (draw(st.integers(1, n)), draw(st.integers(1, c)), h, w)
     return shape, attrs
 
 
