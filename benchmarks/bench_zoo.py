@@ -1,7 +1,8 @@
 """The light zoo table: opwarden vs ONNX Runtime vs onnx.reference, side by side in one process.
 
     python benchmarks/bench_zoo.py [--models a,b] [--runs 10] [--threads 2] [--providers torch,cpu]
-                                   [--ref-runs 1] [--ref-models a,b] [--md PATH] [--json PATH]
+                                   [--ref-runs 1] [--ref-models a,b] [--ort-spinning] [--md PATH]
+                                   [--json PATH]
 
 For each of the nine randomized light CNNs (opwarden.zoo, seeded weights): ours and ONNX Runtime
 alternate (ours, ort, ours, ort, ...) after warm-up, 2 intra-op threads each by default; medians,
@@ -62,13 +63,14 @@ def bench_model(
     ref_runs: int,
     session_options: dict[str, Any],
     zoo_dir: str | None = None,
+    ort_spinning: bool = False,
 ) -> dict[str, Any]:
     """One row of the table."""
     data = _model_bytes(name, zoo_dir)
     t0 = time.perf_counter()
     sess = ours_session(data, threads, providers, **session_options)
     load_ms = (time.perf_counter() - t0) * 1e3
-    ort = peer_runner("onnxruntime", data, threads)
+    ort = peer_runner("onnxruntime", data, threads, spinning=ort_spinning)
     feeds = make_feeds(sess)
     times = interleave(
         {"ours": partial(sess.run, None, feeds), "ort": partial(ort, feeds)}, runs, warmup
@@ -96,7 +98,8 @@ def markdown(res: dict[str, Any]) -> str:
     """The result as a markdown table with a summary line."""
     lines = [
         f"Light zoo, {res['threads']} threads each, providers {','.join(res['providers'])}, "
-        f"{res['runs']} alternated runs after {res['warmup']} warm-up (ours vs ONNX Runtime); "
+        f"{res['runs']} alternated runs after {res['warmup']} warm-up (ours vs ONNX Runtime"
+        f"{', its spinning workers on' if res.get('ort_spinning') else ', spinning off'}); "
         f"onnx.reference: {res['ref_runs']} timed run(s), no warm-up, not alternated.",
         "",
         "| model | ours ms (IQR) | ORT ms (IQR) | ours/ORT | reference ms | ref/ours | ref/ORT "
@@ -153,6 +156,9 @@ def main() -> None:
     p.add_argument("--checks", help="opwarden session checks (comma-separated or 'none')")
     p.add_argument("--optimization-level", type=int, choices=range(4), metavar="{0..3}")
     p.add_argument("--zoo-dir", help="read prebuilt models (benchmarks/zoo.py) from here")
+    p.add_argument("--ort-spinning", action="store_true",
+                   help="leave ONNX Runtime's busy-waiting workers on (its default; they then "
+                        "keep a core busy into our next run)")
     p.add_argument("--md", metavar="PATH", help="also write the markdown table here")
     p.add_argument("--json", metavar="PATH", help="also write every number as JSON here")
     a = p.parse_args()
@@ -176,6 +182,7 @@ def main() -> None:
             ref_runs=a.ref_runs if name in ref_models else 0,
             session_options=opts,
             zoo_dir=a.zoo_dir,
+            ort_spinning=a.ort_spinning,
         )
         rows.append(row)
         print(
@@ -192,6 +199,7 @@ def main() -> None:
         "warmup": a.warmup,
         "ref_runs": a.ref_runs,
         "session_options": opts,
+        "ort_spinning": a.ort_spinning,
         "numpy": np.__version__,
         "models": rows,
         "geomean": {

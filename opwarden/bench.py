@@ -80,8 +80,11 @@ def require_peer(peer: str) -> None:
             ) from None
 
 
-def peer_runner(peer: str, data: bytes, threads: int) -> Callable[[dict[str, Any]], list[Any]]:
-    """A callable feeds -> outputs for the named peer runtime (OptionsError if unavailable)."""
+def peer_runner(
+    peer: str, data: bytes, threads: int, spinning: bool = False
+) -> Callable[[dict[str, Any]], list[Any]]:
+    """A callable feeds -> outputs for the named peer runtime (OptionsError if unavailable).
+    `spinning`: leave onnxruntime's busy-waiting workers on (its default)."""
     require_peer(peer)
     if peer == "onnxruntime":
         import onnxruntime as ort
@@ -92,7 +95,8 @@ def peer_runner(peer: str, data: bytes, threads: int) -> Callable[[dict[str, Any
         so.log_severity_level = 3
         # Alternating in one process: ORT's worker threads must not keep spinning (busy-wait)
         # after its run, or they steal the cores our next run needs (and vice versa).
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if not spinning:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         s = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         return lambda feeds: s.run(None, feeds)
     import onnx
