@@ -552,3 +552,10 @@ def ChannelShuffle(X, *, group=1):
 @ChannelShuffle.infer
 def _channel_shuffle_infer(x, *, group=1):
     return TensorFact(x.dtype, x.shape)
+
+
+@ChannelShuffle.grad
+def _channel_shuffle_grad(ctx, dY, *, group=1):
+    # A permutation's gradient is its inverse: the shuffle with the complementary group.
+    c = np.shape(dY)[-1] if np.ndim(dY) else 1
+    return (shuffle_channels(dY, c // int(group), axis=-1),)

@@ -41,3 +41,12 @@ def test_group_must_divide_channels(fn):
     with pytest.raises(KernelError, match="divisible by group=5") as e:
         fn(np.zeros((2, 12), np.float32), group=5)
     assert isinstance(e.value, OpwardenError)
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 12])
+def test_gradient_is_the_inverse_shuffle(group):
+    from opwarden.verify import gradcheck
+
+    x = np.random.default_rng(group).standard_normal((2, 3, 12))
+    result = gradcheck(ChannelShuffle, [x], {"group": group})
+    assert result.ok, result.detail
