@@ -11,6 +11,13 @@ total convolution time (each shape weighted by how often it occurs) with the geo
 
 from __future__ import annotations
 
+import os
+
+# Before NumPy loads OpenBLAS: its threads stop busy-waiting ~0.4 ms after our last GEMM instead
+# of ~0.1 s, so they do not steal the cores of the peer's run that follows (see
+# opwarden/__init__.py; the peer's own spinning is turned off likewise).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
+
 import argparse
 import json
 import math
