@@ -128,8 +128,10 @@ def _prefill(y: np.ndarray, bias, z, group: int = 1) -> bool:
     """y = bias + z (either may be None) before GEMMs accumulate onto it; False (y untouched)
     when both are None or y is small. One write pass here replaces the GEMM's own write plus
     a separate read-modify-write pass per term afterwards (about 10% of a 1x1 convolution
-    with a large output); small or grouped outputs measured slower (per-call overhead)."""
-    if group > 1 or y.size < PREFILL_MIN:
+    with a large output); small or grouped outputs measured slower (per-call overhead). A
+    residual sharing y's memory is always folded in first (the GEMM would overwrite it)."""
+    shared = z is not None and np.shares_memory(z, y)
+    if not shared and (group > 1 or y.size < PREFILL_MIN):
         return False
     if z is not None:
         if bias is not None:

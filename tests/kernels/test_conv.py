@@ -311,3 +311,23 @@ def test_relu_on_contiguous_and_strided_rows(cols):
     kutil.relu(base[:, :cols], o2[:, 2:cols + 2])
     np.testing.assert_array_equal(o2[:, 2:cols + 2], want[:, :cols])
     np.testing.assert_array_equal(kutil.relu(base.astype(np.float64)), want.astype(np.float64))
+
+
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("alias", [False, True])
+def test_pointwise_residual_in_or_out_of_the_output_buffer(group, alias):
+    """A 1x1 convolution's residual may share the output buffer (small output, so not on the
+    prefill path by size): it is folded in before the GEMM would overwrite it."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 9, 7, 12), dtype=np.float32)  # NHWC
+    w = rng.standard_normal((16, 12 // group, 1, 1), dtype=np.float32)
+    b = rng.standard_normal(16, dtype=np.float32)
+    z = rng.standard_normal((2, 9, 7, 16), dtype=np.float32)
+    want = np.maximum(
+        nhwc(Conv(nchw(x), w, b, group=group)) + z, np.float32(0)
+    )
+    out = z.copy() if alias else np.empty_like(z)
+    zin = out if alias else z
+    got = conv_nhwc(x, w, b, zin, group=group, kernel_shape=[1, 1], activation="Relu", out=out)
+    assert got is out
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
