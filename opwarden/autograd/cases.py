@@ -280,10 +280,19 @@ _FAMILIES: list[tuple[tuple[str, ...], Callable[[str, int], list[Case]]]] = [
 ]
 
 
+# Built-in operators of opwarden's own domain that have a backward rule.
+_OPWARDEN: dict[str, Callable[[], list[Case]]] = {
+    "ChannelShuffle": lambda: [
+        Case([_r(2, 3, 12)], {"group": g}, label=f"group{g}") for g in (2, 3, 4)
+    ],
+}
+
+
 def cases(opdef: Any) -> list[Case]:
     """Gradcheck cases for a built-in operator version (empty if none are known)."""
     if opdef.domain:
-        return []
+        make = _OPWARDEN.get(opdef.op_type) if opdef.domain == "opwarden" else None
+        return make() if make is not None else []
     for names, fn in _FAMILIES:
         if opdef.op_type in names:
             return fn(opdef.op_type, opdef.since)
