@@ -41,6 +41,10 @@ def summarize(rows: list[dict[str, Any]], report: dict[str, Any] | None = None) 
         text += f", {report['views_inserted']} layout view(s) (no data moved)"
     if report.get("transposes_cancelled"):
         text += f"; {report['transposes_cancelled']} model transpose(s) cancelled"
+    if report.get("channel_shuffles_nhwc"):
+        text += f"; {report['channel_shuffles_nhwc']} channel shuffle(s) kept in NHWC"
+        if report.get("channel_shuffles_folded"):
+            text += f" ({report['channel_shuffles_folded']} folded into depthwise convolutions)"
     decomposed = sorted({r["decomposed_from"] for r in model_rows if r.get("decomposed_from")})
     if decomposed:
         text += f"; decomposed: {', '.join(decomposed)}"
@@ -58,6 +62,8 @@ def summarize(rows: list[dict[str, Any]], report: dict[str, Any] | None = None) 
         "views_inserted": report.get("views_inserted", 0),
         "transposes_cancelled": report.get("transposes_cancelled", 0),
         "nhwc_nodes": report.get("nhwc_nodes", 0),
+        "channel_shuffles_nhwc": report.get("channel_shuffles_nhwc", 0),
+        "channel_shuffles_folded": report.get("channel_shuffles_folded", 0),
         "decomposed": decomposed,
         "simulated": sim,
     }

@@ -140,6 +140,9 @@ def test_shuffle_runs_in_nhwc_and_matches(case):
         assert "dw" in rows and not {"split", "shuffle", "merge/shuffle"} & set(rows)
         assert rows["dw"]["op_type"] == "FusedConv"
         assert sess.placements.report["channel_shuffles_folded"] == 1
+        summary = sess.explain_summary()
+        assert summary["channel_shuffles_folded"] == 1
+        assert "1 channel shuffle(s) kept in NHWC (1 folded" in summary["text"]
     else:
         assert {"split", "shuffle", "merge", "dw"} <= set(rows)
     assert all(r["layout"] == "NHWC" for r in rows.values() if not r["inserted"])
