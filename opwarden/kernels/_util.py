@@ -67,17 +67,23 @@ def output(
 # Packed weights: repacked once per weight array. Only read-only arrays are cached (initializers
 # are read-only views); the entry dies with the array, so an id is never reused stale.
 
-_PACKED: dict[tuple, tuple[weakref.ref, np.ndarray]] = {}
+_PACKED: dict[tuple, tuple[tuple[weakref.ref, ...], np.ndarray]] = {}
 _PACK_LOCK = threading.Lock()
 
 
-def packed(w: np.ndarray, tag: Any, pack: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """pack(w), cached for read-only `w` under (id, data pointer, shape, strides, tag)."""
-    if w.flags.writeable:
+def packed(
+    w: np.ndarray, tag: Any, pack: Callable[[np.ndarray], np.ndarray],
+    deps: tuple[np.ndarray, ...] = (),
+) -> np.ndarray:
+    """pack(w), cached for read-only `w` under (id, data pointer, shape, strides, tag).
+    `deps`: other read-only arrays the packing reads (e.g. a bias); the entry is keyed on them
+    too and dies with any of them. Writeable arrays are packed on every call."""
+    arrays = (w, *deps)
+    if any(a.flags.writeable for a in arrays):
         return pack(w)
-    key = (id(w), w.ctypes.data, w.shape, w.strides, w.dtype.str, tag)
+    key = (tuple((id(a), a.ctypes.data, a.shape, a.strides, a.dtype.str) for a in arrays), tag)
     hit = _PACKED.get(key)
-    if hit is not None and hit[0]() is w:
+    if hit is not None and all(r() is a for r, a in zip(hit[0], arrays, strict=True)):
         return hit[1]
     p = pack(w)
     p.flags.writeable = False
@@ -87,11 +93,11 @@ def packed(w: np.ndarray, tag: Any, pack: Callable[[np.ndarray], np.ndarray]) ->
         cache.pop(key, None)
 
     try:
-        ref = weakref.ref(w, _drop)
+        refs = tuple(weakref.ref(a, _drop) for a in arrays)
     except TypeError:  # not weak-referenceable: do not cache
         return p
     with _PACK_LOCK:
-        _PACKED[key] = (ref, p)
+        _PACKED[key] = (refs, p)
     return p
 
 

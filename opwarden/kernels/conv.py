@@ -14,7 +14,6 @@ NCHW: the patch matrix transposed (M x K) @ (K x P), weights used as they are.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
@@ -319,9 +318,6 @@ def conv_nhwc(
     return y
 
 
-_BIAS_ROWS: dict[tuple, tuple] = {}
-
-
 def _packed_nhwc(W, group: int) -> np.ndarray:
     """W packed for NHWC (see _pack_nhwc), cached with W."""
     return packed(W, ("nhwc", group), lambda w: _pack_nhwc(w, group))
@@ -329,38 +325,25 @@ def _packed_nhwc(W, group: int) -> np.ndarray:
 
 def _bias_row(W, B, bias) -> np.ndarray | None:
     """W packed for NHWC, group 1 (K, M), with the bias appended as row K. Cached in place of
-    the plain packing while both W and B are read-only (initializers), which is checked
-    through weak references to both; otherwise built per call in a scratch buffer. None for
-    1x1 kernels: their plain packing is a free view of W, and a packed copy would hold the
-    weights twice (ResNet-50's strided 1x1 convolutions: +22 MiB peak)."""
+    the plain packing while both W and B are read-only (initializers); otherwise built per
+    call in a scratch buffer. None for 1x1 kernels: their plain packing is a free view of W,
+    and a packed copy would hold the weights twice (ResNet-50's strided 1x1 convolutions:
+    +22 MiB peak)."""
     if W.shape[2:] == (1, 1):
         return None
-    key = (id(W), id(B))
-    if not W.flags.writeable and bias is B and not B.flags.writeable:
-        hit = _BIAS_ROWS.get(key)
-        if hit is not None and hit[0]() is W and hit[1]() is B:
-            return hit[2]
-    else:
-        key = None
     m, cg, kh, kw = W.shape
     k = kh * kw * cg
-    wb = np.empty((k + 1, m), F32) if key is not None else scratch("conv.wb", (k + 1, m))
-    # Rows ordered (kh, kw, c) as _pack_nhwc orders them, written straight from W (no
-    # temporary packed copy: not through `packed`, so the weights are held once).
-    np.copyto(wb[:k].reshape(kh, kw, cg, m), np.asarray(W).transpose(2, 3, 1, 0))
-    wb[k] = bias
-    if key is None:
+
+    def build(w, wb):
+        # Rows ordered (kh, kw, c) as _pack_nhwc orders them, written straight from W (no
+        # temporary packed copy, and not the plain packing too: the weights are held once).
+        np.copyto(wb[:k].reshape(kh, kw, cg, m), np.asarray(w).transpose(2, 3, 1, 0))
+        wb[k] = bias
         return wb
-    wb.flags.writeable = False
 
-    def _drop(_ref, key=key, cache=_BIAS_ROWS):
-        cache.pop(key, None)
-
-    try:
-        _BIAS_ROWS[key] = (weakref.ref(W, _drop), weakref.ref(B, _drop), wb)
-    except TypeError:  # not weak-referenceable: use it once
-        pass
-    return wb
+    if bias is B and not W.flags.writeable and not B.flags.writeable:
+        return packed(W, "nhwc.bias", lambda w: build(w, np.empty((k + 1, m), F32)), deps=(B,))
+    return build(W, scratch("conv.wb", (k + 1, m)))
 
 
 def _stem_nhwc(x, pw, s, d, begin, end, khw, y, bias, z, activation, params) -> None:
