@@ -59,15 +59,16 @@ def _facts_static(*facts: TensorFact | None) -> bool:
     return all(f is not None and f.static for f in facts)
 
 
-def shuffle_channels(x, group: int, axis: int) -> np.ndarray:
-    """A copy of x with the channels on `axis` split as (group, C/group) and transposed:
-    out[.., j*group + i, ..] = x[.., i*(C/group) + j, ..]."""
+def shuffle_channels(x, group: int, axis: int, what: str = "channel shuffle") -> np.ndarray:
+    """A copy of x (always: even where the permutation is the identity) with the channels on
+    `axis` split as (group, C/group) and transposed: out[.., j*group + i, ..] =
+    x[.., i*(C/group) + j, ..]. `what` names the caller in the error."""
     x = np.asarray(x)
     axis %= max(x.ndim, 1)
     c = x.shape[axis] if x.ndim else 0
     if x.ndim == 0 or group < 1 or c % group:
         raise KernelError(
-            f"channel shuffle: axis {axis} of X {x.shape} must be divisible by group={group}"
+            f"{what}: axis {axis} of X {x.shape} must be divisible by group={group}"
         )
     split = x.reshape(*x.shape[:axis], group, c // group, *x.shape[axis + 1:])
     return split.swapaxes(axis, axis + 1).copy().reshape(x.shape)
@@ -539,14 +540,7 @@ def fused_elementwise_inplace(*inputs, program="", out=None):
 def ChannelShuffle(X, *, group=1):
     """Channels on the LAST axis, split as (group, C/group), transposed and merged:
     Y[..., j*group + i] = X[..., i*(C/group) + j]."""
-    x = np.asarray(X)
-    g = int(group)
-    if x.ndim < 1 or x.shape[-1] % g:
-        raise KernelError(
-            f"ChannelShuffle: the last axis of X {x.shape} must be divisible by group={g}"
-        )
-    # Always a copy: the output is a new tensor even where the permutation is the identity.
-    return shuffle_channels(x, g, axis=-1)
+    return shuffle_channels(X, int(group), axis=-1, what="ChannelShuffle")
 
 
 @ChannelShuffle.infer
