@@ -223,7 +223,7 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
         ms = sorted(ms, key=lambda m: first[m])
         head = ms[0]
         if head in slice_of:  # a Concat's buffer: named and shaped after the outermost Concat
-            head = _slice_root(head, slice_of)
+            head = _slice_chain(head, slice_of)[0]
         nbytes, shape, dt = sized[head]
         size = max(sized[m][0] for m in ms)
         prod = values[head].producer.name if values[head].producer is not None else "?"
@@ -299,13 +299,8 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
         if var.accepts_out and st.outs and st.outs[0] >= 0 and st.outs[0] in slot_buf:
             o = st.outs[0]
             b = slot_buf[o]
-            top, chain = o, ()
-            while top in slice_of:
-                parent, axis, lo, hi = slice_of[top]
-                chain = ((axis, lo, hi),) + chain
-                top = parent
-            binding.out_region[i] = (b.offset, sized[top][1] if chain else sized[o][1],
-                                     sized[o][2], chain)
+            top, chain = _slice_chain(o, slice_of)
+            binding.out_region[i] = (b.offset, sized[top][1], sized[o][2], chain)
             b.materialized = True
             sl = tuple(k for k, s in enumerate(st.ins) if s in slice_of and slice_of[s][0] == o)
             if sl:
@@ -324,10 +319,13 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
     return binding
 
 
-def _slice_root(s: int, slice_of: dict[int, tuple[int, int, int, int]]) -> int:
+def _slice_chain(s: int, slice_of: dict[int, tuple[int, int, int, int]]) -> tuple[int, tuple]:
+    """(outermost Concat output holding slot s, the (axis, start, stop) slices from it to s)."""
+    chain: tuple = ()
     while s in slice_of:
-        s = slice_of[s][0]
-    return s
+        s, axis, lo, hi = slice_of[s]
+        chain = ((axis, lo, hi),) + chain
+    return s, chain
 
 
 def _concat_slices(
@@ -345,8 +343,7 @@ def _concat_slices(
         if st.outs and st.outs[0] >= 0:
             producer[st.outs[0]] = st
     # Slots alone in their view group (no Identity/view of them and they view nothing).
-    solo = {s for s, ms in ((r, m) for r, m in members.items()) if len(ms) == 1
-            for s in ms if s not in bad_roots}
+    solo = {ms[0] for ms in members.values() if len(ms) == 1 and ms[0] not in bad_roots}
     slice_of: dict[int, tuple[int, int, int, int]] = {}
     for st in steps:  # program order: inner Concats are claimed before the outer ones
         node, var = st.placement.node, st.placement.variant
