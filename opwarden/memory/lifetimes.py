@@ -83,13 +83,11 @@ class Binding:
 
     `out_region[step]` is (byte offset, shape, dtype, slices): the array of `shape` at the
     offset, then indexed by each (axis, start, stop) of `slices` in turn (empty unless output
-    0 is a slice of a Concat's output). `slice_inputs[step]`: input positions of a Concat step
-    that are slices of its own output (the Concat skips copying them).
+    0 is a slice of a Concat's output).
     """
 
     plan: MemoryPlan
     out_region: dict[int, tuple[int, tuple[int, ...], Any, tuple]] = field(default_factory=dict)
-    slice_inputs: dict[int, tuple[int, ...]] = field(default_factory=dict)
     ws_region: dict[int, tuple[int, int]] = field(default_factory=dict)
     # steps that read an arena tensor but do not write into the arena: their results are
     # checked for being undeclared views of arena memory (those are copied out)
@@ -302,9 +300,6 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
             top, chain = _slice_chain(o, slice_of)
             binding.out_region[i] = (b.offset, sized[top][1], sized[o][2], chain)
             b.materialized = True
-            sl = tuple(k for k, s in enumerate(st.ins) if s in slice_of and slice_of[s][0] == o)
-            if sl:
-                binding.slice_inputs[i] = sl
         elif any(s in slot_buf for s in _reads(st)):
             binding.view_checks.add(i)
         if i in ws_steps:

@@ -219,7 +219,7 @@ class Program:
                 if ws is not None:
                     kw["workspace"] = arena[ws[0] : ws[0] + ws[1]]
                 if i in binding.view_checks or region is not None:
-                    hook = _ArenaViews(arena, kw.get("out"), binding.slice_inputs.get(i, ()))
+                    hook = _ArenaViews(arena, kw.get("out"))
             calls.append((st, st.fn, st.ins, kw, st.frees, hook))
         return calls
 
@@ -246,16 +246,8 @@ class Program:
         """`run` with every step under the guard (checks, fallback, deadlines, tracing)."""
         env = self._env(feeds, captured)
         fin: list[Any] = [None] * len(env)
-        copy_slices = "contract" in guard.checks
         for st, _fn, ins, kw, _frees, hook in calls or self.calls:
             args = [env[s] if s >= 0 else None for s in ins]
-            if copy_slices and hook is not None and hook.slices:
-                # Inputs planned as slices of this Concat's output share its memory by design;
-                # the guard's alias check would blame the kernel, so it gets copies (the
-                # Concat then copies them back into place: guarded runs only).
-                for k in hook.slices:
-                    if isinstance(args[k], np.ndarray):
-                        args[k] = args[k].copy()
             if st.graphs:
                 kw = dict(kw)
                 for k, g in st.graphs.items():
@@ -403,13 +395,12 @@ class _ArenaViews:
     arena" is one identity test against the arena's owner.
     """
 
-    __slots__ = ("root", "out", "out_ptr", "slices")
+    __slots__ = ("root", "out", "out_ptr")
 
-    def __init__(self, arena: np.ndarray, out: Any, slices: tuple[int, ...] = ()) -> None:
+    def __init__(self, arena: np.ndarray, out: Any) -> None:
         self.root = arena.base if arena.base is not None else arena
         self.out = out
         self.out_ptr = out.__array_interface__["data"][0] if out is not None else -1
-        self.slices = slices  # input positions that are slices of `out` (a Concat's inputs)
 
     def __call__(self, st: Step, env: list[Any]) -> None:
         for k, s in enumerate(st.outs):
