@@ -209,6 +209,14 @@ def _sigmoid_inplace(y: np.ndarray) -> None:
     np.divide(y, d, out=y)
 
 
+def tap_range(off: int, size: int, o: int, st: int, b: int) -> tuple[int, int]:
+    """Output indices [lo, hi) (of o, stride st, leading pad b) whose window tap at offset
+    `off` reads inside an input axis of `size`: the rest read padding."""
+    lo = min(o, max(0, -((off - b) // st)))
+    hi = min(o, (size - 1 - off + b) // st + 1)
+    return lo, max(lo, hi)
+
+
 def is_f32(*facts: Any) -> bool:
     """Every given fact is float32 (or unknown dtype, which placement already filtered)."""
     return all(f is None or f.dtype in (None, "float32") for f in facts)

@@ -20,7 +20,16 @@ import numpy as np
 
 from ..errors import KernelError
 from ..ops.conv import conv_out_shape, conv_pads, spatial_params
-from ._util import F32, apply_activation, matmul_acc, output, packed, scratch, sgemm
+from ._util import (
+    F32,
+    apply_activation,
+    matmul_acc,
+    output,
+    packed,
+    scratch,
+    sgemm,
+    tap_range,
+)
 from .shuffle import channel_shuffle, shuffle_into
 
 # Patch-matrix band size (bytes): big enough for BLAS to reach its peak, small enough to stay in
@@ -399,13 +408,13 @@ def _stem_taps(xi, s, d, begin, khw, r0, r1, ow, c4) -> None:
     for a in range(kh):
         # Output rows whose source row r*s0 + a*d0 - bt lies inside x, clipped to the band.
         off = a * d[0] - bt
-        lo = min(r1, max(r0, -(off // s[0])))
-        hi = max(lo, min(r1, (h - 1 - off) // s[0] + 1))
+        lo, hi = tap_range(a * d[0], h, r1, s[0], bt)
+        lo = max(r0, lo)
+        hi = max(lo, hi)
         lo, hi = lo - r0, hi - r0
         for b in range(kw):
             offw = b * d[1] - bl
-            j0 = min(ow, max(0, -(offw // s[1])))
-            j1 = max(j0, min(ow, (w - 1 - offw) // s[1] + 1))
+            j0, j1 = tap_range(b * d[1], w, ow, s[1], bl)
             ct = c4[a * kw + b]
             if lo:
                 ct[:, :lo] = 0

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..ops.base import REGISTRY
 from ..ops.pool import _setup
-from ._util import F32, output, scratch
+from ._util import F32, output, scratch, tap_range
 
 # Budget for the H-folded band (the W pass reads it back): small enough to stay in L2 with the
 # input rows it came from, large enough that the per-op Python overhead stays small.
@@ -24,13 +24,6 @@ def _geometry_nhwc(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mod
     """The reference geometry for an NHWC input: (kernel, s, d, begin, end, out, extra)."""
     n, h, w, c = x.shape
     return _setup((n, c, h, w), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-
-
-def _tap_range(off: int, size: int, o: int, st: int, b: int) -> tuple[int, int]:
-    """Output indices [lo, hi) whose tap at kernel offset `off` reads inside the input."""
-    lo = min(o, max(0, -((off - b) // st)))
-    hi = min(o, (size - 1 - off + b) // st + 1)
-    return lo, max(lo, hi)
 
 
 def _as_f32(X) -> np.ndarray:
@@ -60,7 +53,7 @@ def _plan(xshape, kernel, s, d, begin, o, counts):
     (kh, kw), (s0, s1), (d0, d1), (bt, bl) = kernel, s, d, begin
     wp = (ow - 1) * s1 + (kw - 1) * d1 + 1  # band width in padded columns
     wuse = max(0, min(w, wp - bl))  # input columns any window reads
-    rows = [_tap_range(a * d0, h, oh, s0, bt) for a in range(kh)]
+    rows = [tap_range(a * d0, h, oh, s0, bt) for a in range(kh)]
     # One tap and no W padding: the band is a strided view of x, no H pass at all.
     direct = kh == 1 and rows[0] == (0, oh) and bl == 0 and wuse == wp
     row_bytes = max(1, wp * c * 4)
