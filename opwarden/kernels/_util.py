@@ -78,12 +78,20 @@ def packed(
     """pack(w), cached for read-only `w` under (id, data pointer, shape, strides, tag).
     `deps`: other read-only arrays the packing reads (e.g. a bias); the entry is keyed on them
     too and dies with any of them. Writeable arrays are packed on every call."""
-    arrays = (w, *deps)
-    if any(a.flags.writeable for a in arrays):
+    if w.flags.writeable:
         return pack(w)
-    key = (tuple((id(a), a.ctypes.data, a.shape, a.strides, a.dtype.str) for a in arrays), tag)
+    # (Called on every convolution of every run: the common no-deps lookup stays minimal.)
+    key = (id(w), w.ctypes.data, w.shape, w.strides, w.dtype.str, tag)
+    arrays = (w,)
+    if deps:
+        if any(a.flags.writeable for a in deps):
+            return pack(w)
+        arrays += tuple(deps)
+        key += tuple((id(a), a.ctypes.data, a.shape, a.strides, a.dtype.str) for a in deps)
     hit = _PACKED.get(key)
-    if hit is not None and all(r() is a for r, a in zip(hit[0], arrays, strict=True)):
+    if hit is not None and hit[0][0]() is w and (
+        not deps or all(r() is a for r, a in zip(hit[0], arrays, strict=True))
+    ):
         return hit[1]
     p = pack(w)
     p.flags.writeable = False
