@@ -59,13 +59,17 @@ def conv_case(draw):
 def nhwc_path(path):
     """Force the NHWC k x k path: "shifted" (per-tap GEMMs), "stem" (transposed patch matrix,
     group 1 only, else the general one; taps copied straight from x), "stem_planes" (the same
-    through phase planes) or "im2col" (patch matrix)."""
+    through phase planes), "im2col" (patch matrix) or "winograd" (F(4x4, 3x3) for every 3x3
+    stride-1 group-1 convolution with read-only weights, else im2col)."""
     names = ("SHIFT_MIN_C", "SHIFT_MIN_PIXELS", "SHIFT_MAX_M_PER_C", "STEM_MAX_RUN",
-             "STEM_DIRECT_MAX_TAPS")
+             "STEM_DIRECT_MAX_TAPS", "WINOGRAD", "WINO_MIN_TILES", "WINO_MIN_CM")
     old = {k: getattr(kconv, k) for k in names}
     big = 1 << 30
-    new = {"shifted": (1, 1, big, 0, big), "stem": (big, big, 0, big, big),
-           "stem_planes": (big, big, 0, big, 0), "im2col": (big, big, 0, 0, big)}
+    new = {"shifted": (1, 1, big, 0, big, False, 0, 0),
+           "stem": (big, big, 0, big, big, False, 0, 0),
+           "stem_planes": (big, big, 0, big, 0, False, 0, 0),
+           "im2col": (big, big, 0, 0, big, False, 0, 0),
+           "winograd": (big, big, 0, 0, big, True, 0, 0)}
     for k, v in zip(names, new[path]):
         setattr(kconv, k, v)
     try:
@@ -75,7 +79,7 @@ def nhwc_path(path):
             setattr(kconv, k, v)
 
 
-PATHS = ["shifted", "stem", "stem_planes", "im2col"]
+PATHS = ["shifted", "stem", "stem_planes", "im2col", "winograd"]
 
 
 def _arrays(case, seed=0):
@@ -90,6 +94,7 @@ def _arrays(case, seed=0):
 @given(conv_case())
 def test_conv_variants_match_reference(case):
     x, w, b = _arrays(case)
+    w.flags.writeable = False  # as initializers: Winograd only packs constant weights
     ref = Conv(x, w, b, **case["attrs"])
     for path in PATHS:
         with nhwc_path(path):
@@ -103,6 +108,7 @@ def test_conv_variants_match_reference(case):
 @given(conv_case(), st.sampled_from(ACTS), st.booleans())
 def test_fused_conv_variants_match_reference(case, act, residual):
     x, w, b = _arrays(case, seed=1)
+    w.flags.writeable = False
     params = {"Clip": [-0.5, 0.7], "LeakyRelu": [0.2]}.get(act, [])
     ref0 = Conv(x, w, b, **case["attrs"])
     z = np.random.default_rng(2).standard_normal(ref0.shape, dtype=np.float32) if residual \
@@ -150,6 +156,7 @@ def test_large_map_uses_several_bands_and_matches():
     "xs, ws, attrs",
     [
         ((1, 64, 30, 30), (48, 64, 3, 3), dict(pads=[1, 1, 1, 1])),  # many wide bands
+        ((2, 32, 23, 18), (40, 32, 3, 3), dict(pads=[2, 0, 1, 2])),  # partial Winograd tiles
         ((2, 32, 17, 15), (40, 32, 3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),
         ((1, 32, 19, 19), (24, 16, 5, 5), dict(pads=[2, 1, 0, 2], group=2, dilations=[2, 1])),
         ((1, 24, 20, 20), (32, 24, 1, 1), dict(strides=[2, 2])),
@@ -167,15 +174,15 @@ def test_realistic_shapes_match_reference(xs, ws, attrs, path):
     w.flags.writeable = False  # as initializers: exercises the packed-weight cache
     b = rng.standard_normal(ws[0], dtype=np.float32)
     ref = Conv(x, w, b, **attrs)
-    old = kconv.WIDE_BAND_BYTES
+    old = kconv.WIDE_BAND_BYTES, kconv.WINO_BAND_BYTES
     # Small bands: the band loops and their offsets are exercised.
-    kconv.WIDE_BAND_BYTES = 8 << 10
+    kconv.WIDE_BAND_BYTES = kconv.WINO_BAND_BYTES = 8 << 10
     try:
         with nhwc_path(path):
             # A strided NHWC view of the NCHW array, as the layout pass's input transpose gives.
             y = conv_nhwc(x.transpose(0, 2, 3, 1), w, b, **attrs)
     finally:
-        kconv.WIDE_BAND_BYTES = old
+        kconv.WIDE_BAND_BYTES, kconv.WINO_BAND_BYTES = old
     np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4)
 
 
@@ -331,3 +338,106 @@ def test_pointwise_residual_in_or_out_of_the_output_buffer(group, alias):
     got = conv_nhwc(x, w, b, zin, group=group, kernel_shape=[1, 1], activation="Relu", out=out)
     assert got is out
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Winograd F(4x4, 3x3)
+
+
+@contextlib.contextmanager
+def count_winograd():
+    """Counts calls of the Winograd path (to prove a test exercised it, or did not)."""
+    calls = []
+    real = kconv._winograd_nhwc
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    kconv._winograd_nhwc = spy
+    try:
+        yield calls
+    finally:
+        kconv._winograd_nhwc = real
+
+
+@pytest.mark.parametrize("act", ["", "Relu", "Sigmoid"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize(
+    "xs, m, pads, band",
+    [
+        ((1, 24, 16, 16), 40, [1, 1, 1, 1], 1 << 20),  # whole tiles, one band
+        ((2, 16, 21, 19), 24, [2, 1, 0, 2], 4 << 10),  # partial tiles, several bands
+        ((1, 16, 9, 30), 32, [0, 0, 0, 0], 2 << 10),  # no padding, one tile row a band
+    ],
+)
+def test_winograd_matches_reference(xs, m, pads, band, act, residual):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(xs, dtype=np.float32)
+    w = rng.standard_normal((m, xs[1], 3, 3), dtype=np.float32) / np.float32(np.sqrt(9 * xs[1]))
+    w.flags.writeable = False
+    b = rng.standard_normal(m, dtype=np.float32)
+    ref0 = Conv(x, w, b, pads=pads)
+    z = rng.standard_normal(ref0.shape, dtype=np.float32) if residual else None
+    ref = FusedConv(x, w, b, z, activation=act, pads=pads)
+    old = kconv.WINO_BAND_BYTES
+    kconv.WINO_BAND_BYTES = band
+    try:
+        with nhwc_path("winograd"), count_winograd() as calls:
+            y = kfused.fused_conv_nhwc(x.transpose(0, 2, 3, 1), w, b,
+                                       None if z is None else nhwc(z), activation=act,
+                                       pads=pads)
+    finally:
+        kconv.WINO_BAND_BYTES = old
+    assert calls
+    np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=5e-5)
+
+
+def test_winograd_rule_takes_the_large_layers_only():
+    # VGG-19's 3x3 layers from 112x112x64->128 down to 28x28x512 (measured faster) ...
+    for c, m, hw in [(64, 128, 112), (128, 128, 112), (256, 256, 56), (512, 512, 28)]:
+        assert kconv.wino_tile(c, m, hw, hw) == 4
+    # ... but not ResNet-50's / Inception's mid-size ones nor 14x14 and smaller maps.
+    for c, m, hw in [(64, 64, 56), (64, 192, 56), (128, 128, 28), (256, 256, 14),
+                     (512, 512, 14), (512, 512, 7)]:
+        assert kconv.wino_tile(c, m, hw, hw) == 0
+
+
+def test_winograd_keeps_direct_nan_and_inf_positions():
+    # The transforms would spread a NaN or Inf over its whole 4x4 tile; such inputs (and
+    # non-finite weights or bias) take the direct path, so positions match the reference.
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 16, 12, 12), dtype=np.float32)
+    x[0, 3, 5, 6] = np.nan
+    x[0, 7, 9, 2] = np.inf
+    w = rng.standard_normal((32, 16, 3, 3), dtype=np.float32)
+    w.flags.writeable = False
+    ref = Conv(x, w, None, pads=[1, 1, 1, 1])
+    with nhwc_path("winograd"), count_winograd() as calls:
+        y = nchw(conv_nhwc(nhwc(x), w, None, pads=[1, 1, 1, 1]))
+    assert not calls
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(ref))
+    w2 = w.copy()
+    w2[3, 2, 1, 1] = np.nan
+    w2.flags.writeable = False
+    b = np.zeros(32, np.float32)
+    b[4] = np.inf
+    x = np.nan_to_num(x, nan=0.0, posinf=0.0)
+    with nhwc_path("winograd"), count_winograd() as calls:
+        y2 = nchw(conv_nhwc(nhwc(x), w2, None, pads=[1, 1, 1, 1]))
+        y3 = nchw(conv_nhwc(nhwc(x), w, b, pads=[1, 1, 1, 1]))
+    assert not calls
+    np.testing.assert_array_equal(np.isnan(y2), np.isnan(Conv(x, w2, None, pads=[1, 1, 1, 1])))
+    assert (y3[0, 4] == np.inf).all() and np.isfinite(np.delete(y3, 4, axis=1)).all()
+
+
+def test_winograd_needs_constant_weights():
+    # Packing costs more than the convolution: weights that may change are not transformed.
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((1, 16, 12, 12), dtype=np.float32)
+    w = rng.standard_normal((32, 16, 3, 3), dtype=np.float32)
+    with nhwc_path("winograd"), count_winograd() as calls:
+        y = nchw(conv_nhwc(nhwc(x), w, None, pads=[1, 1, 1, 1]))
+    assert not calls
+    np.testing.assert_allclose(y, Conv(x, w, None, pads=[1, 1, 1, 1]), rtol=1e-4, atol=1e-4)
