@@ -14,6 +14,7 @@ NCHW: the patch matrix transposed (M x K) @ (K x P), weights used as they are.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,10 @@ PW_T_MAX_PIXELS = 64
 # C*M >= WINO_WIDE_MIN_CM. (Measured in-model: VGG-19's 3x3 layers from 112x112x64->128 to
 # 28x28x512 run 0.54-0.84x the direct time; ResNet-50's and Inception's, e.g. 28x28x128 or
 # 56x56x64->192, 1.03-1.9x, and 14x14 or smaller maps 1.1-2.3x, so they stay direct.)
-WINOGRAD = True
+# OPWARDEN_WINOGRAD=0 in the environment turns it off (results then match the direct sums to
+# float32 rounding instead of ~1e-5 relative, and the transformed weights are not held).
+WINOGRAD = os.environ.get("OPWARDEN_WINOGRAD", "1").strip().lower() not in (
+    "0", "false", "no", "off")
 WINO_MIN_TILES = 49
 WINO_MIN_CM = 1 << 15
 WINO_WIDE_TILES = 784

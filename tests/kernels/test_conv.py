@@ -441,3 +441,18 @@ def test_winograd_needs_constant_weights():
         y = nchw(conv_nhwc(nhwc(x), w, None, pads=[1, 1, 1, 1]))
     assert not calls
     np.testing.assert_allclose(y, Conv(x, w, None, pads=[1, 1, 1, 1]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("value, want", [(None, "True"), ("0", "False"), ("off", "False")])
+def test_winograd_environment_switch(value, want):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPWARDEN_WINOGRAD"}
+    if value is not None:
+        env["OPWARDEN_WINOGRAD"] = value
+    code = "from opwarden.kernels import conv; print(conv.WINOGRAD)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == want
