@@ -52,6 +52,7 @@ class Contract:
     - ``layout``: the data layout its tensor inputs must have ("any" when it does not care).
     - ``may_alias``: (input, output) pairs whose buffers may be shared (in-place allowed).
     - ``must_alias``: (input, output) pairs where the output is a view of the input.
+      Output -1 stands for every output (Split: each output is a view of its input).
     - ``mutates``: inputs the kernel writes to (a correct operator mutates none).
     - ``workspace_bytes``: scratch memory, a constant or ``f(*input_shapes, **attrs) -> int``.
     - ``nan``: "propagate" (NaN in -> NaN out, none created), "produce" (the math can create
@@ -92,6 +93,20 @@ class Contract:
                 rule = one_of(*rule)
             allowed[name] = rule
         object.__setattr__(self, "allowed", allowed)
+
+    def views(self, n_outputs: int) -> list[tuple[int, int]]:
+        """The ``must_alias`` pairs of a node with `n_outputs` outputs (output -1 expanded)."""
+        out: list[tuple[int, int]] = []
+        for i, o in self.must_alias:
+            if o == -1:
+                out.extend((i, k) for k in range(n_outputs))
+            else:
+                out.append((i, o))
+        return out
+
+    def aliases(self, n_outputs: int) -> set[tuple[int, int]]:
+        """Every (input, output) pair allowed to share memory: ``may_alias`` and the views."""
+        return set(self.may_alias) | set(self.views(n_outputs))
 
     def workspace(self, shapes: list[tuple[int, ...]], attrs: Mapping[str, Any]) -> int:
         """Workspace bytes for these input shapes."""

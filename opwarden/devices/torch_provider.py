@@ -1169,7 +1169,7 @@ def _register_variants() -> None:
     for o in _each("Softmax"):
         _add(o, _softmax_kernel(o.reference, coerced=o.since < 13), "softmax.torch")
     # Pure data movement: the NumPy kernel already returns views, on either side of a boundary.
-    for op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"):
+    for op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Split"):
         for o in _each(op_type):
             _add(o, o.reference, f"{op_type.lower()}.torch", dtypes=None)
     for layout in ("NCHW", "NHWC"):

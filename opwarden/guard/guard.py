@@ -147,7 +147,7 @@ class Guard:
             return [], [("outputs", str(e))]
         faults: list[tuple[str, str]] = []
         if "contract" in self.checks:
-            allowed = set(contract.may_alias) | set(contract.must_alias)
+            allowed = contract.aliases(len(outs))
             planned = kw.get("out")
             if isinstance(planned, np.ndarray):
                 # Inputs the memory plan placed inside the planned output (a Concat's inputs

@@ -162,7 +162,7 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
     tainted: set[int] = set()  # group roots that must stay out of the arena
     for st in steps:
         contract = st.placement.variant.op.contract
-        for i, o in contract.must_alias:
+        for i, o in contract.views(len(st.outs)):
             if i < len(st.ins) and o < len(st.outs) and st.ins[i] >= 0 and st.outs[o] >= 0:
                 a, b = st.ins[i], st.outs[o]
                 if a in external:
@@ -308,8 +308,8 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
     # Views of a buffer only come from declared view ops, which are grouped: no check needed.
     for i, st in enumerate(steps):
         if i in binding.view_checks and st.placement.variant.op.contract.must_alias:
-            if all(st.ins[a] in slot_buf for a, _ in st.placement.variant.op.contract.must_alias
-                   if a < len(st.ins) and st.ins[a] >= 0):
+            views = st.placement.variant.op.contract.views(len(st.outs))
+            if all(st.ins[a] in slot_buf for a, _ in views if a < len(st.ins) and st.ins[a] >= 0):
                 binding.view_checks.discard(i)
     return binding
 

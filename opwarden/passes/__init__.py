@@ -3,7 +3,8 @@
 Levels (``SessionOptions(optimization_level=...)``): 0 none; 1 shape folding, constant folding,
 identity elimination, dead-code elimination (repeated until nothing changes); 2 adds
 Conv+BatchNormalization folding, BatchNormalization as Mul/Add, Conv/Gemm/MatMul + bias +
-activation fusion, transpose cancellation and elementwise-chain fusion (then a level-1 clean-up);
+activation fusion, merging sibling 1x1 convolutions of one input (then a Split), transpose
+cancellation and elementwise-chain fusion (then a level-1 clean-up);
 3 is everything (the layout pass runs later, at placement). Any pass can be switched off by name
 with ``disabled_passes``. Only the main graph is rewritten; subgraph bodies are left as they are
 (values they read from the main graph count as used there).
@@ -23,6 +24,7 @@ from .fusion import (
     conv_fusion,
     elementwise_fusion,
     gemm_fusion,
+    sibling_conv_merge,
     transpose_cancellation,
 )
 from .rewrite import Rewriter, relink
@@ -36,6 +38,7 @@ PASSES: list[tuple[str, int, Callable[[Rewriter], None]]] = [
     ("conv_bn_folding", 2, conv_bn_folding),
     ("bn_to_affine", 2, bn_to_affine),
     ("conv_fusion", 2, conv_fusion),
+    ("sibling_conv_merge", 2, sibling_conv_merge),
     ("gemm_fusion", 2, gemm_fusion),
     ("transpose_cancellation", 2, transpose_cancellation),
     ("elementwise_fusion", 2, elementwise_fusion),

@@ -173,9 +173,7 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
                 else:
                     body.append(f"s{s} = h{i}.fix(s{s}, {k})")
         if contract and out_names:
-            allowed = set(st.placement.variant.op.contract.may_alias) | set(
-                st.placement.variant.op.contract.must_alias
-            )
+            allowed = st.placement.variant.op.contract.aliases(len(outs))
             checks = []
             for k, s in enumerate(outs):
                 if s < 0:

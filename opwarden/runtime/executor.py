@@ -373,7 +373,7 @@ def _check_lean_contract(call: tuple, env: list[Any]) -> None:
     """What the lean loop checks: no undeclared output-is-input, outputs made read-only."""
     st, _fn, ins, kw, _frees, _hook = call
     contract = st.placement.variant.op.contract
-    allowed = set(contract.may_alias) | set(contract.must_alias)
+    allowed = contract.aliases(len(st.outs))
     args = [env[s] if s >= 0 else None for s in ins]
     for k, s in enumerate(st.outs):
         x = env[s] if s >= 0 else None

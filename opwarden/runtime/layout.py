@@ -231,6 +231,10 @@ class LayoutPass:
             ) and any(v.const is None for v in ins):
                 return "A"
             return "N"
+        if op == "Split" and _tracked(ins[0]) and _rank(ins[0]) == r and all(
+            v is None or v.const is not None for v in ins[1:]
+        ) and all(o is not None and _tracked(o) and _rank(o) == r for o in outs):
+            return "A"  # every output carries the layout; the axis is remapped
         if op == "Pad" and _tracked(ins[0]) and _rank(ins[0]) == r:
             if node.opset < 11:
                 return "A"
@@ -545,8 +549,8 @@ class LayoutPass:
     def _remap_attrs(self, node: Node, r: int) -> None:
         perm = to_last(r)
         op = node.op_type
-        if op in AXIS_OPS:
-            default = 1 if op == "Concat" else -1
+        if op in AXIS_OPS or op == "Split":
+            default = {"Concat": 1, "Split": 0}.get(op, -1)
             axis = int(node.attrs.get("axis", default)) % r
             node.attrs = dict(node.attrs, axis=perm.index(axis))
         elif op == "Pad":

@@ -673,8 +673,6 @@ class _Checker:
         cases = self.mine(self.data.base + self.data.suite + self.data.small_boundary())
         if not cases:
             return ("skip", "no input this variant accepts could be generated", None)
-        may = set(self.contract.may_alias) | set(self.contract.must_alias)
-        must = set(self.contract.must_alias)
         ran = 0
 
         def probe(c: I.Case) -> str | None:
@@ -685,6 +683,8 @@ class _Checker:
             except Exception:  # noqa: BLE001
                 return None
             ran += 1
+            may = self.contract.aliases(len(outs))
+            must = self.contract.views(len(outs))
             for j, o in enumerate(outs):
                 if not _is_arr(o) or o.size == 0:
                     continue

@@ -293,3 +293,79 @@ def test_fused_model_exports_and_reloads():
     x = _r(2, 3, 6, 6)
     want = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0)).run(None, {"x": x})
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+def _siblings_model(opset=17):
+    """Inception-like heads: three 1x1 convolutions of x with Relu (one without bias), a 1x1
+    with a residual, a strided 1x1 and a 3x3 (none of those three can join), then consumers
+    of every output."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]),
+        helper.make_node("Relu", ["c1"], ["a"]),
+        helper.make_node("Conv", ["x", "w2"], ["c2"]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w5", "b5"], ["b"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "w3", "b3"], ["c3"]),
+        helper.make_node("Relu", ["c3"], ["c"]),
+        helper.make_node("Conv", ["x", "w4", "b4"], ["c4"], strides=[2, 2]),
+        helper.make_node("Conv", ["x", "w7", "b7"], ["c7"], strides=[2, 2]),
+        helper.make_node("Add", ["c7", "c4"], ["z"]),
+        helper.make_node("Conv", ["x", "w6", "b6"], ["c6"], pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["a", "b", "c", "c6"], ["y"], axis=1),
+    ]
+    inits = [("w1", _r(5, 8, 1, 1)), ("b1", _r(5)), ("w2", _r(3, 8, 1, 1)),
+             ("w3", _r(4, 8, 1, 1)), ("b3", _r(4)), ("w4", _r(6, 8, 1, 1)), ("b4", _r(6)),
+             ("w5", _r(7, 3, 3, 3)), ("b5", _r(7)), ("w6", _r(2, 8, 3, 3)), ("b6", _r(2)),
+             ("w7", _r(6, 8, 1, 1)), ("b7", _r(6))]
+    return model(nodes, [("x", [2, 8, 6, 6])], [("y", [2, 18, 6, 6]), ("z", [2, 6, 3, 3])],
+                 inits, opset=opset)
+
+
+@pytest.mark.parametrize("opset", [9, 17])
+def test_sibling_1x1_convolutions_merge_into_one(opset):
+    data = _siblings_model(opset)
+    m, report = optimized(data)
+    by = {e["pass"]: e for e in report}
+    assert by["sibling_conv_merge"]["details"] == {"1x1 convolutions merged": 3,
+                                                   "merged groups": 1}
+    split = next(n for n in m.graph.nodes if n.op_type == "Split")
+    merged = split.inputs[0].producer
+    assert merged.op_type == "FusedConv" and merged.attrs["activation"] == "Relu"
+    assert [o.name for o in split.outputs] == ["a", "r2", "c"]
+    assert merged.inputs[1].const.shape == (12, 8, 1, 1)
+    np.testing.assert_array_equal(merged.inputs[2].const[5:8], 0)  # w2 had no bias
+    # The 3x3s, the lone strided 1x1 and the one with a residual (its Add fused) stay.
+    convs = [n for n in m.graph.nodes if n.op_type in ("Conv", "FusedConv")]
+    assert len(convs) == 5
+    assert sum(len(n.inputs) > 3 and n.inputs[3] is not None for n in convs) == 1
+    sess = check_same(data, {"x": _r(2, 8, 6, 6)}, rtol=1e-5)
+    off = ow.InferenceSession(data, ow.SessionOptions(disabled_passes=["sibling_conv_merge"]))
+    assert "Split" not in [n.op_type for n in off.model.graph.nodes]
+    # In NHWC the Split stays channels-last (its axis remapped), its outputs are views of the
+    # merged convolution's output and no transpose is inserted for it.
+    nodes = sess.model.graph.nodes
+    sp = next(n for n in nodes if n.op_type == "Split")
+    assert sp.attrs["axis"] == 3 and sp.outputs[0].fact.shape == (2, 6, 6, 5)
+    assert sum(n.op_type == "Transpose" for n in nodes) == 3  # x in; y and z out
+
+
+def test_split_outputs_are_views_planned_with_their_input():
+    # Split declares every output a view of its input (must_alias (0, -1)): the plan keeps the
+    # input's buffer alive while any output is read, so later steps cannot overwrite them.
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Split", ["r", "sizes"], ["p", "q", "s"], axis=1),
+             helper.make_node("Neg", ["p"], ["np"]),
+             helper.make_node("Exp", ["q"], ["eq"]),
+             helper.make_node("Abs", ["np"], ["ap"]),
+             helper.make_node("Concat", ["ap", "eq", "s"], ["y"], axis=1)]
+    data = model(nodes, [("x", [2, 9, 4, 4])], [("y", [2, 9, 4, 4])],
+                 [("sizes", np.array([2, 3, 4], np.int64))])
+    x = _r(2, 9, 4, 4)
+    s = ow.InferenceSession(data, ow.SessionOptions(debug_memory=True))
+    r = np.maximum(x, 0)
+    want = np.concatenate([np.abs(-r[:, :2]), np.exp(r[:, 2:5]), r[:, 5:]], axis=1)
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], want, rtol=1e-6)
+    from opwarden.ops.shape import SPLIT_VIEWS
+
+    assert SPLIT_VIEWS.views(3) == [(0, 0), (0, 1), (0, 2)]
+    assert SPLIT_VIEWS.aliases(2) == {(0, 0), (0, 1)}

@@ -83,3 +83,50 @@ def test_random_elementwise_graphs_keep_outputs(g, seed):
             np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=1e-6, equal_nan=True)
         total = sess.pass_report[-1]
         assert total["nodes_after"] <= total["nodes_before"]
+
+
+@st.composite
+def sibling_convs(draw):
+    """x -> several 1x1 convolutions (random width, bias, stride, Relu or not), each read by
+    a random consumer (a graph output, a Neg, or a 3x3 convolution); some merge, some not."""
+    c = draw(st.integers(1, 5))
+    hw = draw(st.integers(2, 6))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    nodes, inits, outs = [], [], []
+    for k in range(draw(st.integers(1, 5))):
+        m = draw(st.integers(1, 6))
+        stride = draw(st.sampled_from([1, 1, 2]))
+        w = f"w{k}"
+        inits.append((w, rng.standard_normal((m, c, 1, 1)).astype(np.float32)))
+        ins = ["x", w]
+        if draw(st.booleans()):
+            inits.append((f"b{k}", rng.standard_normal(m).astype(np.float32)))
+            ins.append(f"b{k}")
+        nodes.append(helper.make_node("Conv", ins, [f"c{k}"], strides=[stride, stride]))
+        y = f"c{k}"
+        if draw(st.booleans()):
+            nodes.append(helper.make_node("Relu", [y], [f"r{k}"]))
+            y = f"r{k}"
+        oh = (hw - 1) // stride + 1
+        use = draw(st.sampled_from(["out", "neg", "conv3"]))
+        if use == "neg":
+            nodes.append(helper.make_node("Neg", [y], [f"n{k}"]))
+            y = f"n{k}"
+        elif use == "conv3":
+            inits.append((f"v{k}", rng.standard_normal((2, m, 3, 3)).astype(np.float32)))
+            nodes.append(helper.make_node("Conv", [y, f"v{k}"], [f"t{k}"], pads=[1, 1, 1, 1]))
+            y, m = f"t{k}", 2
+        outs.append((y, [2, m, oh, oh]))
+    return model(nodes, [("x", [2, c, hw, hw])], outs, inits), (2, c, hw, hw)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(sibling_convs(), st.integers(0, 2**16))
+def test_sibling_conv_merge_keeps_outputs(case, seed):
+    data, shape = case
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    want = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0)).run(None, {"x": x})
+    got = ow.InferenceSession(data).run(None, {"x": x})
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
