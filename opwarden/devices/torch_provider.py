@@ -38,6 +38,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812 - the conventional name
 
 from ..errors import KernelError  # noqa: E402
+from ..kernels.fused import _whole_ok  # noqa: E402
 from ..ops import REGISTRY  # noqa: E402
 from ..ops.conv import conv_pads, spatial_params  # noqa: E402
 from ..ops.pool import _setup as _pool_setup  # noqa: E402
@@ -768,12 +769,15 @@ def _conv_kernel(ref: Callable[..., Any], nhwc: bool):
 def _fused_conv_kernel(ref: Callable[..., Any], nhwc: bool):
     def kernel(X, W, B=None, Z=None, *, activation="", activation_params=(), **attrs):
         shuffle = int(attrs.pop("input_shuffle", 0) or 0)
-        plan = None if shuffle > 1 else _conv_plan(X, W, attrs, nhwc)
+        branches = list(attrs.pop("branches", None) or ())
+        # Branches run as one convolution over W only with finite inputs (see kernels.fused).
+        exact = bool(branches) and not _whole_ok(X, W, B)
+        plan = None if shuffle > 1 or exact else _conv_plan(X, W, attrs, nhwc)
         if plan is None:  # (a folded input shuffle, too, is left to the reference)
             return _call_ref(
                 ref, (X, W, B, Z),
                 dict(attrs, activation=activation, activation_params=activation_params,
-                     input_shuffle=shuffle), nhwc,
+                     input_shuffle=shuffle, branches=branches), nhwc,
             )
         with _Mode(plan.flops < _SERIAL_FLOPS):
             if plan.gemm:

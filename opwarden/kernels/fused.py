@@ -3,27 +3,70 @@ applied in place on the GEMM output, band by band for convolutions."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..errors import KernelError
 from ..ops.base import REGISTRY
-from ..ops.fused import shuffle_channels
-from .conv import _conv_ok, conv_nchw, conv_nhwc
+from ..ops.fused import branch_convs, shuffle_channels
+from ._util import apply_activation, output, packed
+from .conv import _conv_ok, _finite, conv_nchw, conv_nhwc
 from .linalg import _gemm_ok, _matmul_ok, fused_matmul, gemm
 
 DOMAIN = "opwarden"
 
 
+def _whole_ok(X, W, B) -> bool:
+    """Can a FusedConv with branches run as one convolution over W, structural zeros included?
+    Yes when X, W and B are finite: every product with a zero tap is then an exact zero. A NaN
+    or Inf in X would turn such a product into NaN where the branch never reads that input."""
+    if not _finite_weights(W) or (B is not None and not _finite(np.asarray(B))):
+        return False
+    return _finite(np.asarray(X))
+
+
+def _finite_weights(W) -> bool:
+    return bool(packed(W, "finite", lambda w: np.array(np.isfinite(w).all()))[()])
+
+
+def _by_branch(conv, X, W, B, Z, branches, attrs, axis, out, **act):
+    """The exact FusedConv with branches: each branch its own convolution (ops.fused.
+    branch_convs), written into its channels of Y; then residual and activation."""
+    x = np.asarray(X)
+    parts = branch_convs(x.shape, W, B, branches, attrs, channel_axis=axis)
+    ys = [conv(x, wb, bb, None, **ab) for wb, bb, ab in parts]
+    shape = list(ys[0].shape)
+    shape[axis] = sum(y.shape[axis] for y in ys)
+    y = output(out, tuple(shape))
+    np.concatenate(ys, axis=axis, out=y)
+    if Z is not None:
+        if np.shape(Z) != y.shape:
+            raise KernelError(f"FusedConv: residual Z {np.shape(Z)} must match the output "
+                              f"{y.shape}")
+        np.add(y, Z, out=y)
+    apply_activation(y, act.get("activation") or "", act.get("activation_params") or ())
+    return y
+
+
 def fused_conv_nhwc(X, W, B=None, Z=None, *, activation="", activation_params=None,
-                    input_shuffle=0, out=None, **attrs):
-    """act(Conv(shuffle(X), W, B) + Z) with X, Z and Y in NHWC."""
+                    input_shuffle=0, branches=None, out=None, **attrs):
+    """act(Conv(shuffle(X), W, B) + Z) with X, Z and Y in NHWC. With `branches`, one
+    convolution over W when the inputs are finite (see _whole_ok), else branch by branch."""
+    if branches and not _whole_ok(X, W, B):
+        return _by_branch(conv_nhwc, X, W, B, Z, branches, attrs, 3, out,
+                          activation=activation, activation_params=activation_params)
     return conv_nhwc(X, W, B, Z, activation=activation,
                      activation_params=activation_params or (), input_shuffle=input_shuffle,
-                     out=out, **attrs)
+                     out=out, branches=branches or None, **attrs)
 
 
 def fused_conv_nchw(X, W, B=None, Z=None, *, activation="", activation_params=None,
-                    input_shuffle=0, out=None, **attrs):
-    """act(Conv(shuffle(X), W, B) + Z) in NCHW."""
+                    input_shuffle=0, branches=None, out=None, **attrs):
+    """act(Conv(shuffle(X), W, B) + Z) in NCHW (branches as in fused_conv_nhwc)."""
     if int(input_shuffle or 0) > 1:
         X = shuffle_channels(X, int(input_shuffle), axis=1)
+    if branches and not _whole_ok(X, W, B):
+        return _by_branch(conv_nchw, X, W, B, Z, branches, attrs, 1, out,
+                          activation=activation, activation_params=activation_params)
     return conv_nchw(X, W, B, Z, activation=activation,
                      activation_params=activation_params or (), out=out, **attrs)
 

@@ -95,6 +95,11 @@ _CONV_ATTRS = {
     # g >= 2: X's channels are shuffled with group g first (ChannelShuffle folded into its
     # depthwise consumer by the layout pass: the shuffle rides on the padding copy).
     "input_shuffle": 0,
+    # (M_1, kh_1, kw_1, M_2, kh_2, kw_2, ...): Y is the concatenation along the channels of
+    # branches, branch b being output channels M_1 + .. + M_(b-1) onward, a convolution with
+    # the centred kh_b x kw_b part of W; W's taps outside it are structural zeros that are never
+    # multiplied (a Concat of sibling convolutions of X, merged by the passes). [] = one branch.
+    "branches": ("INTS", []),
 }
 
 
@@ -115,26 +120,79 @@ _CONV_ATTRS = {
             "group": such_that(lambda g: int(g) >= 1, "a positive integer"),
             "activation": _ACT_RULE,
             "input_shuffle": such_that(lambda g: int(g) >= 0, "0 (none) or a group count"),
+            "branches": such_that(
+                lambda b: len(b) % 3 == 0 and all(int(v) >= 1 for v in b),
+                "(channels, kh, kw) triples of positive integers",
+            ),
         },
     ),
 )
 def FusedConv(
     X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
     pads=None, strides=None, activation="", activation_params=None, input_shuffle=0,
+    branches=None,
 ):
     """act(Conv(shuffle(X), W, B) + Z): convolution, optional channel shuffle of the input,
-    residual Z and activation."""
+    residual Z and activation; with `branches`, the Conv is a concatenation of convolutions with
+    centred parts of W (see branch_convs)."""
     if int(input_shuffle) > 1:
         X = shuffle_channels(X, int(input_shuffle), axis=1)
-    y = Conv(
-        X, W, B, auto_pad=auto_pad, dilations=dilations or None, group=group,
-        kernel_shape=kernel_shape or None, pads=pads or None, strides=strides or None,
-    )
+    kw = dict(auto_pad=auto_pad, dilations=dilations or None, group=group,
+              kernel_shape=kernel_shape or None, pads=pads or None, strides=strides or None)
+    if branches:
+        parts = [Conv(X, w, b, **a) for w, b, a in branch_convs(X.shape, W, B, branches, kw)]
+        y = np.concatenate(parts, axis=1)
+    else:
+        y = Conv(X, W, B, **kw)
     if Z is not None:
         if Z.shape != y.shape:
             raise KernelError(f"FusedConv: residual Z has shape {Z.shape}, Y has {y.shape}")
         y = _ew.Add(y, Z)
     return apply_activation(y, activation, activation_params)
+
+
+def branch_convs(x_shape, W, B, branches, attrs: dict, channel_axis: int = 1) -> list:
+    """The convolutions a FusedConv with `branches` concatenates: (W_b, B_b, attrs_b) per
+    branch, W_b the centred (kh_b, kw_b) part of its rows of W and the pads shrunk by the taps
+    cut off, so each branch's output has Y's spatial size. `x_shape` is X's shape with the
+    channels on `channel_axis` (pads are resolved from its spatial sizes). KernelError when the
+    branches do not tile W's output channels or a part is not centred in W's kernel."""
+    spec = [int(v) for v in branches]
+    if len(spec) % 3 or not spec:
+        raise KernelError(f"FusedConv: branches {spec} must be (channels, kh, kw) triples")
+    if int(attrs.get("group") or 1) != 1 or np.ndim(W) != 4:
+        raise KernelError("FusedConv: branches need a 2-D convolution with group=1")
+    m, _c, kh, kw = W.shape
+    hw = [d for i, d in enumerate(x_shape) if i not in (0, channel_axis)]
+    s, d = spatial_params(2, attrs.get("strides") or None, attrs.get("dilations") or None)
+    begin, end = conv_pads(hw, (kh, kw), s, d, attrs.get("pads") or None,
+                           attrs.get("auto_pad") or "NOTSET")
+    trip = [spec[i:i + 3] for i in range(0, len(spec), 3)]
+    if sum(t[0] for t in trip) != m:
+        raise KernelError(
+            f"FusedConv: branches {spec} give {sum(t[0] for t in trip)} output channels, "
+            f"W has {m}"
+        )
+    out, m0 = [], 0
+    for mb, bh, bw in trip:
+        if bh > kh or bw > kw or (kh - bh) % 2 or (kw - bw) % 2:
+            raise KernelError(
+                f"FusedConv: branch kernel {bh}x{bw} is not centred in W's {kh}x{kw}"
+            )
+        oh, ow = (kh - bh) // 2, (kw - bw) // 2
+        pb = [begin[0] - oh * d[0], begin[1] - ow * d[1]]
+        pe = [end[0] - oh * d[0], end[1] - ow * d[1]]
+        if min(*pb, *pe) < 0:
+            raise KernelError(
+                f"FusedConv: pads {begin + end} cannot hold branch kernel {bh}x{bw} centred "
+                f"in {kh}x{kw}"
+            )
+        wb = W[m0:m0 + mb, :, oh:oh + bh, ow:ow + bw]
+        bb = None if B is None else B[m0:m0 + mb]
+        a = dict(attrs, auto_pad="NOTSET", pads=[*pb, *pe], kernel_shape=[bh, bw])
+        out.append((wb, bb, a))
+        m0 += mb
+    return out
 
 
 @FusedConv.infer

@@ -3,10 +3,11 @@
 Levels (``SessionOptions(optimization_level=...)``): 0 none; 1 shape folding, constant folding,
 identity elimination, dead-code elimination (repeated until nothing changes); 2 adds
 Conv+BatchNormalization folding, BatchNormalization as Mul/Add, Conv/Gemm/MatMul + bias +
-activation fusion, merging sibling 1x1 convolutions of one input (then a Split), transpose
-cancellation and elementwise-chain fusion (then a level-1 clean-up);
-3 is everything (the layout pass runs later, at placement). Any pass can be switched off by name
-with ``disabled_passes``. Only the main graph is rewritten; subgraph bodies are left as they are
+activation fusion, a Concat of sibling convolutions of one input as one FusedConv with
+branches, merging sibling 1x1 convolutions of one input (then a Split), transpose
+cancellation and elementwise-chain fusion (then a level-1 clean-up); 3 is everything (the
+layout pass runs later, at placement). Any pass can be switched off by name with
+``disabled_passes``. Only the main graph is rewritten; subgraph bodies are left as they are
 (values they read from the main graph count as used there).
 """
 
@@ -20,6 +21,7 @@ from ..ir.graph import Model
 from .basic import constant_folding, dead_code_elimination, identity_elimination, shape_folding
 from .fusion import (
     bn_to_affine,
+    concat_conv_merge,
     conv_bn_folding,
     conv_fusion,
     elementwise_fusion,
@@ -38,6 +40,7 @@ PASSES: list[tuple[str, int, Callable[[Rewriter], None]]] = [
     ("conv_bn_folding", 2, conv_bn_folding),
     ("bn_to_affine", 2, bn_to_affine),
     ("conv_fusion", 2, conv_fusion),
+    ("concat_conv_merge", 2, concat_conv_merge),
     ("sibling_conv_merge", 2, sibling_conv_merge),
     ("gemm_fusion", 2, gemm_fusion),
     ("transpose_cancellation", 2, transpose_cancellation),

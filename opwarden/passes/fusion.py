@@ -277,6 +277,115 @@ def conv_fusion(rw: Rewriter) -> None:
         _fuse(rw, "FusedConv", nodes, ins, attrs, {**types, **_ACT_TYPES})
 
 
+def _branch_conv(rw: Rewriter, v: Value, concat: Node) -> tuple | None:
+    """(conv node, W, B, (kh, kw), pads, key) when v is made by a 2-D group-1 Conv/FusedConv
+    with constant float32 weights and no residual or shuffle, read only by `concat`; key holds
+    what siblings must share (input, strides, dilations, activation)."""
+    p = v.producer
+    if p is None or id(p) in rw.removed or p.opdef is None or rw.single_use(v) is not concat:
+        return None
+    if (p.op_type, p.domain) not in (("Conv", ""), ("FusedConv", "opwarden")):
+        return None
+    ins = p.inputs
+    if p.outputs[0] is not v or (len(ins) > 3 and ins[3] is not None):
+        return None
+    w = rw.const(ins[1])
+    b = rw.const(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    if len(ins) > 2 and ins[2] is not None and b is None:
+        return None
+    a = p.attrs
+    if w is None or w.ndim != 4 or w.dtype != np.float32 or int(a.get("group", 1)) != 1:
+        return None
+    if int(a.get("input_shuffle", 0) or 0) > 1 or a.get("branches"):
+        return None
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return None
+    pads = [int(q) for q in (a.get("pads") or (0, 0, 0, 0))]
+    strides = tuple(int(q) for q in (a.get("strides") or (1, 1)))
+    dil = tuple(int(q) for q in (a.get("dilations") or (1, 1)))
+    act = str(a.get("activation", "") or "")
+    params = tuple(float(q) for q in (a.get("activation_params") or ()))
+    return p, w, b, w.shape[2:], pads, (id(ins[0]), strides, dil, act, params)
+
+
+def concat_conv_merge(rw: Rewriter) -> None:
+    """Concat along the channels of sibling convolutions of one input (SqueezeNet's fire
+    module: a 1x1 and a 3x3 expand) -> one FusedConv with `branches`: W holds each branch's
+    kernel centred in the largest, the Concat's copies and the separate passes over X go. The
+    fast kernels run it as one convolution while X is finite (a zero tap times a finite input
+    is an exact zero) and branch by branch otherwise, so NaN and Inf stay where the separate
+    convolutions put them. Convolutions of one kernel size concatenate exactly (no branches)."""
+    for node in rw.graph.nodes:
+        if not _std(node, "Concat") or id(node) in rw.removed or len(node.inputs) < 2:
+            continue
+        y = node.outputs[0]
+        shape = _known_shape(y)
+        if shape is None or len(shape) != 4 or int(node.attrs.get("axis", 1)) % 4 != 1:
+            continue
+        parts = [_branch_conv(rw, v, node) if v is not None else None for v in node.inputs]
+        if any(q is None for q in parts) or len({id(q[0]) for q in parts}) != len(parts):
+            continue
+        if len({q[5] for q in parts}) != 1:
+            continue
+        kh = max(q[3][0] for q in parts)
+        kw = max(q[3][1] for q in parts)
+        big = next(q for q in parts if tuple(q[3]) == (kh, kw)) if any(
+            tuple(q[3]) == (kh, kw) for q in parts) else None
+        if big is None:
+            continue
+        _x, strides, dil, act, params = parts[0][5]
+        pads = big[4]
+        ok = True
+        for q in parts:
+            oh, ow = kh - q[3][0], kw - q[3][1]
+            if oh % 2 or ow % 2:
+                ok = False
+                break
+            want = [pads[0] - oh // 2 * dil[0], pads[1] - ow // 2 * dil[1],
+                    pads[2] - oh // 2 * dil[0], pads[3] - ow // 2 * dil[1]]
+            if q[4] != want:
+                ok = False
+                break
+        if not ok:
+            continue
+        ms = [int(q[1].shape[0]) for q in parts]
+        c = int(parts[0][1].shape[1])
+        w_all = np.zeros((sum(ms), c, kh, kw), np.float32)
+        m0 = 0
+        for q, m in zip(parts, ms, strict=True):
+            oh, ow = (kh - q[3][0]) // 2, (kw - q[3][1]) // 2
+            w_all[m0:m0 + m, :, oh:oh + q[3][0], ow:ow + q[3][1]] = q[1]
+            m0 += m
+        b_all = np.concatenate([np.zeros(m, np.float32) if q[2] is None else
+                                q[2].astype(np.float32) for q, m in zip(parts, ms, strict=True)])
+        first = parts[0][0]
+        x = first.inputs[0]
+        attrs = {"kernel_shape": [kh, kw], "pads": pads, "strides": list(strides),
+                 "dilations": list(dil), "group": 1}
+        ints = onnx.AttributeProto.INTS
+        types = {"kernel_shape": ints, "pads": ints, "strides": ints, "dilations": ints,
+                 "group": onnx.AttributeProto.INT}
+        if any(tuple(q[3]) != (kh, kw) for q in parts):
+            attrs["branches"] = [v for q, m in zip(parts, ms, strict=True)
+                                 for v in (m, int(q[3][0]), int(q[3][1]))]
+            types["branches"] = ints
+        if act:
+            attrs.update(activation=act, activation_params=list(params))
+            types.update(_ACT_TYPES)
+        for q in parts:
+            rw.remove(q[0])
+        rw.remove(node)
+        fused = rw.make_node(
+            "FusedConv",
+            [x, rw.new_const(f"{first.name}_concat_W", w_all),
+             rw.new_const(f"{first.name}_concat_B", b_all)],
+            [y], attrs, name=f"{node.name}_convs", attr_types=types)
+        rw.place(fused, node)
+        rw.stats["concats of convolutions merged"] += 1
+        rw.stats["convolutions merged"] += len(parts)
+        rw.changes += len(parts)
+
+
 def _pointwise_key(rw: Rewriter, node: Node) -> tuple | None:
     """What sibling 1x1 convolutions must share to become one: (input, strides, activation,
     dtype); None for any other node. Weights (and bias) must be constants, there must be no

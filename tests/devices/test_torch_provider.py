@@ -449,6 +449,30 @@ def test_fused_conv(act, params, layout, case):
         close(got, want)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_fused_conv_branches(layout, nonfinite):
+    # One convolution over W with finite inputs; the reference (branch by branch) otherwise,
+    # so NaN stays where the separate convolutions put it.
+    _fused_present("FusedConv")
+    rng = np.random.default_rng(40)
+    x = rng.standard_normal((1, 4, 6, 7)).astype(np.float32)
+    if nonfinite:
+        x[0, 1, 3, 3] = np.nan
+    w = np.zeros((7, 4, 3, 3), np.float32)
+    w[:3, :, 1, 1] = rng.standard_normal((3, 4))
+    w[3:] = rng.standard_normal((4, 4, 3, 3))
+    w.flags.writeable = False
+    b = rng.standard_normal(7).astype(np.float32)
+    o, v = variant("FusedConv", f"fusedconv.torch.{layout.lower()}", domain="opwarden")
+    kw = dict(pads=[1, 1, 1, 1], branches=[3, 1, 1, 4, 3, 3], activation="Relu")
+    want = o.reference(x, w, b, None, **kw)
+    got = v.fn(x, w, b, None, **kw) if layout == "NCHW" else nchw(v.fn(nhwc(x), w, b, None,
+                                                                          **kw))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    close(np.nan_to_num(got), np.nan_to_num(want))
+
+
 def test_fused_conv_rejects_a_wrong_residual():
     _fused_present("FusedConv")
     x, w, b, attrs = _conv_inputs(CONV_CASES[0])

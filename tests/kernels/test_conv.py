@@ -456,3 +456,74 @@ def test_winograd_environment_switch(value, want):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == want
+
+
+# ---------------------------------------------------------------------------------------------
+# FusedConv branches (a Concat of sibling convolutions merged by the passes)
+
+
+def _branch_case(seed=21, nonfinite=False):
+    """A fire module: a 1x1 and a 3x3 expand of x, W the 1x1 centred in the 3x3 kernel."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 8, 9, 10), dtype=np.float32)
+    if nonfinite:
+        x[0, 2, 4, 4] = np.nan
+        x[1, 5, 0, 9] = np.inf
+    w1 = rng.standard_normal((5, 8, 1, 1), dtype=np.float32)
+    w3 = rng.standard_normal((6, 8, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(11, dtype=np.float32)
+    w = np.zeros((11, 8, 3, 3), np.float32)
+    w[:5, :, 1:2, 1:2] = w1
+    w[5:] = w3
+    w.flags.writeable = False
+    want = np.concatenate([Conv(x, w1, b[:5]), Conv(x, w3, b[5:], pads=[1, 1, 1, 1])], axis=1)
+    return x, w, b, want
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_fused_conv_branches_reference_is_the_concat_of_its_convolutions(nonfinite):
+    x, w, b, want = _branch_case(nonfinite=nonfinite)
+    got = FusedConv(x, w, b, pads=[1, 1, 1, 1], branches=[5, 1, 1, 6, 3, 3])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    if nonfinite:  # the structural zeros were not multiplied: NaN stays where it was
+        assert np.isnan(want).sum() < np.isnan(Conv(x, w, b, pads=[1, 1, 1, 1])).sum()
+
+
+@pytest.mark.parametrize("branches, pads, match", [
+    ([5, 1, 1, 5, 3, 3], [1, 1, 1, 1], "output channels"),
+    ([5, 2, 2, 6, 3, 3], [1, 1, 1, 1], "centred"),
+    ([5, 1, 1, 6, 3, 3], [0, 0, 0, 0], "cannot hold"),
+    ([5, 1, 1, 6, 3], [1, 1, 1, 1], "triples"),
+])
+def test_fused_conv_branches_errors_name_the_problem(branches, pads, match):
+    x, w, b, _ = _branch_case()
+    with pytest.raises(KernelError, match=match):
+        FusedConv(x, w, b, pads=pads, branches=branches)
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_fused_conv_branches_fast_kernels(layout, nonfinite):
+    # Finite inputs: one convolution, the 1x1 branch a GEMM over its tap's columns only (NHWC
+    # patch path); NaN/Inf: branch by branch, so NaN and Inf positions equal the reference's.
+    x, w, b, want = _branch_case(nonfinite=nonfinite)
+    calls = []
+    real = kconv._branch_gemms
+    kconv._branch_gemms = lambda *a: (calls.append(1), real(*a))[1]
+    try:
+        with nhwc_path("im2col"):
+            if layout == "NHWC":
+                got = nchw(kfused.fused_conv_nhwc(nhwc(x), w, b, activation="Relu",
+                                                  pads=[1, 1, 1, 1],
+                                                  branches=[5, 1, 1, 6, 3, 3]))
+            else:
+                got = kfused.fused_conv_nchw(x, w, b, activation="Relu", pads=[1, 1, 1, 1],
+                                             branches=[5, 1, 1, 6, 3, 3])
+    finally:
+        kconv._branch_gemms = real
+    ref = np.maximum(want, 0)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+    assert bool(calls) == (layout == "NHWC" and not nonfinite)

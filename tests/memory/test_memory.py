@@ -237,8 +237,11 @@ def test_weights_are_views_over_the_model_file(tmp_path):
 def test_parallel_branches_give_the_sequential_result(name):
     m = zoo.build(name)
     feeds = zoo.feeds_for(m)
-    seq = opwarden.InferenceSession(m.SerializeToString())
-    par = opwarden.InferenceSession(m.SerializeToString(), inter_op_num_threads=2)
+    # (SqueezeNet's fire branches are one FusedConv unless that pass is off.)
+    off = ["concat_conv_merge"] if name == "squeezenet" else []
+    seq = opwarden.InferenceSession(m.SerializeToString(), disabled_passes=off)
+    par = opwarden.InferenceSession(m.SerializeToString(), inter_op_num_threads=2,
+                                    disabled_passes=off)
     assert par.program.levels is not None
     assert max(len(lv) for lv in par.program.levels) > 1  # the model has independent branches
     par.memory_plan.check()  # buffers of one wavefront never share memory

@@ -369,3 +369,72 @@ def test_split_outputs_are_views_planned_with_their_input():
 
     assert SPLIT_VIEWS.views(3) == [(0, 0), (0, 1), (0, 2)]
     assert SPLIT_VIEWS.aliases(2) == {(0, 0), (0, 1)}
+
+
+def _fire_model(act=True, second_reader=False, other_input=False):
+    """squeeze -> {1x1 expand, 3x3 expand} -> Concat, as in SqueezeNet's fire module."""
+    nodes = [
+        helper.make_node("Conv", ["x", "ws", "bs"], ["s0"]),
+        helper.make_node("Relu", ["s0"], ["s"]),
+        helper.make_node("Conv", ["s", "w1", "b1"], ["e1c"]),
+        helper.make_node("Conv", ["x2" if other_input else "s", "w3", "b3"], ["e3c"],
+                         pads=[1, 1, 1, 1]),
+    ]
+    e1, e3 = "e1c", "e3c"
+    if act:
+        nodes += [helper.make_node("Relu", ["e1c"], ["e1"]),
+                  helper.make_node("Relu", ["e3c"], ["e3"])]
+        e1, e3 = "e1", "e3"
+    nodes.append(helper.make_node("Concat", [e1, e3], ["y"], axis=1))
+    outs = [("y", [2, 9, 5, 5])]
+    if second_reader:
+        nodes.append(helper.make_node("Neg", [e3], ["n"]))
+        outs.append(("n", [2, 5, 5, 5]))
+    inits = [("ws", _r(3, 6, 1, 1)), ("bs", _r(3)), ("w1", _r(4, 3, 1, 1)), ("b1", _r(4)),
+             ("w3", _r(5, 3, 3, 3)), ("b3", _r(5))]
+    ins = [("x", [2, 6, 5, 5])] + ([("x2", [2, 3, 5, 5])] if other_input else [])
+    return model(nodes, ins, outs, inits)
+
+
+def test_concat_of_sibling_convolutions_becomes_one_fused_conv_with_branches():
+    data = _fire_model()
+    m, report = optimized(data)
+    by = {e["pass"]: e for e in report}
+    assert by["concat_conv_merge"]["details"] == {"concats of convolutions merged": 1,
+                                                  "convolutions merged": 2}
+    assert types_of(m) == ["FusedConv", "FusedConv"]
+    fire = m.graph.nodes[1]
+    assert fire.attrs["branches"] == [4, 1, 1, 5, 3, 3]
+    assert fire.attrs["activation"] == "Relu" and fire.attrs["pads"] == [1, 1, 1, 1]
+    w = fire.inputs[1].const
+    assert w.shape == (9, 3, 3, 3) and not w[:4, :, [0, 2]].any() and not w[:4, :, :, [0, 2]].any()
+    check_same(data, {"x": _r(2, 6, 5, 5)}, rtol=1e-5)
+    x = _r(2, 6, 5, 5)
+    x[0, 1, 2, 2] = np.inf  # exact NaN/Inf positions through the branch-by-branch path
+    want = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0)).run(None, {"x": x})
+    got = ow.InferenceSession(data).run(None, {"x": x})
+    np.testing.assert_array_equal(np.isnan(got[0]), np.isnan(want[0]))
+    np.testing.assert_array_equal(np.isinf(got[0]), np.isinf(want[0]))
+
+
+@pytest.mark.parametrize("kw", [dict(second_reader=True), dict(other_input=True)])
+def test_concat_conv_merge_needs_sole_readers_of_one_input(kw):
+    data = _fire_model(**kw)
+    m, _ = optimized(data)
+    assert "Concat" in types_of(m)
+    feeds = {"x": _r(2, 6, 5, 5)}
+    if kw.get("other_input"):
+        feeds["x2"] = _r(2, 3, 5, 5)
+    check_same(data, feeds, rtol=1e-5)
+
+
+def test_fused_conv_branches_export_and_reload():
+    from opwarden.ir.export import model_proto
+
+    data = _fire_model()
+    m, _ = optimized(data)
+    proto = model_proto(m)
+    sess = ow.InferenceSession(proto.SerializeToString(), ow.SessionOptions(optimization_level=0))
+    x = _r(2, 6, 5, 5)
+    want = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0)).run(None, {"x": x})
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want[0], rtol=1e-4, atol=1e-4)
