@@ -283,14 +283,19 @@ def test_subgraph_reads_keep_main_graph_values():
         check_same(data, {"x": x})
 
 
-def test_fused_model_exports_and_reloads():
+@pytest.mark.parametrize("which", ["conv_bn_relu", "fire"])
+def test_fused_model_exports_and_reloads(which):
+    # FusedConv (with activation, or with branches) survives export and reload.
     from opwarden.ir.export import model_proto
 
-    data = _conv_bn_model([helper.make_node("Relu", ["bn"], ["y"])])
+    if which == "fire":
+        data, shape = _fire_model(), (2, 6, 5, 5)
+    else:
+        data, shape = _conv_bn_model([helper.make_node("Relu", ["bn"], ["y"])]), (2, 3, 6, 6)
     m, _ = optimized(data)
     proto = model_proto(m)
     sess = ow.InferenceSession(proto.SerializeToString(), ow.SessionOptions(optimization_level=0))
-    x = _r(2, 3, 6, 6)
+    x = _r(*shape)
     want = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0)).run(None, {"x": x})
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], want[0], rtol=1e-4, atol=1e-4)
 
@@ -426,15 +431,3 @@ def test_concat_conv_merge_needs_sole_readers_of_one_input(kw):
     if kw.get("other_input"):
         feeds["x2"] = _r(2, 3, 5, 5)
     check_same(data, feeds, rtol=1e-5)
-
-
-def test_fused_conv_branches_export_and_reload():
-    from opwarden.ir.export import model_proto
-
-    data = _fire_model()
-    m, _ = optimized(data)
-    proto = model_proto(m)
-    sess = ow.InferenceSession(proto.SerializeToString(), ow.SessionOptions(optimization_level=0))
-    x = _r(2, 6, 5, 5)
-    want = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0)).run(None, {"x": x})
-    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want[0], rtol=1e-4, atol=1e-4)
