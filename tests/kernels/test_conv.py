@@ -264,14 +264,14 @@ def test_stem_taps_from_strided_input_match_reference(hw, k, attrs, path):
     w = rng.standard_normal((8, 3, k, k), dtype=np.float32)
     b = rng.standard_normal(8, dtype=np.float32)
     ref = FusedConv(x, w, b, activation="Relu", **attrs)
-    old = kconv.STEM_BAND_BYTES
-    kconv.STEM_BAND_BYTES = 4 << 10
+    old = kconv.STEM_BAND_BYTES, kconv.STEM_PLANES_BAND_BYTES
+    kconv.STEM_BAND_BYTES = kconv.STEM_PLANES_BAND_BYTES = 4 << 10
     try:
         with nhwc_path(path):
             y = kfused.fused_conv_nhwc(x.transpose(0, 2, 3, 1), w, b, activation="Relu",
                                        **attrs)
     finally:
-        kconv.STEM_BAND_BYTES = old
+        kconv.STEM_BAND_BYTES, kconv.STEM_PLANES_BAND_BYTES = old
     np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4)
 
 
