@@ -70,8 +70,9 @@ PW_T_MAX_PIXELS = 64
 # weights, whose transformed copy is 4x larger and streams from memory on every call: at least
 # WINO_MIN_TILES 4x4 output tiles with C*M >= WINO_MIN_CM, or WINO_WIDE_TILES with
 # C*M >= WINO_WIDE_MIN_CM. (Measured in-model: VGG-19's 3x3 layers from 112x112x64->128 to
-# 28x28x512 run 0.54-0.84x the direct time; ResNet-50's and Inception's, e.g. 28x28x128 or
-# 56x56x64->192, 1.03-1.9x, and 14x14 or smaller maps 1.1-2.3x, so they stay direct.)
+# 28x28x512 run 0.54-0.84x the direct time, 224x224x64 0.94x; ResNet-50's and Inception's,
+# e.g. 28x28x128 or 56x56x64->192, 1.03-1.9x, and 14x14 or smaller maps 1.1-2.3x, so they
+# stay direct.)
 # OPWARDEN_WINOGRAD=0 in the environment turns it off (results then match the direct sums to
 # float32 rounding instead of ~1e-5 relative, and the transformed weights are not held).
 WINOGRAD = os.environ.get("OPWARDEN_WINOGRAD", "1").strip().lower() not in (
@@ -79,7 +80,7 @@ WINOGRAD = os.environ.get("OPWARDEN_WINOGRAD", "1").strip().lower() not in (
 WINO_MIN_TILES = 49
 WINO_MIN_CM = 1 << 15
 WINO_WIDE_TILES = 784
-WINO_WIDE_MIN_CM = 1 << 13
+WINO_WIDE_MIN_CM = 1 << 12  # (VGG-19's 224x224x64->64: 0.94x in-model, twice)
 # Bands of about this many bytes per transformed buffer.
 WINO_BAND_BYTES = 4 << 20
 

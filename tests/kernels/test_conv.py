@@ -395,7 +395,8 @@ def test_winograd_matches_reference(xs, m, pads, band, act, residual):
 
 def test_winograd_rule_takes_the_large_layers_only():
     # VGG-19's 3x3 layers from 112x112x64->128 down to 28x28x512 (measured faster) ...
-    for c, m, hw in [(64, 128, 112), (128, 128, 112), (256, 256, 56), (512, 512, 28)]:
+    for c, m, hw in [(64, 64, 224), (64, 128, 112), (128, 128, 112), (256, 256, 56),
+                     (512, 512, 28)]:
         assert kconv.wino_tile(c, m, hw, hw) == 4
     # ... but not ResNet-50's / Inception's mid-size ones nor 14x14 and smaller maps.
     for c, m, hw in [(64, 64, 56), (64, 192, 56), (128, 128, 28), (256, 256, 14),
