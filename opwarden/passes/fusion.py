@@ -329,9 +329,8 @@ def concat_conv_merge(rw: Rewriter) -> None:
             continue
         kh = max(q[3][0] for q in parts)
         kw = max(q[3][1] for q in parts)
-        big = next(q for q in parts if tuple(q[3]) == (kh, kw)) if any(
-            tuple(q[3]) == (kh, kw) for q in parts) else None
-        if big is None:
+        big = next((q for q in parts if tuple(q[3]) == (kh, kw)), None)
+        if big is None:  # (e.g. 1x3 and 3x1: no branch has the whole kernel)
             continue
         _x, strides, dil, act, params = parts[0][5]
         pads = big[4]
