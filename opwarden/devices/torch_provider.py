@@ -41,6 +41,7 @@ from ..errors import KernelError  # noqa: E402
 from ..kernels.fused import _whole_ok  # noqa: E402
 from ..ops import REGISTRY  # noqa: E402
 from ..ops.conv import conv_pads, spatial_params  # noqa: E402
+from ..ops.fused import last_reads  # noqa: E402
 from ..ops.pool import _setup as _pool_setup  # noqa: E402
 from .base import Device, register_device  # noqa: E402
 
@@ -1072,11 +1073,7 @@ def _ew_compile(program: str, parse: Callable[[str], Any]) -> tuple:
     if plan is not None:
         return plan
     stmts = parse(program)
-    last: dict[str, int] = {}
-    for k, (_, _, args) in enumerate(stmts):
-        for a in args:
-            if isinstance(a, str):
-                last[a] = k
+    last = last_reads(stmts)
     out = []
     for k, (dest, name, args) in enumerate(stmts):
         tensors = [a for a in args if isinstance(a, str)]

@@ -477,15 +477,21 @@ def _fused_elementwise_infer(*facts, program=""):
 # per-chunk dispatch costs more than it saves.
 
 
-def _compile(program: str):
-    """Statements with each temporary mapped to a register: the output buffer (-1) first, then
-    scratch buffers, reusing dead ones; a linear chain runs entirely in the output buffer."""
-    stmts = parse_program(program)
+def last_reads(stmts) -> dict[str, int]:
+    """Name -> index of the last statement of a parsed program that reads it."""
     last: dict[str, int] = {}
     for k, (_, _, args) in enumerate(stmts):
         for a in args:
             if isinstance(a, str):
                 last[a] = k
+    return last
+
+
+def _compile(program: str):
+    """Statements with each temporary mapped to a register: the output buffer (-1) first, then
+    scratch buffers, reusing dead ones; a linear chain runs entirely in the output buffer."""
+    stmts = parse_program(program)
+    last = last_reads(stmts)
     reg_of: dict[str, int] = {}
     free: list[int] = [-1]
     nregs = 0

@@ -15,6 +15,17 @@ from .records import OpRecord
 _PEAKS: dict[str, float] = {}
 
 
+def _fastest(fn, reps: int = 7) -> float:
+    """Seconds of the fastest of `reps` calls of fn, after one warm-up call."""
+    fn()
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def machine_peaks() -> dict[str, float]:
     """Compute peak (GFLOP/s, sgemm 1024) and memory bandwidth (GB/s, 16 MiB copy), measured
     once: the fastest of several repetitions each, so a moment of load on a shared machine
@@ -24,22 +35,10 @@ def machine_peaks() -> dict[str, float]:
         n = 1024
         a = np.ones((n, n), np.float32)
         c = np.empty_like(a)
-        np.matmul(a, a, out=c)
-        best = math.inf
-        for _ in range(7):
-            t0 = time.perf_counter()
-            np.matmul(a, a, out=c)
-            best = min(best, time.perf_counter() - t0)
-        flops = 2 * n**3 / best
         x = np.ones(16 << 20, np.uint8)
         y = np.empty_like(x)
-        np.copyto(y, x)
-        best = math.inf
-        for _ in range(7):
-            t0 = time.perf_counter()
-            np.copyto(y, x)
-            best = min(best, time.perf_counter() - t0)
-        bw = 2 * x.nbytes / best
+        flops = 2 * n**3 / _fastest(lambda: np.matmul(a, a, out=c))
+        bw = 2 * x.nbytes / _fastest(lambda: np.copyto(y, x))
         _PEAKS.update(gflops=flops / 1e9, gbps=bw / 1e9)
     return dict(_PEAKS)
 
