@@ -277,35 +277,56 @@ def conv_fusion(rw: Rewriter) -> None:
         _fuse(rw, "FusedConv", nodes, ins, attrs, {**types, **_ACT_TYPES})
 
 
-def _branch_conv(rw: Rewriter, v: Value, concat: Node) -> tuple | None:
-    """(conv node, W, B, (kh, kw), pads, key) when v is made by a 2-D group-1 Conv/FusedConv
-    with constant float32 weights and no residual or shuffle, read only by `concat`; key holds
-    what siblings must share (input, strides, dilations, activation)."""
-    p = v.producer
-    if p is None or id(p) in rw.removed or p.opdef is None or rw.single_use(v) is not concat:
+def _const_conv(rw: Rewriter, node: Node | None) -> tuple | None:
+    """(W, B or None, pads, strides, dilations, activation, params, auto_pad) of a live 2-D
+    group-1 Conv/FusedConv with constant float32 weights (and bias), no residual, channel
+    shuffle or branches and explicit or VALID padding; None for any other node. What the
+    passes merging sibling convolutions need to know of each."""
+    if node is None or id(node) in rw.removed or node.opdef is None:
         return None
-    if (p.op_type, p.domain) not in (("Conv", ""), ("FusedConv", "opwarden")):
+    if (node.op_type, node.domain) not in (("Conv", ""), ("FusedConv", "opwarden")):
         return None
-    ins = p.inputs
-    if p.outputs[0] is not v or (len(ins) > 3 and ins[3] is not None):
+    ins = node.inputs
+    if ins[0] is None or node.outputs[0] is None or (len(ins) > 3 and ins[3] is not None):
         return None
     w = rw.const(ins[1])
-    b = rw.const(ins[2]) if len(ins) > 2 and ins[2] is not None else None
-    if len(ins) > 2 and ins[2] is not None and b is None:
+    bv = ins[2] if len(ins) > 2 else None
+    b = None if bv is None else rw.const(bv)
+    if w is None or w.ndim != 4 or w.dtype != np.float32 or (bv is not None and b is None):
         return None
-    a = p.attrs
-    if w is None or w.ndim != 4 or w.dtype != np.float32 or int(a.get("group", 1)) != 1:
+    a = node.attrs
+    if int(a.get("group", 1)) != 1 or int(a.get("input_shuffle", 0) or 0) > 1:
         return None
-    if int(a.get("input_shuffle", 0) or 0) > 1 or a.get("branches"):
-        return None
-    if a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+    auto_pad = a.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if a.get("branches") or auto_pad not in ("NOTSET", "VALID"):
         return None
     pads = [int(q) for q in (a.get("pads") or (0, 0, 0, 0))]
     strides = tuple(int(q) for q in (a.get("strides") or (1, 1)))
     dil = tuple(int(q) for q in (a.get("dilations") or (1, 1)))
     act = str(a.get("activation", "") or "")
     params = tuple(float(q) for q in (a.get("activation_params") or ()))
-    return p, w, b, w.shape[2:], pads, (id(ins[0]), strides, dil, act, params)
+    return w, b, pads, strides, dil, act, params, auto_pad
+
+
+def _joined_bias(biases: list, sizes: list[int]) -> np.ndarray:
+    """The biases of merged convolutions end to end, zeros for those without one."""
+    return np.concatenate([np.zeros(m, np.float32) if b is None else b.astype(np.float32)
+                           for b, m in zip(biases, sizes, strict=True)])
+
+
+def _branch_conv(rw: Rewriter, v: Value, concat: Node) -> tuple | None:
+    """(conv node, W, B, (kh, kw), pads, key) when v is output 0 of a _const_conv with
+    explicit pads, read only by `concat`; key holds what siblings must share (input, strides,
+    dilations, activation)."""
+    p = v.producer
+    if p is None or p.outputs[0] is not v or rw.single_use(v) is not concat:
+        return None
+    c = _const_conv(rw, p)
+    if c is None or c[7] != "NOTSET":
+        return None
+    w, b, pads, strides, dil, act, params, _ = c
+    return p, w, b, w.shape[2:], pads, (id(p.inputs[0]), strides, dil, act, params)
 
 
 def concat_conv_merge(rw: Rewriter) -> None:
@@ -355,8 +376,7 @@ def concat_conv_merge(rw: Rewriter) -> None:
             oh, ow = (kh - q[3][0]) // 2, (kw - q[3][1]) // 2
             w_all[m0:m0 + m, :, oh:oh + q[3][0], ow:ow + q[3][1]] = q[1]
             m0 += m
-        b_all = np.concatenate([np.zeros(m, np.float32) if q[2] is None else
-                                q[2].astype(np.float32) for q, m in zip(parts, ms, strict=True)])
+        b_all = _joined_bias([q[2] for q in parts], ms)
         first = parts[0][0]
         x = first.inputs[0]
         attrs = {"kernel_shape": [kh, kw], "pads": pads, "strides": list(strides),
@@ -387,36 +407,14 @@ def concat_conv_merge(rw: Rewriter) -> None:
 
 def _pointwise_key(rw: Rewriter, node: Node) -> tuple | None:
     """What sibling 1x1 convolutions must share to become one: (input, strides, activation,
-    dtype); None for any other node. Weights (and bias) must be constants, there must be no
-    residual, no padding, no groups and no channel shuffle."""
-    if id(node) in rw.removed or node.opdef is None:
+    params); None unless node is an unpadded 1x1 _const_conv with float32 input and output."""
+    c = _const_conv(rw, node)
+    if c is None or c[0].shape[2:] != (1, 1) or any(c[2]):
         return None
-    if (node.op_type, node.domain) not in (("Conv", ""), ("FusedConv", "opwarden")):
+    x, y = node.inputs[0], node.outputs[0]
+    if y.fact.dtype != "float32" or x.fact.dtype != "float32":
         return None
-    ins = node.inputs
-    if len(ins) > 3 and ins[3] is not None:
-        return None
-    x, w = ins[0], ins[1]
-    b = ins[2] if len(ins) > 2 else None
-    y = node.outputs[0]
-    wc = rw.const(w)
-    if x is None or y is None or wc is None or wc.ndim != 4 or wc.shape[2:] != (1, 1):
-        return None
-    if b is not None and rw.const(b) is None:
-        return None
-    a = node.attrs
-    if int(a.get("group", 1)) != 1 or int(a.get("input_shuffle", 0) or 0) > 1:
-        return None
-    if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID", b"NOTSET", b"VALID"):
-        return None
-    if any(int(p) for p in (a.get("pads") or ())):
-        return None
-    if y.fact.dtype != "float32" or x.fact.dtype != "float32" or wc.dtype != np.float32:
-        return None
-    strides = tuple(int(v) for v in (a.get("strides") or (1, 1)))
-    act = str(a.get("activation", "") or "")
-    params = tuple(float(v) for v in (a.get("activation_params") or ()))
-    return (id(x), strides, act, params)
+    return (id(x), c[3], c[5], c[6])
 
 
 def sibling_conv_merge(rw: Rewriter) -> None:
@@ -434,16 +432,13 @@ def sibling_conv_merge(rw: Rewriter) -> None:
     for (_x, strides, act, params), members in groups.items():
         if len(members) < 2:
             continue
-        ws = [rw.const(n.inputs[1]) for n in members]
+        convs = [_const_conv(rw, n) for n in members]
+        ws = [c[0] for c in convs]
         sizes = [int(w.shape[0]) for w in ws]
-        bs = []
-        for n, m in zip(members, sizes, strict=True):
-            b = n.inputs[2] if len(n.inputs) > 2 else None
-            bc = None if b is None else rw.const(b)
-            bs.append(np.zeros(m, np.float32) if bc is None else bc.astype(np.float32))
         first = members[0]
         w_all = rw.new_const(f"{first.name}_siblings_W", np.concatenate(ws, axis=0))
-        b_all = rw.new_const(f"{first.name}_siblings_B", np.concatenate(bs))
+        b_all = rw.new_const(f"{first.name}_siblings_B",
+                             _joined_bias([c[1] for c in convs], sizes))
         y0 = first.outputs[0]
         shape = None
         if y0.fact.shape is not None and len(y0.fact.shape) == 4:
