@@ -167,22 +167,19 @@ def test_large_map_uses_several_bands_and_matches():
         ((1, 40, 23, 22), (40, 1, 3, 3), dict(pads=[1, 0, 1, 1], strides=[2, 2], group=40)),
     ],
 )
-def test_realistic_shapes_match_reference(xs, ws, attrs, path):
+def test_realistic_shapes_match_reference(xs, ws, attrs, path, monkeypatch):
     rng = np.random.default_rng(5)
     x = rng.standard_normal(xs, dtype=np.float32)
     w = rng.standard_normal(ws, dtype=np.float32) * np.float32(0.1)
     w.flags.writeable = False  # as initializers: exercises the packed-weight cache
     b = rng.standard_normal(ws[0], dtype=np.float32)
     ref = Conv(x, w, b, **attrs)
-    old = kconv.WIDE_BAND_BYTES, kconv.WINO_BAND_BYTES
     # Small bands: the band loops and their offsets are exercised.
-    kconv.WIDE_BAND_BYTES = kconv.WINO_BAND_BYTES = 8 << 10
-    try:
-        with nhwc_path(path):
-            # A strided NHWC view of the NCHW array, as the layout pass's input transpose gives.
-            y = conv_nhwc(x.transpose(0, 2, 3, 1), w, b, **attrs)
-    finally:
-        kconv.WIDE_BAND_BYTES, kconv.WINO_BAND_BYTES = old
+    monkeypatch.setattr(kconv, "WIDE_BAND_BYTES", 8 << 10)
+    monkeypatch.setattr(kconv, "WINO_BAND_BYTES", 8 << 10)
+    with nhwc_path(path):
+        # A strided NHWC view of the NCHW array, as the layout pass's input transpose gives.
+        y = conv_nhwc(x.transpose(0, 2, 3, 1), w, b, **attrs)
     np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4)
 
 
@@ -256,7 +253,7 @@ def test_variants_registered_on_every_conv_version():
         ((40, 40), 7, dict(strides=[2, 2], pads=[3, 3, 3, 3])),
     ],
 )
-def test_stem_taps_from_strided_input_match_reference(hw, k, attrs, path):
+def test_stem_taps_from_strided_input_match_reference(hw, k, attrs, path, monkeypatch):
     # RGB stems read an NHWC view of the NCHW graph input; a small band size makes the band
     # loop clip each tap's rows.
     rng = np.random.default_rng(7)
@@ -264,14 +261,10 @@ def test_stem_taps_from_strided_input_match_reference(hw, k, attrs, path):
     w = rng.standard_normal((8, 3, k, k), dtype=np.float32)
     b = rng.standard_normal(8, dtype=np.float32)
     ref = FusedConv(x, w, b, activation="Relu", **attrs)
-    old = kconv.STEM_BAND_BYTES, kconv.STEM_PLANES_BAND_BYTES
-    kconv.STEM_BAND_BYTES = kconv.STEM_PLANES_BAND_BYTES = 4 << 10
-    try:
-        with nhwc_path(path):
-            y = kfused.fused_conv_nhwc(x.transpose(0, 2, 3, 1), w, b, activation="Relu",
-                                       **attrs)
-    finally:
-        kconv.STEM_BAND_BYTES, kconv.STEM_PLANES_BAND_BYTES = old
+    monkeypatch.setattr(kconv, "STEM_BAND_BYTES", 4 << 10)
+    monkeypatch.setattr(kconv, "STEM_PLANES_BAND_BYTES", 4 << 10)
+    with nhwc_path(path):
+        y = kfused.fused_conv_nhwc(x.transpose(0, 2, 3, 1), w, b, activation="Relu", **attrs)
     np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4)
 
 
@@ -344,21 +337,23 @@ def test_pointwise_residual_in_or_out_of_the_output_buffer(group, alias):
 # Winograd F(4x4, 3x3)
 
 
-@contextlib.contextmanager
-def count_winograd():
-    """Counts calls of the Winograd path (to prove a test exercised it, or did not)."""
-    calls = []
-    real = kconv._winograd_nhwc
+@pytest.fixture
+def spy(monkeypatch):
+    """spy(name) -> the list of calls made to kernels.conv.<name> from now on (to prove a test
+    took a path, or did not)."""
 
-    def spy(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
+    def install(name: str) -> list:
+        calls: list = []
+        real = getattr(kconv, name)
 
-    kconv._winograd_nhwc = spy
-    try:
-        yield calls
-    finally:
-        kconv._winograd_nhwc = real
+        def wrapper(*a, **k):
+            calls.append(1)
+            return real(*a, **k)
+
+        monkeypatch.setattr(kconv, name, wrapper)
+        return calls
+
+    return install
 
 
 @pytest.mark.parametrize("act", ["", "Relu", "Sigmoid"])
@@ -371,7 +366,7 @@ def count_winograd():
         ((1, 16, 9, 30), 32, [0, 0, 0, 0], 2 << 10),  # no padding, one tile row a band
     ],
 )
-def test_winograd_matches_reference(xs, m, pads, band, act, residual):
+def test_winograd_matches_reference(xs, m, pads, band, act, residual, monkeypatch, spy):
     rng = np.random.default_rng(11)
     x = rng.standard_normal(xs, dtype=np.float32)
     w = rng.standard_normal((m, xs[1], 3, 3), dtype=np.float32) / np.float32(np.sqrt(9 * xs[1]))
@@ -380,15 +375,11 @@ def test_winograd_matches_reference(xs, m, pads, band, act, residual):
     ref0 = Conv(x, w, b, pads=pads)
     z = rng.standard_normal(ref0.shape, dtype=np.float32) if residual else None
     ref = FusedConv(x, w, b, z, activation=act, pads=pads)
-    old = kconv.WINO_BAND_BYTES
-    kconv.WINO_BAND_BYTES = band
-    try:
-        with nhwc_path("winograd"), count_winograd() as calls:
-            y = kfused.fused_conv_nhwc(x.transpose(0, 2, 3, 1), w, b,
-                                       None if z is None else nhwc(z), activation=act,
-                                       pads=pads)
-    finally:
-        kconv.WINO_BAND_BYTES = old
+    monkeypatch.setattr(kconv, "WINO_BAND_BYTES", band)
+    calls = spy("_winograd_nhwc")
+    with nhwc_path("winograd"):
+        y = kfused.fused_conv_nhwc(x.transpose(0, 2, 3, 1), w, b,
+                                   None if z is None else nhwc(z), activation=act, pads=pads)
     assert calls
     np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=5e-5)
 
@@ -404,7 +395,7 @@ def test_winograd_rule_takes_the_large_layers_only():
         assert kconv.wino_tile(c, m, hw, hw) == 0
 
 
-def test_winograd_keeps_direct_nan_and_inf_positions():
+def test_winograd_keeps_direct_nan_and_inf_positions(spy):
     # The transforms would spread a NaN or Inf over its whole 4x4 tile; such inputs (and
     # non-finite weights or bias) take the direct path, so positions match the reference.
     rng = np.random.default_rng(12)
@@ -414,7 +405,8 @@ def test_winograd_keeps_direct_nan_and_inf_positions():
     w = rng.standard_normal((32, 16, 3, 3), dtype=np.float32)
     w.flags.writeable = False
     ref = Conv(x, w, None, pads=[1, 1, 1, 1])
-    with nhwc_path("winograd"), count_winograd() as calls:
+    calls = spy("_winograd_nhwc")
+    with nhwc_path("winograd"):
         y = nchw(conv_nhwc(nhwc(x), w, None, pads=[1, 1, 1, 1]))
     assert not calls
     np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
@@ -425,7 +417,7 @@ def test_winograd_keeps_direct_nan_and_inf_positions():
     b = np.zeros(32, np.float32)
     b[4] = np.inf
     x = np.nan_to_num(x, nan=0.0, posinf=0.0)
-    with nhwc_path("winograd"), count_winograd() as calls:
+    with nhwc_path("winograd"):
         y2 = nchw(conv_nhwc(nhwc(x), w2, None, pads=[1, 1, 1, 1]))
         y3 = nchw(conv_nhwc(nhwc(x), w, b, pads=[1, 1, 1, 1]))
     assert not calls
@@ -433,12 +425,13 @@ def test_winograd_keeps_direct_nan_and_inf_positions():
     assert (y3[0, 4] == np.inf).all() and np.isfinite(np.delete(y3, 4, axis=1)).all()
 
 
-def test_winograd_needs_constant_weights():
+def test_winograd_needs_constant_weights(spy):
     # Packing costs more than the convolution: weights that may change are not transformed.
     rng = np.random.default_rng(13)
     x = rng.standard_normal((1, 16, 12, 12), dtype=np.float32)
     w = rng.standard_normal((32, 16, 3, 3), dtype=np.float32)
-    with nhwc_path("winograd"), count_winograd() as calls:
+    calls = spy("_winograd_nhwc")
+    with nhwc_path("winograd"):
         y = nchw(conv_nhwc(nhwc(x), w, None, pads=[1, 1, 1, 1]))
     assert not calls
     np.testing.assert_allclose(y, Conv(x, w, None, pads=[1, 1, 1, 1]), rtol=1e-4, atol=1e-4)
@@ -505,24 +498,18 @@ def test_fused_conv_branches_errors_name_the_problem(branches, pads, match):
 
 @pytest.mark.parametrize("nonfinite", [False, True])
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
-def test_fused_conv_branches_fast_kernels(layout, nonfinite):
+def test_fused_conv_branches_fast_kernels(layout, nonfinite, spy):
     # Finite inputs: one convolution, the 1x1 branch a GEMM over its tap's columns only (NHWC
     # patch path); NaN/Inf: branch by branch, so NaN and Inf positions equal the reference's.
     x, w, b, want = _branch_case(nonfinite=nonfinite)
-    calls = []
-    real = kconv._branch_gemms
-    kconv._branch_gemms = lambda *a: (calls.append(1), real(*a))[1]
-    try:
-        with nhwc_path("im2col"):
-            if layout == "NHWC":
-                got = nchw(kfused.fused_conv_nhwc(nhwc(x), w, b, activation="Relu",
-                                                  pads=[1, 1, 1, 1],
-                                                  branches=[5, 1, 1, 6, 3, 3]))
-            else:
-                got = kfused.fused_conv_nchw(x, w, b, activation="Relu", pads=[1, 1, 1, 1],
-                                             branches=[5, 1, 1, 6, 3, 3])
-    finally:
-        kconv._branch_gemms = real
+    calls = spy("_branch_gemms")
+    with nhwc_path("im2col"):
+        if layout == "NHWC":
+            got = nchw(kfused.fused_conv_nhwc(nhwc(x), w, b, activation="Relu",
+                                              pads=[1, 1, 1, 1], branches=[5, 1, 1, 6, 3, 3]))
+        else:
+            got = kfused.fused_conv_nchw(x, w, b, activation="Relu", pads=[1, 1, 1, 1],
+                                         branches=[5, 1, 1, 6, 3, 3])
     ref = np.maximum(want, 0)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
