@@ -9,6 +9,7 @@ layouts (``layouts_for(node)``).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +130,9 @@ class Device:
       tried in order); None for host/torch devices, whose capabilities are their registered
       kernel variants.
     - ``compute_dtype``: floats are computed in this dtype (profiles emulate it by rounding).
+    - ``defers``: for a device that shares host memory, the nodes it accepts but hands to a
+      host device later in the session's provider list because the host kernels run them
+      faster: node -> the reason in plain words (measured figures), or None to keep the node.
     """
 
     name: str
@@ -144,6 +148,7 @@ class Device:
     ops: list[OpCapability] | None = None
     compute_dtype: str | None = None
     source: str | None = None
+    defers: Callable[[Any], str | None] | None = None
     # Where an emulated compute dtype is applied: "inputs" (tensors entering the device),
     # "weights" (constants, once at upload), "outputs" (every float output of every node),
     # "exit" (tensors leaving the device), "range" (every output keeps the dtype's range:
@@ -240,6 +245,10 @@ class Device:
                 qname = f"{var.name}@{self.name}"
                 return False, f"{qname} quarantined as unstable: {quarantine.reason(qname)}"
         return True, ""
+
+    def deferral(self, node: Any) -> str | None:
+        """Why this device hands `node` (which it accepts) to a later host device, or None."""
+        return self.defers(node) if self.defers is not None else None
 
     def _host_accepts(self, node: Any, quarantine: Any) -> tuple[bool, str]:
         if self.layouts_for(node, quarantine):

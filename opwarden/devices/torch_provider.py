@@ -27,12 +27,18 @@ from typing import Any
 
 import numpy as np
 
-if "torch" not in sys.modules:
-    # OpenMP workers that spin between parallel regions stall every region when the cores are
-    # shared (other processes, onnxruntime's pool in the same process): measured 3-10x slower
-    # whole-model runs on a loaded 2-core machine, against ~1.0-1.5x with passive waiting.
-    # Only a default: a value the user set wins, and a torch imported earlier keeps its own.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if "torch" not in sys.modules and not any(
+    k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+):
+    # OpenMP workers spin between parallel regions for GOMP_SPINCOUNT iterations, 300000 by
+    # default: ~5 ms of a core burnt after every region, stolen from whatever runs next on a
+    # small machine (the NumPy kernels' BLAS, another runtime in the process). Passive waiting
+    # (no spin) costs a futex wake-up per region instead: whole models ran 1.15-1.4x slower
+    # (ResNet-50 62.8 vs 50.4 ms on 2 cores). 30000 spins (~1 ms) keep the workers hot through
+    # a model's back-to-back operators and idle soon after a run: the peer's runs alternated
+    # with ours measured no slower than with passive waiting. Only a default: a policy the
+    # user set wins, and a torch imported earlier keeps its own.
+    os.environ["GOMP_SPINCOUNT"] = "30000"
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812 - the conventional name
@@ -59,13 +65,17 @@ _InferenceMode: Callable[[bool], Any] = getattr(torch._C, "_InferenceMode", None
     lambda _on: torch.inference_mode()
 )
 
-# Work below these sizes runs on one torch thread. On a small or shared machine the fork-join of
-# a second OpenMP worker (woken from passive waiting, or descheduled by another process) costs
-# more than it saves: measured on 2 shared cores, 1x1/3x3 convolutions under ~40 MFLOP ran
-# 1.2-4x faster on one thread, and memory-bound ops (elementwise, pools, concat) up to ~3M
-# elements were as fast or faster on one.
-_SERIAL_FLOPS = 40e6
-_SERIAL_ELEMENTS = 1 << 21
+# Work below these sizes runs on one torch thread when the OpenMP workers wait passively: the
+# fork-join of a second worker woken by a futex costs more than it saves (measured on 2 shared
+# cores: 1x1/3x3 convolutions under ~40 MFLOP 1.2-4x faster on one thread, memory-bound ops up
+# to ~3M elements as fast or faster). With spinning workers (the default above) a two-thread
+# GEMM of 3136x64x64 takes 137 us against 263 on one thread and 3025x128x16 75 against 156, so
+# torch's own grain sizes decide.
+_PASSIVE = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE" or (
+    os.environ.get("GOMP_SPINCOUNT", "").strip() == "0"
+)
+_SERIAL_FLOPS = 40e6 if _PASSIVE else 0.0
+_SERIAL_ELEMENTS = (1 << 21) if _PASSIVE else 0
 
 
 class _Mode:
@@ -650,8 +660,8 @@ def _make_conv_plan(xs, ws, dtype, attrs: dict, nhwc: bool) -> _ConvPlan | None:
     # A pointwise (1x1, stride 1, unpadded, ungrouped) NHWC convolution is one GEMM over the
     # (N*H*W, C) view of the input, giving (N*H*W, M) = NHWC output directly. oneDNN's fused
     # convolution costs ~45 us per call before any arithmetic; below ~40 MFLOP the GEMM wins.
-    # The bound matches _SERIAL_FLOPS: MKL's two-thread GEMM on these skinny shapes was measured
-    # up to 8x slower than one thread (169x512x64: 730 vs 85 us), so the GEMM runs serial only.
+    # (With passive waiting MKL's two-thread GEMM on these skinny shapes was measured up to 8x
+    # slower than one thread, 169x512x64: 730 vs 85 us, so there it runs serial: _SERIAL_FLOPS.)
     gemm = (
         nhwc and g == 1 and pad_arg is None and all(k == 1 for k in ws[2:])
         and all(v == 1 for v in s) and not any(begin)
@@ -660,7 +670,7 @@ def _make_conv_plan(xs, ws, dtype, attrs: dict, nhwc: bool) -> _ConvPlan | None:
     return _ConvPlan(s, begin, pad_arg, d, g, packed, gemm, flops)
 
 
-_GEMM_MAX_FLOPS = _SERIAL_FLOPS
+_GEMM_MAX_FLOPS = 40e6
 # oneDNN's packed convolution on few input channels per group (a network's RGB stem) was
 # measured 1.7-4x slower than torch.convolution (224x224x3 -> 64, 3x3: 1046 vs 346 us on two
 # threads, 1046 vs 625 on one); from 16 channels on the packed one wins.
@@ -1211,6 +1221,28 @@ def _register_variants() -> None:
             _add(o, _fused_elementwise_kernel(o.reference, parse), "fusedelementwise.torch")
 
 
+# ---------------------------------------------------------------------------------------------
+# Deferral: work the host's NumPy kernels run faster than torch's on the CPU (see Device.defers)
+
+# Host vs torch, in-model per-node medians over the light zoo (2 cores, both pools 2 threads,
+# `python benchmarks/torch_provider.py`'s setup): the host's kernels won every node of these op
+# types. LRN 1.2-4.4x faster (109x109x96: 7.5 vs 15.5 ms), MaxPool 1.2-3.6x (3x3/2 on
+# 112x112x64: 0.79 vs 1.81 ms), Concat 1.6-4x (DenseNet's 56x56 blocks: 0.12 vs 0.37-0.49
+# ms), Transpose and Split (views on the host, copies in torch) and the global pools ~1.5-2x.
+_HOST_FASTER = {
+    "LRN": "the host's LRN (one running window sum over channels) measured 1.2-4.4x faster",
+    "MaxPool": "the host's separable NHWC max pool measured 1.2-3.6x faster",
+    "AveragePool": "the host's separable NHWC average pool measured 1.0-2.1x faster",
+    "GlobalAveragePool": "the host's global pools measured 1.0-1.6x faster",
+    "GlobalMaxPool": "the host's global pools measured 1.0-1.6x faster",
+    "Concat": "the host's Concat measured 1.6-4x faster (one copy per input into the output)",
+    "Split": "the host's Split returns views of its input (no copy)",
+}
+def _defers(node: Any) -> str | None:
+    """Why torch (on the CPU) leaves `node` to a host device in the session, or None."""
+    return _HOST_FASTER.get(node.op_type) if node.domain == "" else None
+
+
 def configure(intra_op_num_threads: int = 0) -> None:
     """Size torch's thread pool: the session's intra_op_num_threads, else leave torch's default.
 
@@ -1232,6 +1264,7 @@ def register() -> Device:
             preferred_layout="NHWC",
             concurrent=False,
             aliases=("pytorch",),
+            defers=None if _CUDA else _defers,
             extra={"torch_version": torch.__version__, "cuda": _CUDA,
                    "threads": torch.get_num_threads(), "cores": os.cpu_count()},
         )

@@ -41,7 +41,7 @@ UNARY = {
     "Relu", "Clip", "Sigmoid", "HardSwish", "HardSigmoid", "LeakyRelu", "Tanh", "Exp", "Log",
     "Abs", "Neg", "Sqrt", "Reciprocal", "Erf", "Elu", "Selu", "Celu", "Softplus", "Softsign",
     "Gelu", "Mish", "Identity", "Dropout", "Cast", "Floor", "Ceil", "Round", "Sign", "Not",
-    "IsNaN", "IsInf", "ThresholdedRelu", "Sin", "Cos", "Tan", "Shrink",
+    "IsNaN", "IsInf", "ThresholdedRelu", "Sin", "Cos", "Tan", "Shrink", "DeviceCopy",
 }
 BROADCAST = {
     "Add", "Sub", "Mul", "Div", "Pow", "Sum", "Max", "Min", "Mean", "PRelu", "Equal", "Less",

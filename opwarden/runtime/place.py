@@ -341,9 +341,13 @@ class _Partitioner:
         rejected: list[tuple[str, str]] = []
         protos: list[onnx.NodeProto] | None | bool = False  # False: not computed yet
         trial: list[Node] | None = None
-        for dev in self.devs:
+        for k, dev in enumerate(self.devs):
             ok, why = dev.accepts(node, self.quarantine)
             if ok:
+                host = self._deferred_to(node, k)
+                if host is not None:
+                    rejected.append((dev.name, f"deferred to {host.name}: {dev.deferral(node)}"))
+                    dev = host
                 self.assign[id(node)] = _Assign(dev, rejected)
                 return [node]
             rejected.append((dev.name, why))
@@ -365,6 +369,16 @@ class _Partitioner:
         if not protos:
             raise _unsupported(node, self.devs, rejected)
         return self._expand(node, protos, graph, depth, rejected, None)  # type: ignore[arg-type]
+
+    def _deferred_to(self, node: Node, k: int) -> Device | None:
+        """The host device after devs[k] in the list that takes `node` when devs[k] defers it
+        (see Device.defers), else None."""
+        if self.devs[k].deferral(node) is None:
+            return None
+        for host in self.devs[k + 1:]:
+            if host.kind == "host" and host.accepts(node, self.quarantine)[0]:
+                return host
+        return None
 
     def _expand(self, node, protos, graph, depth, rejected, dev) -> list[Node]:
         types = _piece_types(node, protos, self.opsets)
@@ -766,6 +780,8 @@ def place_model(
     for node in g.nodes:
         dev = device_of[id(node)]
         lay = layouts.get(id(node), "NCHW")
+        if id(node) in lrep.inserted and dev.deferral(node) is not None:
+            dev = get_device(HOST)  # a layout conversion its device defers runs on the host
         var, ref, rej = _choose(
             node, dev, lay, quarantine, id(node) in copies or id(node) in lrep.inserted
         )

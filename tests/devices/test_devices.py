@@ -204,3 +204,35 @@ def test_cpu_default_path_unchanged_for_a_single_conv():
     sess = ow.InferenceSession(m.SerializeToString())
     assert [r["op_type"] for r in sess.explain()] == ["Conv"]
     assert onnx is not None
+
+
+def test_a_device_defers_to_a_later_host_device_with_the_reason():
+    """Device.defers hands accepted nodes to a host device later in the list (CPU only: a
+    second host device is the cpu device under another name)."""
+    import dataclasses
+
+    from opwarden.ir.load import load
+    from opwarden.ir.validate import validate
+    from opwarden.runtime.place import _Partitioner
+
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    model = load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    validate(model)
+    cpu = get_device("cpu")
+    first = dataclasses.replace(
+        cpu, defers=lambda n: "Relu runs faster there" if n.op_type == "Relu" else None
+    )
+    for devs, relu_on in (([first, cpu], cpu), ([first], first)):
+        part = _Partitioner(devs, model.opsets, None)
+        part.graph(model.graph)
+        relu, neg = model.graph.nodes
+        assert part.assign[id(neg)].device is first and not part.assign[id(neg)].rejected
+        assert part.assign[id(relu)].device is relu_on
+        if relu_on is cpu:
+            assert part.assign[id(relu)].rejected == [
+                ("cpu", "deferred to cpu: Relu runs faster there")
+            ]
