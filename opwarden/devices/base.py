@@ -130,6 +130,8 @@ class Device:
       tried in order); None for host/torch devices, whose capabilities are their registered
       kernel variants.
     - ``compute_dtype``: floats are computed in this dtype (profiles emulate it by rounding).
+    - ``host_memory``: its tensors are host arrays (the torch device on the CPU): edges
+      between it and the host need no DeviceCopy node, as no data moves.
     - ``defers``: for a device that shares host memory, the nodes it accepts but hands to a
       host device later in the session's provider list because the host kernels run them
       faster: node -> the reason in plain words (measured figures), or None to keep the node.
@@ -149,6 +151,7 @@ class Device:
     compute_dtype: str | None = None
     source: str | None = None
     defers: Callable[[Any], str | None] | None = None
+    host_memory: bool = False
     # Where an emulated compute dtype is applied: "inputs" (tensors entering the device),
     # "weights" (constants, once at upload), "outputs" (every float output of every node),
     # "exit" (tensors leaving the device), "range" (every output keeps the dtype's range:
@@ -245,6 +248,13 @@ class Device:
                 qname = f"{var.name}@{self.name}"
                 return False, f"{qname} quarantined as unstable: {quarantine.reason(qname)}"
         return True, ""
+
+    def shares_memory_with(self, other: Device) -> bool:
+        """Do tensors cross between the two as they are (host arrays on both sides, no
+        rounding on either)?"""
+        return all(
+            (d.kind == "host" or d.host_memory) and not d.compute_dtype for d in (self, other)
+        )
 
     def deferral(self, node: Any) -> str | None:
         """Why this device hands `node` (which it accepts) to a later host device, or None."""

@@ -7,7 +7,8 @@ refuses a node may still run it through its ONNX function body when it accepts e
 in plain words. A device with limited activation memory refuses a partition (a run of its nodes)
 whose peak of live activation bytes would not fit. With ``fallback="forbid"`` one error lists
 every node that would leave the first device. Edges between devices get explicit DeviceCopy
-nodes (converting to the device's compute dtype on the way in). Then the layout pass
+nodes (converting to the device's compute dtype on the way in), except where both sides hold
+host arrays (the torch device on the CPU and the host: nothing moves). Then the layout pass
 (runtime/layout.py) puts convolution-like nodes in NHWC where their device wants it, and each
 node gets its kernel variant: on its device, filtered by dtype, layout and `when` predicate,
 highest priority first (ties by name). Profile devices run their host's variant wrapped to
@@ -585,6 +586,8 @@ def _insert_copies(graph: Graph, assign: dict[int, _Assign]) -> dict[int, str]:
                         uploads[key] = up
                     node.inputs[i] = uploads[key]
                 continue
+            if dev.shares_memory_with(get_device(src)):
+                continue  # host arrays on both sides: nothing moves
             key = (id(v), dev.name)
             if key not in copies:
                 copies[key] = copy(v, src, dev)
@@ -596,7 +599,7 @@ def _insert_copies(graph: Graph, assign: dict[int, _Assign]) -> dict[int, str]:
     host = get_device(HOST)
     for v in list(graph.outputs):
         src = home.get(id(v), HOST)
-        if src == HOST or v.producer is None:
+        if src == HOST or v.producer is None or host.shares_memory_with(get_device(src)):
             continue
         # The graph output keeps its name and is produced on the host by a copy.
         nv = graph.add_value(_fresh(graph, f"{v.name}@{src}"), fact=v.fact, kind=v.kind)

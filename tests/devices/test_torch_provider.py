@@ -515,11 +515,13 @@ def test_light_models_on_torch_match_onnxruntime(name, monkeypatch):
     model = zoo.build(name, seed=0)
     data = model.SerializeToString()
     sess = ow.InferenceSession(data, providers=_providers(monkeypatch))
-    # Only what the torch device defers to the host runs there, each with its reason.
+    # Only what the torch device defers to the host runs there (each with its reason, or for
+    # the input's layout conversion the inserted node's), and no copies: both hold host arrays.
     for p in sess.placements:
+        assert p.node.op_type != "DeviceCopy"
         if p.device != "torch":
-            assert p.node.op_type in tp._HOST_FASTER, f"{name}: {p.node.label} on {p.device}"
-            assert p.reason.startswith("deferred to cpu: "), p.reason
+            assert tp._defers(p.node) is not None, f"{name}: {p.node.label} on {p.device}"
+            assert p.inserted or p.reason.startswith("deferred to cpu: "), p.reason
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     peer = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
@@ -667,7 +669,7 @@ def _conv_pool_conv():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_torch_defers_what_the_host_runs_faster_with_reason_and_no_transposes(monkeypatch):
+def test_torch_defers_what_the_host_runs_faster_with_no_copies_or_transposes(monkeypatch):
     model = _conv_pool_conv()
     x = rand(1, 8, 12, 12, seed=62)
     want = ow.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
@@ -675,7 +677,8 @@ def test_torch_defers_what_the_host_runs_faster_with_reason_and_no_transposes(mo
     by_op = {p.node.op_type: p for p in sess.placements if not p.inserted}
     assert by_op["MaxPool"].device == "cpu"
     assert by_op["MaxPool"].reason == "deferred to cpu: " + tp._HOST_FASTER["MaxPool"]
-    assert by_op["MaxPool"].layout == "NHWC"  # the copies between devices are layout-agnostic
+    assert by_op["MaxPool"].layout == "NHWC"
+    assert "DeviceCopy" not in by_op  # host arrays on both sides: no copies
     assert {p.device for p in sess.placements if p.node.op_type == "FusedConv"} == {"torch"}
     # NHWC from the input conversion to the output conversion: no transposes at the copies.
     assert sum(p.node.op_type == "Transpose" for p in sess.placements) <= 2
