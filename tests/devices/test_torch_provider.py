@@ -687,3 +687,19 @@ def test_torch_defers_what_the_host_runs_faster_with_no_copies_or_transposes(mon
     alone = ow.InferenceSession(model.SerializeToString(), providers=["torch"])
     assert {p.device for p in alone.placements if p.node.op_type == "MaxPool"} == {"torch"}
     close(alone.run(None, {"x": x})[0], want)
+
+
+def test_channel_shuffle_and_a_folded_input_shuffle_on_torch():
+    _fused_present("ChannelShuffle")
+    x = rand(1, 6, 5, 12, seed=70)  # NHWC
+    o, v = variant("ChannelShuffle", "channelshuffle.torch", domain="opwarden")
+    out = np.empty_like(x)
+    assert v.fn(x, group=3, out=out) is out
+    close(out, o.reference(x, group=3))
+    # A depthwise FusedConv carrying the shuffle (the layout pass folds it there).
+    w, b = rand(12, 1, 3, 3, seed=71), rand(12, seed=72)
+    w.flags.writeable = False
+    kw = dict(pads=[1, 1, 1, 1], group=12, activation="Relu", activation_params=[])
+    of, vf = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
+    want = of.reference(nchw(x), w, b, None, input_shuffle=3, **kw)
+    close(nchw(vf.fn(x, w, b, None, input_shuffle=3, **kw)), want)
