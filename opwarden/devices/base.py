@@ -173,6 +173,8 @@ class Device:
             "rounding": list(self.rounding) if self.compute_dtype else [],
             "source": self.source,
             "aliases": list(self.aliases),
+            "host_memory": self.kind == "host" or self.host_memory,
+            "defers": self.defers is not None,
             "op_count": len({(o["domain"], o["op"]) for o in self.capabilities()}),
         }
 
