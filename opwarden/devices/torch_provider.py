@@ -714,17 +714,8 @@ def _packed_weight(W: np.ndarray, plan: _ConvPlan, xshape) -> Any:
 _PACK_FAILED = False
 
 
-def _channels_last_weight(W: np.ndarray) -> torch.Tensor:
-    """Read-only (constant) 4-D weights as a channels-last tensor, cached while W lives."""
-    return _CONSTS.get(
-        W, "cl", lambda w: _readonly_tensor(w).contiguous(memory_format=torch.channels_last)
-    )
-
-
-def _conv_run(x: torch.Tensor, W, B, plan: _ConvPlan, activation="", params=(), z=None,
-              nhwc: bool = False):
-    """act(conv(x, W) + B (+ z)) as a tensor in x's memory format (channels-last with `nhwc`,
-    whatever x's)."""
+def _conv_run(x: torch.Tensor, W, B, plan: _ConvPlan, activation="", params=(), z=None):
+    """act(conv(x, W) + B (+ z)) as a tensor in x's memory format."""
     global _PACK_FAILED
     if plan.pad_arg is not None:
         x = F.pad(x, plan.pad_arg)
@@ -735,18 +726,8 @@ def _conv_run(x: torch.Tensor, W, B, plan: _ConvPlan, activation="", params=(), 
                 return _conv_packed(x, W, B, plan, act, params, z, activation)
             except RuntimeError:  # pragma: no cover - an oneDNN build without the fused op
                 _PACK_FAILED = True
-    w = _t(W)
-    if x.ndim == 4 and x.is_contiguous() and not x.is_contiguous(
-        memory_format=torch.channels_last
-    ) and nhwc:
-        # An NCHW-contiguous input (the NHWC view of an NCHW graph input, which the layout
-        # pass hands over without a copy) with channels-last weights gives a channels-last
-        # output, no copy to NHWC after: 224x224x3 -> 64 7x7/2 stem 1.0 ms, against 1.9 ms
-        # from a transposed copy of the input and 4.7 ms with NCHW weights.
-        w = _channels_last_weight(W) if not W.flags.writeable else w.contiguous(
-            memory_format=torch.channels_last)
     y = torch.convolution(
-        x, w, _opt(B), plan.stride, plan.padding, plan.dilation, False,
+        x, _t(W), _opt(B), plan.stride, plan.padding, plan.dilation, False,
         [0] * len(plan.stride), plan.groups,
     )
     if z is not None:
@@ -792,7 +773,7 @@ def _conv_kernel(ref: Callable[..., Any], nhwc: bool):
             if plan.gemm:
                 return _conv_gemm(X, W, B, None)
             if nhwc:
-                return _to_nhwc(_conv_run(_nchw_view(X), W, B, plan, nhwc=True))
+                return _to_nhwc(_conv_run(_nchw_view(X), W, B, plan))
             return _np(_conv_run(_t(X), W, B, plan))
 
     return kernel
@@ -829,7 +810,7 @@ def _fused_conv_kernel(ref: Callable[..., Any], nhwc: bool):
                         f"FusedConv: residual Z has shape {tuple(np.shape(Z))}, expected Y's "
                         f"shape {want}{' (NHWC)' if nhwc else ''}"
                     )
-            y = _conv_run(x, W, B, plan, activation, activation_params, z, nhwc)
+            y = _conv_run(x, W, B, plan, activation, activation_params, z)
             return _to_nhwc(y) if nhwc else _np(y)
 
     return kernel
@@ -1254,32 +1235,34 @@ def _register_variants() -> None:
 # ---------------------------------------------------------------------------------------------
 # Deferral: work the host's NumPy kernels run faster than torch's on the CPU (see Device.defers)
 
-# Host vs torch, in-model per-node medians over the light zoo (2 cores, both pools 2 threads,
-# `python benchmarks/torch_provider.py`'s setup): the host's kernels won every node of these op
-# types. LRN 1.2-4.4x faster (109x109x96: 7.5 vs 15.5 ms), MaxPool 1.2-3.6x (3x3/2 on
-# 112x112x64: 0.79 vs 1.81 ms), Concat 1.6-4x (DenseNet's 56x56 blocks: 0.12 vs 0.37-0.49
-# ms), Transpose and Split (views on the host, copies in torch) and the global pools ~1.5-2x.
-_HOST_FASTER = {
-    "LRN": "the host's LRN (one running window sum over channels) measured 1.2-4.4x faster",
-    "MaxPool": "the host's separable NHWC max pool measured 1.2-3.6x faster",
-    "AveragePool": "the host's separable NHWC average pool measured 1.0-2.1x faster",
-    "GlobalAveragePool": "the host's global pools measured 1.0-1.6x faster",
-    "GlobalMaxPool": "the host's global pools measured 1.0-1.6x faster",
-    "Concat": "the host's Concat measured 1.6-4x faster (one copy per input into the output)",
-    "Split": "the host's Split returns views of its input (no copy)",
-}
+# Host vs torch, in-model, alternated in one process (2 cores, both pools 2 threads):
+# - With torch's workers spinning (the default set above) the host won only LRN: AlexNet 2.97
+#   vs 3.75 ms, Inception-v1 5.19 vs 5.91; whole models 1.1-1.2% faster (AlexNet, ZFNet). Left
+#   on torch as measured: pools (average pools 1.6-1.7x faster there, strided max pools
+#   1.1-1.7x; deferring even Inception-v2's stride-1 max pools, 1.4x faster on the host, cost
+#   the whole model 1.5%) and Concat (DenseNet 1.6% faster deferred, Inception-v1/v2 and
+#   ShuffleNet 1.3-2.3% slower).
+# - With passive waiting torch runs small work on one thread (_SERIAL_ELEMENTS) and the host
+#   won pools and Concat too: MaxPool 1.2-3.6x (3x3/2 on 112x112x64: 0.79 vs 1.81 ms), Concat
+#   1.6-4x (DenseNet's 56x56 blocks: 0.12 vs 0.37-0.49 ms), global pools ~1.5x.
+_LRN = "the host's LRN (one running window sum over channels) measured 1.1-1.3x faster"
+_HOST_FASTER = {"LRN": _LRN}
+if _PASSIVE:
+    _HOST_FASTER.update({
+        "LRN": "with passive OpenMP waiting the host's LRN measured 1.2-4.4x faster",
+        "MaxPool": "with passive OpenMP waiting the host's max pool measured 1.2-3.6x faster",
+        "AveragePool": "with passive OpenMP waiting the host's average pool measured 1-2x faster",
+        "GlobalAveragePool": "with passive OpenMP waiting the host's global pools measured ~1.5x"
+                             " faster",
+        "GlobalMaxPool": "with passive OpenMP waiting the host's global pools measured ~1.5x"
+                         " faster",
+        "Concat": "with passive OpenMP waiting the host's Concat measured 1.6-4x faster",
+    })
+
+
 def _defers(node: Any) -> str | None:
     """Why torch (on the CPU) leaves `node` to a host device in the session, or None."""
-    if node.domain != "":
-        return None
-    if node.op_type == "Transpose" and node.inputs and node.inputs[0] is not None and (
-        node.inputs[0].producer is None and node.inputs[0].const is None
-    ):
-        # (Not other Transposes: a strided view inside a channel shuffle made its consumers
-        # copy, ShuffleNet 12.8 -> 16.4 ms.)
-        return ("a Transpose of a graph input: the host's is a view (no copy) that the "
-                "consumer reads in place (a 224x224x3 stem: 1.0 ms, against 0.3 + 1.9 ms)")
-    return _HOST_FASTER.get(node.op_type)
+    return _HOST_FASTER.get(node.op_type) if node.domain == "" else None
 
 
 def configure(intra_op_num_threads: int = 0) -> None:

@@ -783,8 +783,6 @@ def place_model(
     for node in g.nodes:
         dev = device_of[id(node)]
         lay = layouts.get(id(node), "NCHW")
-        if id(node) in lrep.inserted and dev.deferral(node) is not None:
-            dev = get_device(HOST)  # a layout conversion its device defers runs on the host
         var, ref, rej = _choose(
             node, dev, lay, quarantine, id(node) in copies or id(node) in lrep.inserted
         )

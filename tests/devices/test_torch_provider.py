@@ -629,13 +629,17 @@ def test_fused_elementwise_bad_program_is_the_references_error():
 # ------------------------------------------------------------- waiting policy, deferral
 
 
-@pytest.mark.parametrize("env,spin,serial", [
-    ({}, "30000", 0.0),
-    ({"OMP_WAIT_POLICY": "PASSIVE"}, None, 40e6),
-    ({"GOMP_SPINCOUNT": "0"}, "0", 40e6),
-    ({"GOMP_SPINCOUNT": "5000"}, "5000", 0.0),
+POOLS = ["AveragePool", "Concat", "GlobalAveragePool", "GlobalMaxPool", "LRN", "MaxPool"]
+
+
+@pytest.mark.parametrize("env,spin,serial,deferred", [
+    ({}, "30000", 0.0, ["LRN"]),
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, None, 40e6, POOLS),
+    ({"GOMP_SPINCOUNT": "0"}, "0", 40e6, POOLS),
+    ({"GOMP_SPINCOUNT": "5000"}, "5000", 0.0, ["LRN"]),
 ])
-def test_openmp_waiting_defaults_to_a_short_spin_and_user_settings_win(env, spin, serial):
+def test_openmp_waiting_defaults_to_a_short_spin_and_user_settings_win(env, spin, serial,
+                                                                       deferred):
     import json
     import os
     import subprocess
@@ -644,14 +648,15 @@ def test_openmp_waiting_defaults_to_a_short_spin_and_user_settings_win(env, spin
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     code = (
         "import json, os; from opwarden.devices import torch_provider as tp; "
-        "print(json.dumps([os.environ.get('GOMP_SPINCOUNT'), tp._SERIAL_FLOPS]))"
+        "print(json.dumps([os.environ.get('GOMP_SPINCOUNT'), tp._SERIAL_FLOPS, "
+        "sorted(tp._HOST_FASTER)]))"
     )
     out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, check=True,
                          capture_output=True, text=True).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == [spin, serial]
+    assert json.loads(out.strip().splitlines()[-1]) == [spin, serial, deferred]
 
 
-def _conv_pool_conv():
+def _conv_lrn_conv():
     from onnx import TensorProto, helper, numpy_helper
 
     w1 = numpy_helper.from_array(rand(16, 8, 3, 3, seed=60), "w1")
@@ -659,25 +664,25 @@ def _conv_pool_conv():
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["a"], ["r"]),
-        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("LRN", ["r"], ["p"], size=3),
         helper.make_node("Conv", ["p", "w2"], ["y"], pads=[1, 1, 1, 1]),
     ]
     g = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])], [w1, w2],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 12, 12])], [w1, w2],
     )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_torch_defers_what_the_host_runs_faster_with_no_copies_or_transposes(monkeypatch):
-    model = _conv_pool_conv()
+    model = _conv_lrn_conv()
     x = rand(1, 8, 12, 12, seed=62)
     want = ow.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     sess = ow.InferenceSession(model.SerializeToString(), providers=_providers(monkeypatch))
     by_op = {p.node.op_type: p for p in sess.placements if not p.inserted}
-    assert by_op["MaxPool"].device == "cpu"
-    assert by_op["MaxPool"].reason == "deferred to cpu: " + tp._HOST_FASTER["MaxPool"]
-    assert by_op["MaxPool"].layout == "NHWC"
+    assert by_op["LRN"].device == "cpu"
+    assert by_op["LRN"].reason == "deferred to cpu: " + tp._HOST_FASTER["LRN"]
+    assert by_op["LRN"].layout == "NHWC"
     assert "DeviceCopy" not in by_op  # host arrays on both sides: no copies
     assert {p.device for p in sess.placements if p.node.op_type == "FusedConv"} == {"torch"}
     # NHWC from the input conversion to the output conversion: no transposes at the copies.
@@ -685,7 +690,7 @@ def test_torch_defers_what_the_host_runs_faster_with_no_copies_or_transposes(mon
     close(sess.run(None, {"x": x})[0], want)
     # With no host device after it in the list, torch keeps the node.
     alone = ow.InferenceSession(model.SerializeToString(), providers=["torch"])
-    assert {p.device for p in alone.placements if p.node.op_type == "MaxPool"} == {"torch"}
+    assert {p.device for p in alone.placements if p.node.op_type == "LRN"} == {"torch"}
     close(alone.run(None, {"x": x})[0], want)
 
 
