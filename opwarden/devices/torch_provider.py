@@ -1090,7 +1090,17 @@ def _ew_compile(program: str, parse: Callable[[str], Any]) -> tuple:
     stmts = parse(program)
     last = last_reads(stmts)
     out = []
+    fused = -1
     for k, (dest, name, args) in enumerate(stmts):
+        if k == fused:
+            continue
+        mad = _mul_add(stmts, k, last)
+        if mad is not None:
+            # mul then add of its product: one addcmul pass instead of two (DenseNet's
+            # BatchNorm + Relu on 56x56x256: 173 against 206 us with the relu).
+            out.append((stmts[k + 1][0], torch.addcmul, None, mad, ()))
+            fused = k + 1
+            continue
         tensors = [a for a in args if isinstance(a, str)]
         numbers = tuple(a for a in args if not isinstance(a, str))
         inplace = None
@@ -1106,6 +1116,21 @@ def _ew_compile(program: str, parse: Callable[[str], Any]) -> tuple:
         _EW_PROGRAMS.clear()
     _EW_PROGRAMS[program] = plan
     return plan
+
+
+def _mul_add(stmts, k: int, last: dict[str, int]) -> tuple[str, str, str] | None:
+    """(c, a, b) when statement k is t = mul(a, b) and statement k + 1 is add(t, c) or
+    add(c, t), the only read of t, with a, b and c tensors; else None."""
+    dest, name, args = stmts[k]
+    if name != "mul" or k + 1 >= len(stmts) or last.get(dest) != k + 1:
+        return None
+    _, name2, args2 = stmts[k + 1]
+    if name2 != "add" or not all(isinstance(a, str) for a in (*args, *args2)):
+        return None
+    if len(args) != 2 or len(args2) != 2 or list(args2).count(dest) != 1:
+        return None
+    c = args2[1] if args2[0] == dest else args2[0]
+    return (c, args[0], args[1])
 
 
 def _fused_elementwise_kernel(ref: Callable[..., Any], parse: Callable[[str], Any]):

@@ -608,6 +608,10 @@ def test_fused_conv_same_on_either_side_of_the_serial_bound(threads, shape, wsha
          "t6=neg(t5);t7=tanh(t6);t8=hardsigmoid(t7,0.3,0.4);t9=div(t8,x0);t10=min(t9,x0)",
          [(5, 7)]),
         ("t0=relu(x0)", [(3, 3)]),
+        # mul + add as one addcmul: the product added from either side, broadcast both ways
+        ("t0=mul(x0,x1);t1=add(x2,t0);t2=relu(t1)", [(4, 1), (1, 5), (4, 5)]),
+        # ... but not when the product is read again
+        ("t0=mul(x0,x1);t1=add(t0,x2);t2=add(t1,t0)", [(2, 3), (3,), (2, 3)]),
     ],
 )
 def test_fused_elementwise(program, shapes):
@@ -708,3 +712,14 @@ def test_channel_shuffle_and_a_folded_input_shuffle_on_torch():
     of, vf = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
     want = of.reference(nchw(x), w, b, None, input_shuffle=3, **kw)
     close(nchw(vf.fn(x, w, b, None, input_shuffle=3, **kw)), want)
+
+
+def test_mul_then_add_compiles_to_one_addcmul_only_when_the_product_dies():
+    _fused_present("FusedElementwise")
+    from opwarden.ops.fused import parse_program
+
+    plan = tp._ew_compile("t0=mul(x0,x1);t1=add(x2,t0);t2=relu(t1)", parse_program)
+    assert [(p[0], p[1]) for p in plan[:1]] == [("t1", torch.addcmul)] and len(plan) == 2
+    assert plan[0][3] == ("x2", "x0", "x1")
+    kept = tp._ew_compile("t0=mul(x0,x1);t1=add(t0,x2);t2=add(t1,t0)", parse_program)
+    assert all(p[1] is not torch.addcmul for p in kept) and len(kept) == 3
