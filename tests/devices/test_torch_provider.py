@@ -723,3 +723,20 @@ def test_mul_then_add_compiles_to_one_addcmul_only_when_the_product_dies():
     assert plan[0][3] == ("x2", "x0", "x1")
     kept = tp._ew_compile("t0=mul(x0,x1);t1=add(t0,x2);t2=add(t1,t0)", parse_program)
     assert all(p[1] is not torch.addcmul for p in kept) and len(kept) == 3
+
+
+@pytest.mark.parametrize("const", [True, False])
+def test_grouped_pointwise_conv_is_one_batched_gemm(const):
+    _fused_present("FusedConv")
+    x, w, b = rand(1, 24, 7, 6, seed=80), rand(32, 6, 1, 1, seed=81), rand(32, seed=82)
+    z = rand(1, 32, 7, 6, seed=83)
+    w.flags.writeable = not const
+    plan = tp._conv_plan(nhwc(x), w, {"group": 4}, True)
+    assert plan.gemm and plan.groups == 4
+    o, v = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
+    for bb, zz in ((b, None), (None, z), (b, z)):
+        kw = dict(group=4, activation="Relu", activation_params=[])
+        want = o.reference(x, w, bb, zz, **kw)
+        close(nchw(v.fn(nhwc(x), w, bb, None if zz is None else nhwc(zz), **kw)), want)
+    oc, vc = variant("Conv", "conv.torch.nhwc")
+    close(nchw(vc.fn(nhwc(x), w, b, group=4)), oc.reference(x, w, b, group=4))
