@@ -451,17 +451,21 @@ def test_fused_conv(act, params, layout, case):
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("nonfinite", [False, True])
-def test_fused_conv_branches(layout, nonfinite):
-    # One convolution over W with finite inputs; the reference (branch by branch) otherwise,
-    # so NaN stays where the separate convolutions put it.
+@pytest.mark.parametrize("cin", [4, tp._BRANCH_SPLIT_MIN_C])
+def test_fused_conv_branches(layout, nonfinite, cin, monkeypatch):
+    # Few input channels: one convolution over W with finite inputs; the reference (branch by
+    # branch) otherwise, so NaN stays where the separate convolutions put it. Many (NHWC): one
+    # convolution per branch, exact either way.
     _fused_present("FusedConv")
+    if cin > 4 and layout == "NHWC":
+        monkeypatch.setattr(tp, "_whole_ok", None)  # the branch-apart path never asks
     rng = np.random.default_rng(40)
-    x = rng.standard_normal((1, 4, 6, 7)).astype(np.float32)
+    x = rng.standard_normal((1, cin, 6, 7)).astype(np.float32)
     if nonfinite:
         x[0, 1, 3, 3] = np.nan
-    w = np.zeros((7, 4, 3, 3), np.float32)
-    w[:3, :, 1, 1] = rng.standard_normal((3, 4))
-    w[3:] = rng.standard_normal((4, 4, 3, 3))
+    w = np.zeros((7, cin, 3, 3), np.float32)
+    w[:3, :, 1, 1] = rng.standard_normal((3, cin))
+    w[3:] = rng.standard_normal((4, cin, 3, 3))
     w.flags.writeable = False
     b = rng.standard_normal(7).astype(np.float32)
     o, v = variant("FusedConv", f"fusedconv.torch.{layout.lower()}", domain="opwarden")
@@ -740,3 +744,24 @@ def test_grouped_pointwise_conv_is_one_batched_gemm(const):
         close(nchw(v.fn(nhwc(x), w, bb, None if zz is None else nhwc(zz), **kw)), want)
     oc, vc = variant("Conv", "conv.torch.nhwc")
     close(nchw(vc.fn(nhwc(x), w, b, group=4)), oc.reference(x, w, b, group=4))
+
+
+@pytest.mark.parametrize("act,params", [("Relu", []), ("Clip", [0.0, 6.0])])
+@pytest.mark.parametrize("residual", [False, True])
+def test_packed_conv_propagates_nan_through_fused_relu_and_clip(act, params, residual):
+    # oneDNN's fused relu / clip turn NaN into 0 / a bound; FusedConv's contract propagates
+    # it, so a non-finite input takes the unfused activation.
+    _fused_present("FusedConv")
+    x, w, b = rand(1, 16, 6, 7, seed=90), rand(8, 16, 3, 3, seed=91), rand(8, seed=92)
+    z = rand(1, 8, 6, 7, seed=93) if residual else None
+    w.flags.writeable = False
+    o, v = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
+    kw = dict(pads=[1, 1, 1, 1], activation=act, activation_params=params)
+    for bad in ("x", "z") if residual else ("x",):
+        xx, zz = x.copy(), None if z is None else z.copy()
+        (xx if bad == "x" else zz)[0, 1, 3, 3] = np.nan
+        want = o.reference(xx, w, b, zz, **kw)
+        got = nchw(v.fn(nhwc(xx), w, b, None if zz is None else nhwc(zz), **kw))
+        assert np.isnan(want).any()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        close(np.nan_to_num(got), np.nan_to_num(want))
