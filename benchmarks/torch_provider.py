@@ -47,8 +47,10 @@ def bench_model(name: str, providers: list[str], runs: int, threads: int) -> dic
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    # Passive waiting on both sides: ours sets OMP_WAIT_POLICY=PASSIVE, and a spinning ORT pool
-    # would steal the shared cores from the other runtime's runs in this process.
+    # No long spinning on either side: torch's OpenMP workers spin ~1 ms after a region
+    # (GOMP_SPINCOUNT=30000, see opwarden/devices/torch_provider.py; ORT's times alternated with
+    # ours measured no slower than with passive waiting), and a spinning ORT pool would steal
+    # the shared cores from the other runtime's runs in this process.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     peer = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     # Warm up both (first runs pay for plans, weight packing and page faults).
