@@ -671,13 +671,12 @@ def _make_conv_plan(xs, ws, dtype, attrs: dict, nhwc: bool) -> _ConvPlan | None:
     )
     gemm = pointwise and (
         (g == 1 and (not packed or 2 * math.prod(xs) * ws[0] < _GEMM_MAX_FLOPS))
-        or (_GROUPED_GEMM and g > 1 and ws[1] > 1)
+        or (g > 1 and ws[1] > 1)
     )
     return _ConvPlan(s, begin, pad_arg, d, g, packed, gemm, flops)
 
 
 _GEMM_MAX_FLOPS = 40e6
-_GROUPED_GEMM = True
 # oneDNN's packed convolution on few input channels per group (a network's RGB stem) was
 # measured 1.7-4x slower than torch.convolution (224x224x3 -> 64, 3x3: 1046 vs 346 us on two
 # threads, 1046 vs 625 on one); from 16 channels on the packed one wins.
@@ -1347,19 +1346,19 @@ def _register_variants() -> None:
 #   ShuffleNet 1.3-2.3% slower).
 # - With passive waiting torch runs small work on one thread (_SERIAL_ELEMENTS) and the host
 #   won pools and Concat too: MaxPool 1.2-3.6x (3x3/2 on 112x112x64: 0.79 vs 1.81 ms), Concat
-#   1.6-4x (DenseNet's 56x56 blocks: 0.12 vs 0.37-0.49 ms), global pools ~1.5x.
-_LRN = "the host's LRN (one running window sum over channels) measured 1.1-1.3x faster"
-_HOST_FASTER = {"LRN": _LRN}
+#   1.6-4x (DenseNet's 56x56 blocks: 0.12 vs 0.37-0.49 ms), global pools ~1.5x; whole models
+#   with those deferred 4.6-22% faster (DenseNet, Inception-v1/v2, AlexNet).
+_HOST_FASTER = {"LRN": "the host's LRN (one running window sum over channels) measured "
+                       "1.1-1.3x faster"}
 if _PASSIVE:
+    _PASSIVE_WHY = "with passive OpenMP waiting the host's {} measured {} faster"
     _HOST_FASTER.update({
-        "LRN": "with passive OpenMP waiting the host's LRN measured 1.2-4.4x faster",
-        "MaxPool": "with passive OpenMP waiting the host's max pool measured 1.2-3.6x faster",
-        "AveragePool": "with passive OpenMP waiting the host's average pool measured 1-2x faster",
-        "GlobalAveragePool": "with passive OpenMP waiting the host's global pools measured ~1.5x"
-                             " faster",
-        "GlobalMaxPool": "with passive OpenMP waiting the host's global pools measured ~1.5x"
-                         " faster",
-        "Concat": "with passive OpenMP waiting the host's Concat measured 1.6-4x faster",
+        "LRN": _PASSIVE_WHY.format("LRN", "1.2-4.4x"),
+        "MaxPool": _PASSIVE_WHY.format("max pool", "1.2-3.6x"),
+        "AveragePool": _PASSIVE_WHY.format("average pool", "1-2x"),
+        "GlobalAveragePool": _PASSIVE_WHY.format("global pools", "~1.5x"),
+        "GlobalMaxPool": _PASSIVE_WHY.format("global pools", "~1.5x"),
+        "Concat": _PASSIVE_WHY.format("Concat", "1.6-4x"),
     })
 
 
