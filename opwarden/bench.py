@@ -400,19 +400,22 @@ def print_report(result: dict[str, Any]) -> None:
     con = Console()
     if not con.is_terminal:
         con = Console(width=max(con.width, 150))  # pipes and logs get the whole table
-    t = Table(
-        title=f"{result['model']}: {result['runs']} alternated runs after {result['warmup']} "
-        f"warm-up, {result['threads']} threads each"
-    )
-    for col in ("runtime", "median ms", "IQR ms", "min ms", "ratio ours/peer"):
-        t.add_column(col, justify="left" if col == "runtime" else "right")
     o, p = result["ours"], result["peer"]
+    if p is not None:
+        how = f"alternated runs after {result['warmup']} warm-up, {result['threads']} threads each"
+    else:
+        how = (f"runs after {result['warmup']} warm-up, {result['threads']} threads "
+               "(no peer: add --vs onnxruntime)")
+    t = Table(title=f"{result['model']}: {result['runs']} {how}")
+    cols = ("runtime", "median ms", "IQR ms", "min ms") + (("ratio ours/peer",) if p else ())
+    for col in cols:
+        t.add_column(col, justify="left" if col == "runtime" else "right")
     t.add_row(
         f"opwarden ({','.join(result['providers'])})",
         f"{o['median_ms']:.2f}",
         f"{o['iqr_ms']:.2f}",
         f"{o['min_ms']:.2f}",
-        "",
+        *(("",) if p is not None else ()),
     )
     if p is not None:
         t.add_row(
