@@ -2,7 +2,8 @@
 
 Levels (``SessionOptions(optimization_level=...)``): 0 none; 1 shape folding, constant folding,
 identity elimination, dead-code elimination (repeated until nothing changes); 2 adds
-Conv+BatchNormalization folding, BatchNormalization as Mul/Add, Conv/Gemm/MatMul + bias +
+Conv+BatchNormalization folding, BatchNormalization as Mul/Add (a positive scale before a Relu
+moves into the convolutions reading it), Conv/Gemm/MatMul + bias +
 activation fusion, a Concat of sibling convolutions of one input as one FusedConv with
 branches, merging sibling 1x1 convolutions of one input (then a Split), transpose
 cancellation and elementwise-chain fusion (then a level-1 clean-up); 3 is everything (the
@@ -26,6 +27,7 @@ from .fusion import (
     conv_fusion,
     elementwise_fusion,
     gemm_fusion,
+    scale_into_conv,
     sibling_conv_merge,
     transpose_cancellation,
 )
@@ -39,6 +41,7 @@ PASSES: list[tuple[str, int, Callable[[Rewriter], None]]] = [
     ("dead_code_elimination", 1, dead_code_elimination),
     ("conv_bn_folding", 2, conv_bn_folding),
     ("bn_to_affine", 2, bn_to_affine),
+    ("scale_into_conv", 2, scale_into_conv),
     ("conv_fusion", 2, conv_fusion),
     ("concat_conv_merge", 2, concat_conv_merge),
     ("sibling_conv_merge", 2, sibling_conv_merge),

@@ -9,7 +9,7 @@ from onnx import helper
 import opwarden as ow
 from opwarden.passes import PASS_NAMES
 
-from .helpers import check_same, model, optimized, types_of
+from .helpers import changes, check_same, model, optimized, types_of
 
 rng = np.random.default_rng(0)
 
@@ -431,3 +431,50 @@ def test_concat_conv_merge_needs_sole_readers_of_one_input(kw):
     if kw.get("other_input"):
         feeds["x2"] = _r(2, 3, 5, 5)
     check_same(data, feeds, rtol=1e-5)
+
+
+def _bn_relu_convs_model(scale, consumers=("conv", "conv3"), group=1):
+    """x -> BatchNormalization(scale) -> Relu -> the consumers (1x1 / padded 3x3 convs, or a
+    'pool'); every consumer's output is a graph output."""
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "bb", "m", "v"], ["bn"]),
+             helper.make_node("Relu", ["bn"], ["r"])]
+    inits = [("s", scale), ("bb", _r(4)), ("m", _r(4)), ("v", np.abs(_r(4)) + 1)]
+    outs = []
+    for k, kind in enumerate(consumers):
+        y = f"y{k}"
+        if kind == "pool":
+            nodes.append(helper.make_node("MaxPool", ["r"], [y], kernel_shape=[3, 3],
+                                          pads=[1, 1, 1, 1]))
+            outs.append((y, [1, 4, 6, 6]))
+            continue
+        kk = 3 if kind == "conv3" else 1
+        nodes.append(helper.make_node("Conv", ["r", f"w{k}"], [y], pads=[kk // 2] * 4,
+                                      group=group))
+        inits.append((f"w{k}", _r(8, 4 // group, kk, kk)))
+        outs.append((y, [1, 8, 6, 6]))
+    return model(nodes, [("x", [1, 4, 6, 6])], outs, inits)
+
+
+def test_positive_bn_scale_before_relu_moves_into_the_convolutions():
+    scale = np.array([0.5, 2.0, 1.0, 3.0], np.float32)
+    data = _bn_relu_convs_model(scale)
+    x = _r(1, 4, 6, 6)
+    s3 = check_same(data, {"x": x}, rtol=1e-5)
+    assert changes(s3, "scale_into_conv") == 1
+    progs = [n.attrs.get("program") for n in s3.model.graph.nodes
+             if n.op_type == "FusedElementwise"]
+    assert progs == ["t0=add(x0,x1);t1=relu(t0)"]  # the multiply is gone
+    off = ow.InferenceSession(data, ow.SessionOptions(disabled_passes=["scale_into_conv"]))
+    assert changes(off, "scale_into_conv") == 0
+
+
+@pytest.mark.parametrize("scale, consumers, group", [
+    (np.array([0.5, -2.0, 1.0, 3.0], np.float32), ("conv",), 1),  # a negative scale
+    (np.array([0.5, 0.0, 1.0, 3.0], np.float32), ("conv",), 1),  # a zero scale
+    (np.array([0.5, 2.0, 1.0, 3.0], np.float32), ("conv", "pool"), 1),  # a non-conv reader
+    (np.array([0.5, 2.0, 1.0, 3.0], np.float32), ("conv",), 2),  # a grouped convolution
+])
+def test_bn_scale_stays_where_it_cannot_move(scale, consumers, group):
+    data = _bn_relu_convs_model(scale, consumers, group)
+    s3 = check_same(data, {"x": _r(1, 4, 6, 6)}, rtol=1e-5)
+    assert changes(s3, "scale_into_conv") == 0

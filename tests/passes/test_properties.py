@@ -130,3 +130,56 @@ def test_sibling_conv_merge_keeps_outputs(case, seed):
     for g, w in zip(got, want):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+@st.composite
+def bn_relu_readers(draw):
+    """x -> BatchNormalization (scales of random sign, some zero) -> Relu -> 1-3 readers: a
+    1x1 or padded 3x3 convolution (sometimes strided or grouped), a Neg or the output."""
+    c = draw(st.sampled_from([2, 4]))
+    hw = draw(st.integers(3, 6))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    sign = draw(st.sampled_from(["positive", "mixed", "zero"]))
+    s = np.abs(rng.standard_normal(c)).astype(np.float32) + 0.1
+    if sign == "mixed":
+        s[0] = -s[0]
+    elif sign == "zero":
+        s[-1] = 0
+    inits = [("s", s), ("bb", rng.standard_normal(c).astype(np.float32)),
+             ("m", rng.standard_normal(c).astype(np.float32)),
+             ("v", np.abs(rng.standard_normal(c)).astype(np.float32) + 1)]
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "bb", "m", "v"], ["bn"]),
+             helper.make_node("Relu", ["bn"], ["r"])]
+    outs = []
+    for k in range(draw(st.integers(1, 3))):
+        use = draw(st.sampled_from(["conv1", "conv3", "conv3s2", "grouped", "neg", "out"]))
+        y = f"y{k}"
+        if use == "out":
+            nodes.append(helper.make_node("Identity", ["r"], [y]))
+            outs.append((y, [1, c, hw, hw]))
+            continue
+        if use == "neg":
+            nodes.append(helper.make_node("Neg", ["r"], [y]))
+            outs.append((y, [1, c, hw, hw]))
+            continue
+        kk, st_, g = (1, 1, 1) if use == "conv1" else (3, 2 if use == "conv3s2" else 1, 1)
+        if use == "grouped":
+            kk, g = 3, 2
+        inits.append((f"w{k}", rng.standard_normal((4, c // g, kk, kk)).astype(np.float32)))
+        nodes.append(helper.make_node("Conv", ["r", f"w{k}"], [y], pads=[kk // 2] * 4,
+                                      strides=[st_, st_], group=g))
+        oh = (hw + 2 * (kk // 2) - kk) // st_ + 1
+        outs.append((y, [1, 4, oh, oh]))
+    return model(nodes, [("x", [1, c, hw, hw])], outs, inits), (1, c, hw, hw)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(bn_relu_readers(), st.integers(0, 2**16))
+def test_bn_scale_into_conv_keeps_outputs(case, seed):
+    data, shape = case
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    want = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0)).run(None, {"x": x})
+    got = ow.InferenceSession(data).run(None, {"x": x})
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
