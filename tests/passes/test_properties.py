@@ -123,6 +123,11 @@ def sibling_convs(draw):
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(sibling_convs(), st.integers(0, 2**16))
 def test_sibling_conv_merge_keeps_outputs(case, seed):
+    _optimized_keeps_outputs(case, seed)
+
+
+def _optimized_keeps_outputs(case, seed):
+    """Every pass on gives level 0's outputs for a random input x."""
     data, shape = case
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     want = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0)).run(None, {"x": x})
@@ -176,10 +181,4 @@ def bn_relu_readers(draw):
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(bn_relu_readers(), st.integers(0, 2**16))
 def test_bn_scale_into_conv_keeps_outputs(case, seed):
-    data, shape = case
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    want = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0)).run(None, {"x": x})
-    got = ow.InferenceSession(data).run(None, {"x": x})
-    for g, w in zip(got, want):
-        assert g.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    _optimized_keeps_outputs(case, seed)
