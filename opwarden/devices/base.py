@@ -173,7 +173,7 @@ class Device:
             "rounding": list(self.rounding) if self.compute_dtype else [],
             "source": self.source,
             "aliases": list(self.aliases),
-            "host_memory": self.kind == "host" or self.host_memory,
+            "host_memory": self.holds_host_arrays,
             "defers": self.defers is not None,
             "op_count": len({(o["domain"], o["op"]) for o in self.capabilities()}),
         }
@@ -251,12 +251,15 @@ class Device:
                 return False, f"{qname} quarantined as unstable: {quarantine.reason(qname)}"
         return True, ""
 
+    @property
+    def holds_host_arrays(self) -> bool:
+        """Are its tensors host arrays (the host itself, or ``host_memory``)?"""
+        return self.kind == "host" or self.host_memory
+
     def shares_memory_with(self, other: Device) -> bool:
         """Do tensors cross between the two as they are (host arrays on both sides, no
         rounding on either)?"""
-        return all(
-            (d.kind == "host" or d.host_memory) and not d.compute_dtype for d in (self, other)
-        )
+        return all(d.holds_host_arrays and not d.compute_dtype for d in (self, other))
 
     def deferral(self, node: Any) -> str | None:
         """Why this device hands `node` (which it accepts) to a later host device, or None."""

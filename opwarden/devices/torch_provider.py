@@ -772,6 +772,16 @@ _NAN_EATERS = ("relu", "hardtanh")
 
 def _conv_packed(x, W, B, plan: _ConvPlan, act, params, z, activation: str):
     name, nparams = act
+    w = _packed_weight(W, plan, x.shape)
+    b = _opt(B)
+    if z is not None or name in _NAN_EATERS:
+        if z is not None:  # the residual add fused, the activation after it
+            y = _POINTWISE.binary(x, z, w, b, plan.padding, plan.stride, plan.dilation,
+                                  plan.groups, "add", None, None, [], "")
+        else:
+            y = _POINTWISE(x, w, b, plan.padding, plan.stride, plan.dilation, plan.groups,
+                           "none", [], "")
+        return _activate_(y, activation, params)
     p = [float(v) for v in (params or ())]
     if nparams == 1:
         scalars: list = [p[0] if p else 0.01]
@@ -783,16 +793,6 @@ def _conv_packed(x, W, B, plan: _ConvPlan, act, params, z, activation: str):
         scalars, alg = [], "tanh" if p and p[0] else "none"
     else:
         scalars, alg = [], ""
-    w = _packed_weight(W, plan, x.shape)
-    b = _opt(B)
-    if z is not None or name in _NAN_EATERS:
-        if z is not None:  # the residual add fused, the activation after it
-            y = _POINTWISE.binary(x, z, w, b, plan.padding, plan.stride, plan.dilation,
-                                  plan.groups, "add", None, None, [], "")
-        else:
-            y = _POINTWISE(x, w, b, plan.padding, plan.stride, plan.dilation, plan.groups,
-                           "none", [], "")
-        return _activate_(y, activation, params)
     return _POINTWISE(
         x, w, b, plan.padding, plan.stride, plan.dilation, plan.groups, name, scalars, alg
     )
@@ -866,21 +866,17 @@ _BRANCH_SPLIT_MIN_C = 32
 
 def _branches_apart(X, W, B, branches, attrs, activation, params) -> np.ndarray | None:
     """act(concat of each branch's convolution) in NHWC; None when a branch has no plan."""
-    from ..ops.fused import branch_convs
-
     try:
-        parts = branch_convs(np.shape(X), W, B, branches, attrs, channel_axis=3)
+        parts = _branch_parts(X, W, branches, attrs)
     except KernelError:
         return None  # the reference names the problem
-    ws = _CONSTS.get(W, ("branches", tuple(int(v) for v in branches)), lambda w: [
-        _frozen(np.ascontiguousarray(p[0])) for p in parts])
-    plans = [_conv_plan(X, wb, a, True) for wb, (_w, _b, a) in zip(ws, parts)]
-    if any(p is None for p in plans):
+    if parts is None:
         return None
-    with _Mode(sum(p.flops for p in plans) < _SERIAL_FLOPS):
+    with _Mode(sum(plan.flops for _, _, plan in parts) < _SERIAL_FLOPS):
         x = _nchw_view(X)
         ys = []
-        for wb, (_w, bb, _a), plan in zip(ws, parts, plans):
+        for wb, (m0, m1), plan in parts:
+            bb = None if B is None else B[m0:m1]
             if plan.gemm:
                 ys.append(_nchw_view(_conv_gemm(X, wb, bb, None, activation, params)))
             else:
@@ -888,9 +884,29 @@ def _branches_apart(X, W, B, branches, attrs, activation, params) -> np.ndarray 
         return _to_nhwc(torch.cat(ys, 1))
 
 
-def _frozen(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False
-    return a
+def _branch_parts(X, W, branches, attrs) -> list | None:
+    """Per branch (its weights, a contiguous read-only copy; its output channels (m0, m1); its
+    conv plan), worked out once per weights, branches, input shape and attributes; None when a
+    branch has no plan. KernelError for invalid branches."""
+    key = ("branches", tuple(int(v) for v in branches), np.shape(X), X.dtype,
+           *(_tup(attrs.get(a)) for a in ("pads", "strides", "dilations")),
+           attrs.get("auto_pad", "NOTSET"))
+
+    def make(w: np.ndarray) -> list | None:
+        from ..ops.fused import branch_convs
+
+        out, m0 = [], 0
+        for wb, _bb, a in branch_convs(np.shape(X), w, None, branches, attrs, channel_axis=3):
+            wb = np.ascontiguousarray(wb)
+            wb.flags.writeable = False
+            plan = _conv_plan(X, wb, a, True)
+            if plan is None:
+                return None
+            out.append((wb, (m0, m0 + wb.shape[0]), plan))
+            m0 += wb.shape[0]
+        return out
+
+    return _CONSTS.get(W, key, make)
 
 
 def _conv_out_shape(xs, ws, plan: _ConvPlan) -> tuple:

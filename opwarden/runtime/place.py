@@ -345,9 +345,10 @@ class _Partitioner:
         for k, dev in enumerate(self.devs):
             ok, why = dev.accepts(node, self.quarantine)
             if ok:
-                host = self._deferred_to(node, k)
-                if host is not None:
-                    rejected.append((dev.name, f"deferred to {host.name}: {dev.deferral(node)}"))
+                deferred = self._deferred_to(node, k)
+                if deferred is not None:
+                    host, reason = deferred
+                    rejected.append((dev.name, f"deferred to {host.name}: {reason}"))
                     dev = host
                 self.assign[id(node)] = _Assign(dev, rejected)
                 return [node]
@@ -371,14 +372,15 @@ class _Partitioner:
             raise _unsupported(node, self.devs, rejected)
         return self._expand(node, protos, graph, depth, rejected, None)  # type: ignore[arg-type]
 
-    def _deferred_to(self, node: Node, k: int) -> Device | None:
-        """The host device after devs[k] in the list that takes `node` when devs[k] defers it
-        (see Device.defers), else None."""
-        if self.devs[k].deferral(node) is None:
+    def _deferred_to(self, node: Node, k: int) -> tuple[Device, str] | None:
+        """(the host device after devs[k] in the list that takes `node`, devs[k]'s reason) when
+        devs[k] defers it (see Device.defers), else None."""
+        reason = self.devs[k].deferral(node)
+        if reason is None:
             return None
         for host in self.devs[k + 1:]:
             if host.kind == "host" and host.accepts(node, self.quarantine)[0]:
-                return host
+                return host, reason
         return None
 
     def _expand(self, node, protos, graph, depth, rejected, dev) -> list[Node]:
