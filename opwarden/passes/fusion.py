@@ -227,7 +227,8 @@ def scale_into_conv(rw: Rewriter) -> None:
             continue
         j = 0 if add.inputs[0] is mul.outputs[0] else 1
         tv = add.inputs[1 - j]
-        t = channel_vector(rw.const(tv), rank, m) if rw.const(tv) is not None else None
+        tk = rw.const(tv)
+        t = None if tk is None else channel_vector(tk, rank, m)
         relu = rw.single_use(add.outputs[0])
         if t is None or not _std(relu, "Relu") or relu.outputs[0] is None:
             continue
