@@ -59,17 +59,20 @@ def conv_case(draw):
 def nhwc_path(path):
     """Force the NHWC k x k path: "shifted" (per-tap GEMMs), "stem" (transposed patch matrix,
     group 1 only, else the general one; taps copied straight from x), "stem_planes" (the same
-    through phase planes), "im2col" (patch matrix) or "winograd" (F(4x4, 3x3) for every 3x3
-    stride-1 group-1 convolution with read-only weights, else im2col)."""
+    through phase planes), "im2col" (patch matrix), "few_pixels" (group 1: the transposed
+    product W' @ cols.T, else im2col) or "winograd" (F(4x4, 3x3) for every 3x3 stride-1
+    group-1 convolution with read-only weights, else im2col)."""
     names = ("SHIFT_MIN_C", "SHIFT_MIN_PIXELS", "SHIFT_MAX_M_PER_C", "STEM_MAX_RUN",
-             "STEM_DIRECT_MAX_TAPS", "WINOGRAD", "WINO_MIN_TILES", "WINO_MIN_CM")
+             "STEM_DIRECT_MAX_TAPS", "WINOGRAD", "WINO_MIN_TILES", "WINO_MIN_CM",
+             "PATCH_T_MAX_PIXELS", "PATCH_T_MIN_WEIGHTS")
     old = {k: getattr(kconv, k) for k in names}
     big = 1 << 30
-    new = {"shifted": (1, 1, big, 0, big, False, 0, 0),
-           "stem": (big, big, 0, big, big, False, 0, 0),
-           "stem_planes": (big, big, 0, big, 0, False, 0, 0),
-           "im2col": (big, big, 0, 0, big, False, 0, 0),
-           "winograd": (big, big, 0, 0, big, True, 0, 0)}
+    new = {"shifted": (1, 1, big, 0, big, False, 0, 0, 0, big),
+           "stem": (big, big, 0, big, big, False, 0, 0, 0, big),
+           "stem_planes": (big, big, 0, big, 0, False, 0, 0, 0, big),
+           "im2col": (big, big, 0, 0, big, False, 0, 0, 0, big),
+           "few_pixels": (big, big, 0, 0, big, False, 0, 0, big, 0),
+           "winograd": (big, big, 0, 0, big, True, 0, 0, 0, big)}
     for k, v in zip(names, new[path]):
         setattr(kconv, k, v)
     try:
@@ -79,7 +82,7 @@ def nhwc_path(path):
             setattr(kconv, k, v)
 
 
-PATHS = ["shifted", "stem", "stem_planes", "im2col", "winograd"]
+PATHS = ["shifted", "stem", "stem_planes", "im2col", "few_pixels", "winograd"]
 
 
 def _arrays(case, seed=0):
@@ -515,3 +518,38 @@ def test_fused_conv_branches_fast_kernels(layout, nonfinite, spy):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
     assert bool(calls) == (layout == "NHWC" and not nonfinite)
+
+
+# ---------------------------------------------------------------------------------------------
+# Few output pixels: the transposed product
+
+
+@pytest.mark.parametrize("ks, strides, pads", [(3, 1, 1), (3, 2, 1), (1, 2, 0)])
+def test_few_pixels_takes_the_transposed_product_and_matches(ks, strides, pads, spy):
+    """ResNet-50's 7x7 layers (scaled down in channels to keep the test fast, the rule's
+    weight floor lowered to match): read-only weights and bias as initializers, the bias
+    cached in the packed weights and a new bias seen; no bias; a residual and an activation."""
+    rng = np.random.default_rng(21)
+    c, m, h = 96, 128, 14 if strides == 2 else 7
+    x = rng.standard_normal((1, c, h, h), dtype=np.float32)
+    w = rng.standard_normal((m, c, ks, ks), dtype=np.float32) * np.float32(0.1)
+    w.flags.writeable = False
+    attrs = dict(strides=[strides] * 2, pads=[pads] * 4, kernel_shape=[ks, ks])
+    calls = spy("_few_pixels_nhwc")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kconv, "PATCH_T_MIN_WEIGHTS", c * m)
+        for seed in (1, 2):
+            b = np.random.default_rng(seed).standard_normal(m, dtype=np.float32)
+            b.flags.writeable = False
+            y = conv_nhwc(nhwc(x), w, b, **attrs)
+            np.testing.assert_allclose(nchw(y), Conv(x, w, b, **attrs), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(nchw(conv_nhwc(nhwc(x), w, None, **attrs)),
+                                   Conv(x, w, None, **attrs), rtol=1e-4, atol=1e-4)
+        ref = Conv(x, w, b, **attrs)
+        z = rng.standard_normal(ref.shape, dtype=np.float32)
+        got = kfused.fused_conv_nhwc(nhwc(x), w, b, nhwc(z), activation="Relu", **attrs)
+        np.testing.assert_allclose(nchw(got), np.maximum(ref + z, 0), rtol=1e-4, atol=1e-4)
+    assert len(calls) == 4
+    # Below the weight floor (the cached small weights), the usual orientation.
+    conv_nhwc(nhwc(x), w, b, **attrs)
+    assert len(calls) == 4
