@@ -306,8 +306,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    t = Table(title=f"{label}: {args.runs} run(s), time by op type")
-    for col in ("op type", "count", "total ms", "mean µs", "max µs", "share"):
+    t = Table(title=f"{label}: {args.runs} run(s), kernel time by op type (guard checks apart)")
+    for col in ("op type", "count", "total ms", "mean µs", "max µs", "share", "guard ms"):
         t.add_column(col, justify="right" if col != "op type" else "left")
     for r in table:
         t.add_row(
@@ -317,6 +317,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             f"{r['mean_us']:.0f}",
             f"{r['max_us']:.0f}",
             f"{100 * r['share']:.1f}%",
+            f"{r['guard_us'] / 1e3:.2f}",
         )
     con = _console()
     con.print(t)

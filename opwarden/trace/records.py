@@ -21,7 +21,8 @@ class OpRecord:
     output_dtypes: list[str] = field(default_factory=list)
     workspace_bytes: int = 0
     start_us: float = 0.0
-    exec_us: float = 0.0
+    exec_us: float = 0.0  # the kernel alone (a quarantined variant's: the reference kernel)
+    guard_us: float = 0.0  # the guard around it: scans, contract checks, a fallback rerun
     status: str = "ok"  # ok | fallback | error
     checks: dict[str, Any] = field(default_factory=dict)
     error: str = ""

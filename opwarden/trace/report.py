@@ -80,10 +80,13 @@ def roofline_us(rec: OpRecord, peaks: dict[str, float]) -> float:
 
 
 def by_op_type(records: list[OpRecord]) -> list[dict[str, Any]]:
-    """count, total/mean/max µs and share of the run time per op type, largest first."""
+    """count, total/mean/max µs and share of the kernels' time per op type, largest first;
+    guard_us: the guard's checks around those kernels (not in the kernel times)."""
     groups: dict[str, list[float]] = defaultdict(list)
+    guard: dict[str, float] = defaultdict(float)
     for r in records:
         groups[r.op_type].append(r.exec_us)
+        guard[r.op_type] += r.guard_us
     total = sum(sum(v) for v in groups.values()) or 1.0
     rows = [
         {
@@ -93,6 +96,7 @@ def by_op_type(records: list[OpRecord]) -> list[dict[str, Any]]:
             "mean_us": sum(v) / len(v),
             "max_us": max(v),
             "share": sum(v) / total,
+            "guard_us": guard[k],
         }
         for k, v in groups.items()
     ]

@@ -148,3 +148,33 @@ def test_math_nan_is_recorded_not_blamed_on_the_reference():
     (y,) = sess.run(None, {"x": np.array([-1.0, 0.0, 1.0], np.float32)})
     assert np.isnan(y[0]) and np.isinf(y[1])
     assert [f.action for f in sess.faults] == ["recorded"]
+
+
+def test_traced_time_is_the_kernel_and_the_guard_checks_are_apart(monkeypatch):
+    """A traced op's exec_us is its kernel alone; the guard's NaN/Inf scans around it are
+    guard_us (charging them to the kernel inflated every traced op, most of all memory-bound
+    ones)."""
+    from onnx import TensorProto
+
+    from opwarden.guard import guard as guard_mod
+    from opwarden.trace import report
+    from tests.models import one_node
+
+    scan = guard_mod.C.all_finite
+
+    def slow_scan(a):
+        time.sleep(0.03)
+        return scan(a)
+
+    monkeypatch.setattr(guard_mod.C, "all_finite", slow_scan)
+    model = one_node("Relu", [("x", TensorProto.FLOAT, [4, 8])], [("y", TensorProto.FLOAT, [4, 8])])
+    sess = ow.InferenceSession(model.SerializeToString(), trace=True, checks="all")
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    (y,) = sess.run(None, {"x": x})
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    (rec,) = sess.trace
+    # input and output each scanned once: >= 60 ms of checks, a kernel of microseconds
+    assert rec.guard_us >= 60_000
+    assert rec.exec_us < 30_000
+    row = next(r for r in report.by_op_type(sess.trace) if r["op_type"] == "Relu")
+    assert row["total_us"] == rec.exec_us and row["guard_us"] == rec.guard_us
