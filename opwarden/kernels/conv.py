@@ -70,6 +70,13 @@ PW_T_MAX_PIXELS = 64
 # smaller weights stay in cache, and there the usual orientation measured 12-20% faster).
 PATCH_T_MAX_PIXELS = 64
 PATCH_T_MIN_WEIGHTS = 1 << 18
+# Row-tap path (see _rowtap_nhwc) for k x k convolutions with row stride 1: on when True, for
+# kernel rows of at least ROWTAP_MIN_RUN floats (kw * C) over at least ROWTAP_MIN_PIXELS output
+# pixels, in bands of about ROWTAP_BAND_BYTES (row copies plus output).
+ROWTAP = True
+ROWTAP_MIN_RUN = 32
+ROWTAP_MIN_PIXELS = 196
+ROWTAP_BAND_BYTES = 3 << 20
 # Winograd F(4x4, 3x3) for 3x3 stride-1 convolutions with constant weights (see
 # _winograd_nhwc and wino_tile): on when True. It pays where the GEMMs are large against the
 # weights, whose transformed copy is 4x larger and streams from memory on every call: at least
@@ -160,14 +167,15 @@ def _pad_nchw(x: np.ndarray, begin, end) -> np.ndarray:
     return xp
 
 
-def _prefill(y: np.ndarray, bias, z, group: int = 1) -> bool:
+def _prefill(y: np.ndarray, bias, z, group: int = 1, always: bool = False) -> bool:
     """y = bias + z (either may be None) before GEMMs accumulate onto it; False (y untouched)
     when both are None or y is small. One write pass here replaces the GEMM's own write plus
     a separate read-modify-write pass per term afterwards (about 10% of a 1x1 convolution
     with a large output); small or grouped outputs measured slower (per-call overhead). A
-    residual sharing y's memory is always folded in first (the GEMM would overwrite it)."""
+    residual sharing y's memory is always folded in first (the GEMM would overwrite it).
+    `always`: prefill whatever the size (callers whose GEMMs accumulate anyway)."""
     shared = z is not None and np.shares_memory(z, y)
-    if not shared and (group > 1 or y.size < PREFILL_MIN):
+    if not shared and not always and (group > 1 or y.size < PREFILL_MIN):
         return False
     if z is not None:
         if bias is not None:
@@ -341,6 +349,11 @@ def conv_nhwc(
         _shifted_nhwc(x, pw, s, d, begin, (kh, kw), group, y, bias, z, activation,
                       activation_params)
         return y
+    if (ROWTAP and group == 1 and s[0] == 1 and kh > 1 and kw * cg >= ROWTAP_MIN_RUN
+            and oh * ow >= ROWTAP_MIN_PIXELS and sgemm() is not None):
+        _rowtap_nhwc(x, W, s, d, begin, end, (kh, kw), y, bias, z, activation,
+                     activation_params, bplan)
+        return y
     if group == 1 and kw * cg <= STEM_MAX_RUN:
         _stem_nhwc(x, _packed_nhwc(W, 1)[0], s, d, begin, end, (kh, kw), y, bias, z, activation,
                    activation_params)
@@ -390,6 +403,61 @@ def conv_nhwc(
             _gemms(c2, pw, y2, group, False)
             _epilogue(y2, bias, zz, activation, activation_params)
     return y
+
+
+def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bplan) -> None:
+    """k x k convolution with row stride 1 as one accumulating GEMM per kernel row: each band
+    of the padded input is copied once as R[r, j] = (x[r, j*s1 + b*d1, :] for b < kw), a
+    (rows, OW, kw*C) matrix whose row r + a*d0 is kernel row a's patch of output row r; kernel
+    row a is then a plain GEMM of K = kw*C over a row range of R. The copy is kw times the
+    input where the patch matrix is kh*kw times the output, and K is kw times the shifted
+    path's. Bias and residual are written first, the GEMMs accumulate.
+
+    With FusedConv `branches` (finite inputs; see _branch_plan) a whole-kernel branch runs
+    over its output columns only and a 1x1 branch as one GEMM of K = C over its tap's columns
+    of the centre row, so W's structural zeros are never multiplied."""
+    gemm = sgemm()
+    n, oh, ow, m = y.shape
+    c = x.shape[3]
+    kh, kw = khw
+    kc = kw * c
+    e = 4
+    pw = _packed_nhwc(W, 1)[0]  # (kh*kw*C, M) rows ordered (kh, kw, c): block a = kernel row a
+    if not pw.flags.c_contiguous:
+        pw = packed(W, ("nhwc.c", 1), lambda w: np.ascontiguousarray(_pack_nhwc(w, 1)))
+    xp = _pad_nhwc(x, begin, end)
+    hp, wp = xp.shape[1:3]
+    sn, sh, sw, sc = xp.strides
+    rows = max(1, min(oh, ROWTAP_BAND_BYTES // max(1, ow * (kc + m) * e)))
+    spec = bplan or [(0, m, -1)]
+    wholes = [(m0, mb) for m0, mb, tap in spec if tap < 0]
+    ones = [(m0, mb, tap) for m0, mb, tap in spec if tap >= 0]
+    w1s = [packed(W, ("branch1x1", m0, mb, tap), lambda w, m0=m0, mb=mb, tap=tap:
+                  np.ascontiguousarray(np.asarray(w, F32)[m0:m0 + mb].reshape(
+                      mb, c, -1)[:, :, tap].T)) for m0, mb, tap in ones]
+    for i in range(n):
+        for r0 in range(0, oh, rows):
+            r1 = min(oh, r0 + rows)
+            rr = r1 - r0
+            nr = rr + (kh - 1) * d[0]
+            rt = scratch("conv.rowtap", (nr, ow, kw, c))
+            np.copyto(rt, np.ndarray((nr, ow, kw, c), F32, xp, i * sn + r0 * sh,
+                                     (sh, s[1] * sw, d[1] * sw, sc)))
+            y2 = y[i, r0:r1].reshape(rr * ow, m)
+            acc = _prefill(y2, bias, None if z is None else z[i, r0:r1].reshape(y2.shape),
+                           1, always=True)
+            base, yb = rt.ctypes.data, y2.ctypes.data
+            for m0, mb in wholes:
+                for a in range(kh):
+                    gemm(rr * ow, mb, kc, base + a * d[0] * ow * kc * e, kc,
+                         pw.ctypes.data + (a * kc * m + m0) * e, m,
+                         1.0 if acc or a else 0.0, yb + m0 * e, m)
+            for (m0, mb, tap), w1 in zip(ones, w1s):
+                a, b = divmod(tap, kw)
+                gemm(rr * ow, mb, c, base + (a * d[0] * ow * kc + b * c) * e, kc,
+                     w1.ctypes.data, mb, 1.0 if acc else 0.0, yb + m0 * e, m)
+            _epilogue(y2, None if acc else bias, None if acc or z is None
+                      else z[i, r0:r1].reshape(y2.shape), activation, params)
 
 
 def _branch_plan(wshape, branches) -> list[tuple[int, int, int]] | None:

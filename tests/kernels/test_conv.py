@@ -60,19 +60,23 @@ def nhwc_path(path):
     """Force the NHWC k x k path: "shifted" (per-tap GEMMs), "stem" (transposed patch matrix,
     group 1 only, else the general one; taps copied straight from x), "stem_planes" (the same
     through phase planes), "im2col" (patch matrix), "few_pixels" (group 1: the transposed
-    product W' @ cols.T, else im2col) or "winograd" (F(4x4, 3x3) for every 3x3 stride-1
+    product W' @ cols.T, else im2col), "rowtap" (group 1, row stride 1, kh > 1: one GEMM per
+    kernel row over row copies, else im2col) or "winograd" (F(4x4, 3x3) for every 3x3 stride-1
     group-1 convolution with read-only weights, else im2col)."""
     names = ("SHIFT_MIN_C", "SHIFT_MIN_PIXELS", "SHIFT_MAX_M_PER_C", "STEM_MAX_RUN",
              "STEM_DIRECT_MAX_TAPS", "WINOGRAD", "WINO_MIN_TILES", "WINO_MIN_CM",
-             "PATCH_T_MAX_PIXELS", "PATCH_T_MIN_WEIGHTS")
+             "PATCH_T_MAX_PIXELS", "PATCH_T_MIN_WEIGHTS", "ROWTAP", "ROWTAP_MIN_RUN",
+             "ROWTAP_MIN_PIXELS")
     old = {k: getattr(kconv, k) for k in names}
     big = 1 << 30
-    new = {"shifted": (1, 1, big, 0, big, False, 0, 0, 0, big),
-           "stem": (big, big, 0, big, big, False, 0, 0, 0, big),
-           "stem_planes": (big, big, 0, big, 0, False, 0, 0, 0, big),
-           "im2col": (big, big, 0, 0, big, False, 0, 0, 0, big),
-           "few_pixels": (big, big, 0, 0, big, False, 0, 0, big, 0),
-           "winograd": (big, big, 0, 0, big, True, 0, 0, 0, big)}
+    off = (False, big, big)
+    new = {"shifted": (1, 1, big, 0, big, False, 0, 0, 0, big, *off),
+           "stem": (big, big, 0, big, big, False, 0, 0, 0, big, *off),
+           "stem_planes": (big, big, 0, big, 0, False, 0, 0, 0, big, *off),
+           "im2col": (big, big, 0, 0, big, False, 0, 0, 0, big, *off),
+           "few_pixels": (big, big, 0, 0, big, False, 0, 0, big, 0, *off),
+           "rowtap": (big, big, 0, 0, big, False, 0, 0, 0, big, True, 0, 0),
+           "winograd": (big, big, 0, 0, big, True, 0, 0, 0, big, *off)}
     for k, v in zip(names, new[path]):
         setattr(kconv, k, v)
     try:
@@ -82,7 +86,7 @@ def nhwc_path(path):
             setattr(kconv, k, v)
 
 
-PATHS = ["shifted", "stem", "stem_planes", "im2col", "few_pixels", "winograd"]
+PATHS = ["shifted", "stem", "stem_planes", "im2col", "few_pixels", "rowtap", "winograd"]
 
 
 def _arrays(case, seed=0):
@@ -499,14 +503,24 @@ def test_fused_conv_branches_errors_name_the_problem(branches, pads, match):
         FusedConv(x, w, b, pads=pads, branches=branches)
 
 
+@pytest.mark.parametrize("path, fast", [("im2col", "_branch_gemms"), ("rowtap", "_rowtap_nhwc")])
 @pytest.mark.parametrize("nonfinite", [False, True])
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
-def test_fused_conv_branches_fast_kernels(layout, nonfinite, spy):
+def test_fused_conv_branches_fast_kernels(layout, nonfinite, path, fast, monkeypatch):
     # Finite inputs: one convolution, the 1x1 branch a GEMM over its tap's columns only (NHWC
-    # patch path); NaN/Inf: branch by branch, so NaN and Inf positions equal the reference's.
+    # patch and row-tap paths); NaN/Inf: branch by branch, so NaN and Inf positions equal the
+    # reference's.
     x, w, b, want = _branch_case(nonfinite=nonfinite)
-    calls = spy("_branch_gemms")
-    with nhwc_path("im2col"):
+    calls: list = []
+    real = getattr(kconv, fast)
+
+    def merged(*a, **k):
+        if fast == "_branch_gemms" or a[-1] is not None:  # _rowtap_nhwc's last: the branch plan
+            calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(kconv, fast, merged)
+    with nhwc_path(path):
         if layout == "NHWC":
             got = nchw(kfused.fused_conv_nhwc(nhwc(x), w, b, activation="Relu",
                                               pads=[1, 1, 1, 1], branches=[5, 1, 1, 6, 3, 3]))
