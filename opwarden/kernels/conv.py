@@ -426,7 +426,6 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
     if not pw.flags.c_contiguous:
         pw = packed(W, ("nhwc.c", 1), lambda w: np.ascontiguousarray(_pack_nhwc(w, 1)))
     xp = _pad_nhwc(x, begin, end)
-    hp, wp = xp.shape[1:3]
     sn, sh, sw, sc = xp.strides
     rows = max(1, min(oh, ROWTAP_BAND_BYTES // max(1, ow * (kc + m) * e)))
     spec = bplan or [(0, m, -1)]
