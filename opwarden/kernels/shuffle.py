@@ -29,8 +29,8 @@ def channel_shuffle(X, *, group=1, out=None):
 
 
 def shuffle_into(x: np.ndarray, g: int, y: np.ndarray) -> None:
-    """y[..., j*g + i] = x[..., i*(C/g) + j] for y of x's shape with a contiguous last axis
-    (e.g. the interior of a padded buffer).
+    """y[..., j*g + i] = x[..., i*(C/g) + j] for y of x's shape, any strides (e.g. the
+    interior of a padded buffer).
 
     Per band of about BAND_BYTES of x (whole rows of the outermost non-channel axes), one copy
     per group: x's contiguous run of C/g channels to every g-th channel of y. Measured against
@@ -42,8 +42,6 @@ def shuffle_into(x: np.ndarray, g: int, y: np.ndarray) -> None:
     if not c or not y.size or g == 1:
         np.copyto(y, x)
         return
-    if y.strides[-1] != y.itemsize:
-        raise KernelError("ChannelShuffle: the output's last axis must be contiguous")
     cg = c // g
     if x.ndim == 1:
         x, y = x[None], y[None]

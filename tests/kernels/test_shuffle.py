@@ -50,3 +50,23 @@ def test_gradient_is_the_inverse_shuffle(group):
     x = np.random.default_rng(group).standard_normal((2, 3, 12))
     result = gradcheck(ChannelShuffle, [x], {"group": group})
     assert result.ok, result.detail
+
+
+@pytest.mark.parametrize("shape, group", [((2, 5, 7, 12), 3), ((9, 12), 4), ((2, 2, 3, 5, 8), 2)])
+def test_banded_copies_into_padded_and_strided_outputs(shape, group, monkeypatch):
+    """Per-group copies in bands (tiny bands here, so every band boundary is crossed) into the
+    interior of a padded buffer and into a view with a strided last axis."""
+    from opwarden.kernels import shuffle as ks
+
+    monkeypatch.setattr(ks, "BAND_BYTES", 64)
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    want = ChannelShuffle(x, group=group)
+    pad = np.zeros(tuple(d + 2 for d in shape[:-1]) + shape[-1:], np.float32)
+    inner = pad[tuple(slice(1, -1) for _ in shape[:-1])]
+    ks.shuffle_into(x, group, inner)
+    np.testing.assert_array_equal(inner, want)
+    assert pad.sum() == inner.sum()  # the border stayed zero
+    wide = np.zeros(shape[:-1] + (2 * shape[-1],), np.float32)
+    ks.shuffle_into(x, group, wide[..., ::2])
+    np.testing.assert_array_equal(wide[..., ::2], want)
+    assert not wide[..., 1::2].any()
