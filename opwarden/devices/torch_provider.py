@@ -818,7 +818,7 @@ def _fused_conv_kernel(ref: Callable[..., Any], nhwc: bool):
         shuffle = int(attrs.pop("input_shuffle", 0) or 0)
         branches = list(attrs.pop("branches", None) or ())
         if shuffle > 1 and nhwc and not _CUDA and np.ndim(X) >= 3:
-            X = channel_shuffle(X, group=shuffle)  # a folded ChannelShuffle: one copy first
+            X = channel_shuffle(X, group=shuffle)  # a folded ChannelShuffle: the host kernel first
             shuffle = 0
         if branches and nhwc and Z is None and not W.flags.writeable and (
             np.ndim(X) == 4 and np.shape(X)[-1] >= _BRANCH_SPLIT_MIN_C
