@@ -1307,7 +1307,7 @@ def _register_variants() -> None:
         for o in _each(op_type):
             _add(o, o.reference, f"{op_type.lower()}.torch", dtypes=None)
     if not _CUDA:
-        # A channel shuffle is one NumPy copy into the planned buffer: ShuffleNet's shuffles as
+        # A channel shuffle is the host kernel into the planned buffer: ShuffleNet's shuffles as
         # Reshape -> Transpose -> Reshape in torch took 2.4 of 14.3 ms.
         for o in _each("ChannelShuffle", "opwarden"):
             _add(o, channel_shuffle, "channelshuffle.torch", dtypes=_SHUFFLE_DTYPES,
