@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError
+from ..memory import hugepages
 
 F32 = np.dtype(np.float32)
 
@@ -94,6 +96,14 @@ def packed(
     ):
         return hit[1]
     p = pack(w)
+    if p.nbytes >= hugepages.MIN_BYTES and not np.shares_memory(p, w):
+        # Streamed on every call: huge pages spare the TLB misses (memory.hugepages). A packing
+        # only this call holds (its own new array) is moved without being resident twice.
+        private = p.flags.owndata and p.base is None and sys.getrefcount(p) <= 2
+        q = hugepages.huge_copy(p, private=private)
+        if q is not p:
+            nbytes, p = p.nbytes, q
+            hugepages.release_heap(nbytes)
     p.flags.writeable = False
 
     def _drop(_ref, key=key, cache=_PACKED):

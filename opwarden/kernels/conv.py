@@ -95,6 +95,8 @@ WINO_WIDE_TILES = 784
 WINO_WIDE_MIN_CM = 1 << 12  # (VGG-19's 224x224x64->64: 0.94x in-model, twice)
 # Bands of about this many bytes per transformed buffer.
 WINO_BAND_BYTES = 4 << 20
+# The weight transform's float64 temporaries stay under about this many bytes.
+WINO_PACK_BLOCK = 8 << 20
 
 
 def geometry(hw, khw, strides, dilations, pads, auto_pad):
@@ -802,8 +804,14 @@ def _winograd_weights(W, tile: int) -> np.ndarray | None:
 
     def build(w):
         m, c = w.shape[:2]
-        u = np.einsum("pa,kcab,qb->pqck", g, np.asarray(w, np.float64), g)
-        u = np.ascontiguousarray(u.reshape(-1, c, m), dtype=F32)
+        u = np.empty((g.shape[0] ** 2, c, m), F32)
+        # In blocks of output channels: the float64 product of a whole 512x512 layer would be
+        # a 75 MB temporary next to everything else resident at the first run.
+        step = max(1, WINO_PACK_BLOCK // max(1, g.shape[0] ** 2 * c * 8))
+        for k0 in range(0, m, step):
+            k1 = min(m, k0 + step)
+            part = np.einsum("pa,kcab,qb->pqck", g, np.asarray(w[k0:k1], np.float64), g)
+            u[:, :, k0:k1] = part.reshape(-1, c, k1 - k0)
         return u if np.isfinite(u).all() else u[:0]
 
     u = packed(W, ("wino", tile), build)

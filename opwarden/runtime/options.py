@@ -39,6 +39,8 @@ _OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "plan_cache_size": (64, "an int >= 1", lambda v: isinstance(v, int) and v >= 1),
     "quarantine_file": (None, "None or a path", lambda v: v is None or isinstance(v, str)),
     "debug_memory": (False, "a bool", lambda v: isinstance(v, bool)),
+    # Large initializers copied into transparent huge pages (memory.hugepages; Linux only).
+    "huge_page_weights": (True, "a bool", lambda v: isinstance(v, bool)),
     # Accepted for onnxruntime compatibility; opwarden maps or ignores them.
     "graph_optimization_level": (None, "an int or an ORT GraphOptimizationLevel", lambda v: True),
     "log_severity_level": (2, "an int", lambda v: isinstance(v, int)),

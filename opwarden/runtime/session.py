@@ -17,6 +17,7 @@ from ..ir.graph import Model, Value
 from ..ir.load import load
 from ..ir.validate import validate
 from ..memory import MemoryManager, MemoryPlan
+from ..memory.hugepages import move_weights
 from ..passes import optimize
 from ..trace.records import OpRecord, chrome_trace, default_trace_path
 from .codegen import LeanFault
@@ -149,6 +150,8 @@ class InferenceSession:
         self.model: Model = load(source)
         validate(self.model)
         self.pass_report = optimize(self.model, self.options)
+        # Weights into huge pages before any kernel packs them (memory.hugepages).
+        self.huge_page_bytes = move_weights(self.model) if self.options.huge_page_weights else 0
         self.model.release_pages()  # weights the passes read and replaced leave memory
         self.placements: list[Placement] = place_model(
             self.model, self.providers, self.options, self.guard.quarantine
