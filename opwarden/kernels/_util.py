@@ -22,6 +22,9 @@ F32 = np.dtype(np.float32)
 # nothing.
 
 _LOCAL = threading.local()
+# Scratch buffers of at least this many bytes live in huge pages (memory.hugepages).
+SCRATCH_HUGE = True
+SCRATCH_HUGE_MIN = 1 << 20
 
 
 def scratch(tag: str, shape: Sequence[int], dtype: Any = F32) -> np.ndarray:
@@ -33,10 +36,13 @@ def scratch(tag: str, shape: Sequence[int], dtype: Any = F32) -> np.ndarray:
         pool = _LOCAL.pool = {}
     buf = pool.get(tag)
     if buf is None or buf.nbytes < nbytes:
-        # 64-byte alignment keeps the BLAS and SIMD loops on their fast paths.
-        raw = np.empty(nbytes + 64, dtype=np.uint8)
-        off = (-raw.ctypes.data) % 64
-        buf = raw[off:off + nbytes]
+        if SCRATCH_HUGE and nbytes >= SCRATCH_HUGE_MIN and hugepages.enabled():
+            buf = hugepages.huge_page_buffer(nbytes)
+        else:
+            # 64-byte alignment keeps the BLAS and SIMD loops on their fast paths.
+            raw = np.empty(nbytes + 64, dtype=np.uint8)
+            off = (-raw.ctypes.data) % 64
+            buf = raw[off:off + nbytes]
         pool[tag] = buf
     return buf[:nbytes].view(dtype).reshape(tuple(shape))
 
