@@ -11,7 +11,9 @@ MADV_HUGEPAGE (2 MiB aligned, so the kernel backs it with huge pages on first to
 the graph at read-only views of it. The copy is made before the kernels pack anything, so packed
 forms are built from it. When the weights were views of the memory-mapped model file, each
 source range's file pages are dropped as soon as it is copied, so the weights are never resident
-twice; a model given as bytes keeps those bytes (its caller's) beside the copy.
+twice. Weights that are views of a model given as bytes (its caller's, which stay alive) are not
+copied: the whole 2 MiB pages under them are collapsed into huge pages in place (MADV_COLLAPSE,
+Linux 6.1+; same speed as the copy, measured: VGG-19 0.996, AlexNet 1.004).
 
 Linux only, and only where transparent huge pages are enabled ("always" or "madvise");
 elsewhere it does nothing.
@@ -96,9 +98,8 @@ def _source_range(a: np.ndarray, buffer: Any) -> tuple[int, int] | None:
 _PRIVATE_REFS = 3
 
 
-def _discard(a: np.ndarray) -> None:
-    """Hand back the whole pages inside array a's memory (its contents are not needed again;
-    anonymous pages read back as zeros)."""
+def _madvise():
+    """libc's madvise(addr, length, advice) -> int, or None."""
     if not _LIBC:
         try:
             import ctypes
@@ -109,7 +110,13 @@ def _discard(a: np.ndarray) -> None:
             _LIBC.append(fn)
         except (OSError, AttributeError):
             _LIBC.append(None)
-    fn = _LIBC[0]
+    return _LIBC[0]
+
+
+def _discard(a: np.ndarray) -> None:
+    """Hand back the whole pages inside array a's memory (its contents are not needed again;
+    anonymous pages read back as zeros)."""
+    fn = _madvise()
     if fn is None:
         return
     page = mmap.PAGESIZE
@@ -131,19 +138,24 @@ def _drop(buffer: mmap.mmap, offset: int, length: int) -> None:
 
 
 def move_weights(model: Any) -> int:
-    """Copy the main graph's initializers of at least MIN_BYTES into one huge-page-backed
-    store; returns the bytes moved (0 where huge pages are unavailable)."""
+    """Put the main graph's initializers of at least MIN_BYTES in huge pages; returns their
+    bytes (0 where huge pages are unavailable). Views of a model given as bytes are collapsed
+    in place (MADV_COLLAPSE, Linux 6.1+; copying them would hold the weights twice, since the
+    bytes stay with their caller), everything else is copied into one huge-page store."""
     if not enabled():
         return 0
-    values = _candidates(model.graph)
+    buffer = getattr(model, "buffer", None)
+    values, in_place = [], []
+    for v in _candidates(model.graph):
+        (in_place if _bytes_range(v.const, buffer) is not None else values).append(v)
+    done = _collapse_views([v.const for v in in_place]) if in_place else 0
     if not values:
-        return 0
+        return done
     sizes = [-(-v.const.nbytes // _ALIGN) * _ALIGN for v in values]
     try:
         store = huge_page_buffer(sum(sizes))
     except (OSError, ValueError):
-        return 0
-    buffer = getattr(model, "buffer", None)
+        return done
     trim = _malloc_trim()
     off = freed = 0
     for v, size in zip(values, sizes):
@@ -180,7 +192,44 @@ def move_weights(model: Any) -> int:
             freed = 0
     if trim is not None and freed:
         trim(0)
-    return off
+    return done + off
+
+
+def _bytes_range(a: np.ndarray, buffer: Any) -> tuple[int, int] | None:
+    """(address, length) of array a inside a model given as bytes, or None (also for a
+    memory-mapped file, whose pages are ours to drop after a copy)."""
+    if buffer is None or isinstance(buffer, mmap.mmap) or not a.flags.c_contiguous:
+        return None
+    try:
+        base = np.frombuffer(buffer, dtype=np.uint8)
+    except (TypeError, ValueError):
+        return None
+    lo, hi = base.ctypes.data, base.ctypes.data + base.nbytes
+    if lo <= a.ctypes.data and a.ctypes.data + a.nbytes <= hi:
+        return a.ctypes.data, a.nbytes
+    return None
+
+
+MADV_COLLAPSE = 25  # Linux 6.1+ (not in Python's mmap module before 3.13)
+
+
+def _collapse_views(arrays: list[np.ndarray]) -> int:
+    """Collapse the whole 2 MiB pages under `arrays` into huge pages in place; returns the
+    bytes of those arrays now covered (0 where the kernel cannot collapse)."""
+    fn = _madvise()
+    if fn is None:
+        return 0
+    lo = min(a.ctypes.data for a in arrays)
+    hi = max(a.ctypes.data + a.nbytes for a in arrays)
+    start = -(-lo // HUGE_PAGE) * HUGE_PAGE
+    end = hi // HUGE_PAGE * HUGE_PAGE
+    if end <= start:
+        return 0
+    fn(start, end - start, mmap.MADV_HUGEPAGE)
+    if fn(start, end - start, MADV_COLLAPSE) != 0:
+        return 0
+    return sum(max(0, min(a.ctypes.data + a.nbytes, end) - max(a.ctypes.data, start))
+               for a in arrays)
 
 
 # Copies from the model file go in chunks of this many bytes.

@@ -47,17 +47,50 @@ def test_large_initializers_move_to_an_aligned_store_and_results_do_not_change(t
     plain = opwarden.InferenceSession(model.SerializeToString(), huge_page_weights=False)
     assert plain.huge_page_bytes == 0
     want = plain.run(None, FEED)[0]
-    for source in (model.SerializeToString(), path):  # bytes, and views of the mapped file
-        sess = opwarden.InferenceSession(source)
-        init = sess.model.graph.initializers
-        moved = {n for n, v in init.items() if v.const.nbytes >= hugepages.MIN_BYTES}
-        assert moved == {"w1"} and sess.huge_page_bytes >= init["w1"].const.nbytes
-        w1 = init["w1"].const
-        assert not w1.flags.writeable and not w1.flags.owndata
-        # The store starts at a 2 MiB boundary; w1 is its first array.
-        assert w1.ctypes.data % hugepages.HUGE_PAGE == 0
-        assert init["b1"].const.nbytes < hugepages.MIN_BYTES
-        np.testing.assert_array_equal(sess.run(None, FEED)[0], want)
+    sess = opwarden.InferenceSession(path)  # views of the mapped file: copied, pages dropped
+    init = sess.model.graph.initializers
+    moved = {n for n, v in init.items() if v.const.nbytes >= hugepages.MIN_BYTES}
+    assert moved == {"w1"} and sess.huge_page_bytes >= init["w1"].const.nbytes
+    w1 = init["w1"].const
+    assert not w1.flags.writeable and not w1.flags.owndata
+    # The store starts at a 2 MiB boundary; w1 is its first array.
+    assert w1.ctypes.data % hugepages.HUGE_PAGE == 0
+    assert init["b1"].const.nbytes < hugepages.MIN_BYTES
+    np.testing.assert_array_equal(sess.run(None, FEED)[0], want)
+
+
+@needs_thp
+def test_views_of_model_bytes_are_collapsed_in_place_not_copied():
+    """A model given as bytes: weights that are views of those bytes stay views (a copy would
+    hold them twice); the whole 2 MiB pages under them are collapsed where the kernel can."""
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((512, 256, 3, 3)) * 0.02).astype(np.float32)  # 4.5 MiB
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    data = data.SerializeToString()
+    x = {"x": rng.standard_normal((1, 256, 4, 4)).astype(np.float32)}
+    want = opwarden.InferenceSession(data, huge_page_weights=False).run(None, x)[0]
+    sess = opwarden.InferenceSession(data)
+    got = sess.model.graph.initializers["w"].const
+    np.testing.assert_array_equal(got, w)
+    if np.shares_memory(got, np.frombuffer(data, np.uint8)):
+        # In place: at most the bytes of w, at least one whole huge page when collapsing works.
+        assert sess.huge_page_bytes <= w.nbytes
+    else:  # a misaligned payload: the loader's private copy, moved to the store
+        assert sess.huge_page_bytes >= w.nbytes
+    np.testing.assert_array_equal(sess.run(None, x)[0], want)
+
+
+def test_collapse_keeps_contents():
+    buf = np.random.default_rng(5).standard_normal(3 << 20).astype(np.float32)  # 12 MiB
+    want = buf.copy()
+    covered = hugepages._collapse_views([buf[1000:]])
+    assert 0 <= covered <= buf[1000:].nbytes
+    np.testing.assert_array_equal(buf, want)
 
 
 @needs_thp
