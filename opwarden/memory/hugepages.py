@@ -145,9 +145,15 @@ def move_weights(model: Any) -> int:
     if not enabled():
         return 0
     buffer = getattr(model, "buffer", None)
-    values, in_place = [], []
+    values, in_place, shared = [], [], {}
     for v in _candidates(model.graph):
-        (in_place if _bytes_range(v.const, buffer) is not None else values).append(v)
+        if _bytes_range(v.const, buffer) is not None:
+            in_place.append(v)
+        elif id(v.const) in shared:  # one array behind several values is copied once
+            shared[id(v.const)].append(v)
+        else:
+            shared[id(v.const)] = []
+            values.append(v)
     done = _collapse_views([v.const for v in in_place]) if in_place else 0
     if not values:
         return done
@@ -182,6 +188,8 @@ def move_weights(model: Any) -> int:
             np.copyto(dst, a)
             freed += a.nbytes
         dst.flags.writeable = False
+        for w in shared[id(a)]:
+            w.const = dst
         v.const = dst
         del a
         off += size

@@ -141,3 +141,19 @@ def test_switched_off_by_the_environment():
 def test_option_is_checked():
     with pytest.raises(opwarden.OptionsError, match="huge_page_weights"):
         opwarden.SessionOptions(huge_page_weights="yes")
+
+
+@needs_thp
+def test_one_array_behind_two_values_is_copied_once():
+    """Two initializers holding the same array (as a pass may leave them) share one copy."""
+    from opwarden.ir.load import load
+
+    model = load(_model().SerializeToString())
+    init = model.graph.initializers
+    arr = init["w1"].const.copy()  # a private array both values hold
+    init["w1"].const = arr
+    init["b1"].const = arr
+    moved = hugepages.move_weights(model)
+    assert init["w1"].const is init["b1"].const
+    assert moved == -(-arr.nbytes // 64) * 64
+    np.testing.assert_array_equal(init["w1"].const, arr)
