@@ -287,7 +287,7 @@ def huge_copy(a: np.ndarray, private: bool = False) -> np.ndarray:
     if not (private and a.flags.c_contiguous):
         np.copyto(out, a)
         return out
-    release_heap(TRIM_BYTES)  # temporaries the packing freed (e.g. a float64 Winograd product)
+    release_heap(a.nbytes)  # large packings: the temporaries they freed (a float64 product)
     flat_src, flat_dst = a.reshape(-1), out.reshape(-1)
     step = max(1, COPY_CHUNK // a.itemsize)
     for i in range(0, flat_src.size, step):
