@@ -345,11 +345,8 @@ def conv_nhwc(
             return y
     if (bplan is None and cg >= SHIFT_MIN_C and oh * ow >= SHIFT_MIN_PIXELS
             and mg <= SHIFT_MAX_M_PER_C * cg and sgemm() is not None):
-        pw = _packed_nhwc(W, group)
-        if not pw.flags.c_contiguous:  # 1x1 packs are transposed views; BLAS gets pointers
-            pw = packed(W, ("nhwc.c", group), lambda w: np.ascontiguousarray(_pack_nhwc(w, group)))
-        _shifted_nhwc(x, pw, s, d, begin, (kh, kw), group, y, bias, z, activation,
-                      activation_params)
+        _shifted_nhwc(x, _packed_nhwc_c(W, group), s, d, begin, (kh, kw), group, y, bias, z,
+                      activation, activation_params)
         return y
     if (ROWTAP and group == 1 and s[0] == 1 and kh > 1 and kw * cg >= ROWTAP_MIN_RUN
             and oh * ow >= ROWTAP_MIN_PIXELS and sgemm() is not None):
@@ -424,18 +421,14 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
     kh, kw = khw
     kc = kw * c
     e = 4
-    pw = _packed_nhwc(W, 1)[0]  # (kh*kw*C, M) rows ordered (kh, kw, c): block a = kernel row a
-    if not pw.flags.c_contiguous:
-        pw = packed(W, ("nhwc.c", 1), lambda w: np.ascontiguousarray(_pack_nhwc(w, 1)))
+    pw = _packed_nhwc_c(W, 1)[0]  # (kh*kw*C, M) rows ordered (kh, kw, c): block a = kernel row a
     xp = _pad_nhwc(x, begin, end)
     sn, sh, sw, sc = xp.strides
     rows = max(1, min(oh, ROWTAP_BAND_BYTES // max(1, ow * (kc + m) * e)))
     spec = bplan or [(0, m, -1)]
     wholes = [(m0, mb) for m0, mb, tap in spec if tap < 0]
     ones = [(m0, mb, tap) for m0, mb, tap in spec if tap >= 0]
-    w1s = [packed(W, ("branch1x1", m0, mb, tap), lambda w, m0=m0, mb=mb, tap=tap:
-                  np.ascontiguousarray(np.asarray(w, F32)[m0:m0 + mb].reshape(
-                      mb, c, -1)[:, :, tap].T)) for m0, mb, tap in ones]
+    w1s = [_branch1x1_weights(W, m0, mb, tap, c) for m0, mb, tap in ones]
     for i in range(n):
         for r0 in range(0, oh, rows):
             r1 = min(oh, r0 + rows)
@@ -494,9 +487,7 @@ def _branch_gemms(cols, wb, W, bias, plan, cg, y2) -> None:
             gemm(rows, mb, kb, cols.ctypes.data, kb, wb.ctypes.data + m0 * e, m, 0.0,
                  y2.ctypes.data + m0 * e, m)
             continue
-        w1 = packed(W, ("branch1x1", m0, mb, tap), lambda w, m0=m0, mb=mb, tap=tap:
-                    np.ascontiguousarray(np.asarray(w, F32)[m0:m0 + mb].reshape(
-                        mb, cg, -1)[:, :, tap].T))
+        w1 = _branch1x1_weights(W, m0, mb, tap, cg)
         np.copyto(y2[:, m0:m0 + mb], bias[m0:m0 + mb])
         gemm(rows, mb, cg, cols.ctypes.data + tap * cg * e, kb, w1.ctypes.data, mb, 1.0,
              y2.ctypes.data + m0 * e, m)
@@ -505,6 +496,22 @@ def _branch_gemms(cols, wb, W, bias, plan, cg, y2) -> None:
 def _packed_nhwc(W, group: int) -> np.ndarray:
     """W packed for NHWC (see _pack_nhwc), cached with W."""
     return packed(W, ("nhwc", group), lambda w: _pack_nhwc(w, group))
+
+
+def _packed_nhwc_c(W, group: int) -> np.ndarray:
+    """_packed_nhwc, C-contiguous: the paths that hand BLAS raw pointers (1x1 packs are
+    transposed views)."""
+    pw = _packed_nhwc(W, group)
+    if pw.flags.c_contiguous:
+        return pw
+    return packed(W, ("nhwc.c", group), lambda w: np.ascontiguousarray(_pack_nhwc(w, group)))
+
+
+def _branch1x1_weights(W, m0: int, mb: int, tap: int, cg: int) -> np.ndarray:
+    """A 1x1 FusedConv branch's weights (C, mb): output channels m0.. of W at its one tap,
+    cached with W."""
+    return packed(W, ("branch1x1", m0, mb, tap), lambda w: np.ascontiguousarray(
+        np.asarray(w, F32)[m0:m0 + mb].reshape(mb, cg, -1)[:, :, tap].T))
 
 
 def _few_pixels_nhwc(view, W, B, bias, y, z, activation, params) -> None:
@@ -908,10 +915,8 @@ def _depthwise_nhwc(x, W, s, d, begin, end, y, bias, shuffle: int = 0) -> None:
     sn, sh, sw, sc = xp.strides
     shape, strides = (oh, ow, kh, kw, c), (s[0] * sh, s[1] * sw, d[0] * sh, d[1] * sw, sc)
     for i in range(n):
-        if xp.flags.c_contiguous:  # (the padded copy; np.ndarray is ~8 us faster a call)
-            v = np.ndarray(shape, xp.dtype, xp, i * sn, strides)
-        else:
-            v = np.lib.stride_tricks.as_strided(xp[i], shape, strides, writeable=False)
+        # (xp is always C-contiguous; np.ndarray over it is ~8 us faster a call than as_strided)
+        v = np.ndarray(shape, xp.dtype, xp, i * sn, strides)
         np.einsum("hwabc,abc->hwc", v, wt, out=y[i])
     if bias is not None:
         y += bias
