@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from ..ir.tensors import copy_in_chunks, drop_pages
+
 HUGE_PAGE = 2 << 20
 # Initializers smaller than this stay where they are (a bias, a BatchNorm vector).
 MIN_BYTES = 64 << 10
@@ -96,45 +98,48 @@ def _source_range(a: np.ndarray, buffer: Any) -> tuple[int, int] | None:
 
 # References to a private source inside move_weights: the Value's, the loop's, getrefcount's.
 _PRIVATE_REFS = 3
+_LIBC: dict[str, Any] = {}
+
+
+def _libc(name: str, argtypes: list, restype: Any) -> Any:
+    """glibc's function `name` (cached), or None where there is no such library."""
+    if name not in _LIBC:
+        try:
+            import ctypes
+
+            fn = getattr(ctypes.CDLL("libc.so.6"), name)
+            fn.argtypes, fn.restype = argtypes, restype
+        except (OSError, AttributeError):
+            fn = None
+        _LIBC[name] = fn
+    return _LIBC[name]
 
 
 def _madvise():
     """libc's madvise(addr, length, advice) -> int, or None."""
-    if not _LIBC:
-        try:
-            import ctypes
+    import ctypes
 
-            fn = ctypes.CDLL("libc.so.6").madvise
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            fn.restype = ctypes.c_int
-            _LIBC.append(fn)
-        except (OSError, AttributeError):
-            _LIBC.append(None)
-    return _LIBC[0]
+    return _libc("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int)
 
 
-def _discard(a: np.ndarray) -> None:
-    """Hand back the whole pages inside array a's memory (its contents are not needed again;
-    anonymous pages read back as zeros)."""
+def _malloc_trim():
+    """glibc's malloc_trim(pad) -> int, or None."""
+    import ctypes
+
+    return _libc("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+
+
+def _discard(addr: int, nbytes: int) -> None:
+    """Hand back the whole pages inside [addr, addr + nbytes) of anonymous memory whose
+    contents are not needed again (they read back as zeros)."""
     fn = _madvise()
     if fn is None:
         return
     page = mmap.PAGESIZE
-    start = -(-a.ctypes.data // page) * page
-    end = (a.ctypes.data + a.nbytes) // page * page
+    start = -(-addr // page) * page
+    end = (addr + nbytes) // page * page
     if end > start:
         fn(start, end - start, mmap.MADV_DONTNEED)
-
-
-_LIBC: list = []
-
-
-def _drop(buffer: mmap.mmap, offset: int, length: int) -> None:
-    start = offset // mmap.PAGESIZE * mmap.PAGESIZE
-    try:
-        buffer.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
-    except (OSError, ValueError):
-        pass
 
 
 def move_weights(model: Any) -> int:
@@ -172,18 +177,14 @@ def move_weights(model: Any) -> int:
         # a pass folded): its pages can be discarded as they are copied.
         private = (src is None and a.flags.owndata and a.base is None
                    and sys.getrefcount(a) <= _PRIVATE_REFS)
-        if src is not None or private:
+        if src is not None:
             # In chunks, each one's source pages handed back once copied: a 400 MB weight is
             # never resident twice.
-            flat_src, flat_dst = a.reshape(-1), dst.reshape(-1)
-            step = max(1, COPY_CHUNK // a.itemsize)
-            for i in range(0, flat_src.size, step):
-                j = min(flat_src.size, i + step)
-                flat_dst[i:j] = flat_src[i:j]
-                if src is not None:
-                    _drop(buffer, src[0] + i * a.itemsize, (j - i) * a.itemsize)
-                else:
-                    _discard(flat_src[i:j])
+            copy_in_chunks(a, dst, lambda o, n, at=src[0]: drop_pages(buffer, at + o, n),
+                           COPY_CHUNK)
+        elif private:
+            copy_in_chunks(a, dst, lambda o, n, at=a.ctypes.data: _discard(at + o, n),
+                           COPY_CHUNK)
         else:
             np.copyto(dst, a)
             freed += a.nbytes
@@ -240,23 +241,10 @@ def _collapse_views(arrays: list[np.ndarray]) -> int:
                for a in arrays)
 
 
-# Copies from the model file go in chunks of this many bytes.
+# Copies that hand their source back go in chunks of this many bytes.
 COPY_CHUNK = 16 << 20
 # Bytes of freed source weights between malloc_trim calls (each walks the heap, ~1 ms).
 TRIM_BYTES = 4 << 20
-
-
-def _malloc_trim():
-    """glibc's malloc_trim, or None."""
-    try:
-        import ctypes
-
-        fn = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return fn
 
 
 # Packed weights (kernels._util.packed) are bump-allocated from huge-page slabs: each packing is
@@ -288,12 +276,7 @@ def huge_copy(a: np.ndarray, private: bool = False) -> np.ndarray:
         np.copyto(out, a)
         return out
     release_heap(a.nbytes)  # large packings: the temporaries they freed (a float64 product)
-    flat_src, flat_dst = a.reshape(-1), out.reshape(-1)
-    step = max(1, COPY_CHUNK // a.itemsize)
-    for i in range(0, flat_src.size, step):
-        j = min(flat_src.size, i + step)
-        flat_dst[i:j] = flat_src[i:j]
-        _discard(flat_src[i:j])
+    copy_in_chunks(a, out, lambda o, n, at=a.ctypes.data: _discard(at + o, n), COPY_CHUNK)
     return out
 
 
