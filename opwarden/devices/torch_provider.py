@@ -49,7 +49,7 @@ from ..kernels.shuffle import DTYPES as _SHUFFLE_DTYPES  # noqa: E402
 from ..kernels.shuffle import channel_shuffle  # noqa: E402
 from ..ops import REGISTRY  # noqa: E402
 from ..ops.conv import conv_pads, spatial_params  # noqa: E402
-from ..ops.fused import last_reads  # noqa: E402
+from ..ops.fused import branch_convs, last_reads  # noqa: E402
 from ..ops.pool import _setup as _pool_setup  # noqa: E402
 from .base import Device, register_device  # noqa: E402
 
@@ -893,8 +893,6 @@ def _branch_parts(X, W, branches, attrs) -> list | None:
            attrs.get("auto_pad", "NOTSET"))
 
     def make(w: np.ndarray) -> list | None:
-        from ..ops.fused import branch_convs
-
         out, m0 = [], 0
         for wb, _bb, a in branch_convs(np.shape(X), w, None, branches, attrs, channel_axis=3):
             wb = np.ascontiguousarray(wb)
