@@ -256,8 +256,10 @@ class _Builder:
         local_types = {vi.name: vi.type for vi in gp.value_info}
         protos = _expand_functions(list(gp.node), self.functions)
         avail = set(g.values)
+        corrected: set[int] = set()
         for i, n in enumerate(_toposort(protos, avail, g.name)):
             g.nodes.append(self.node(n, g, i, local_types))
+            _pool_ceil_facts(g.nodes[-1], corrected)
             _custom_infer(g.nodes[-1])
         for vo in gp.output:
             v = g.lookup(vo.name)
@@ -328,6 +330,47 @@ class _Builder:
             v.producer = node
             node.outputs.append(v)
         return node
+
+
+_POOLS = ("MaxPool", "AveragePool", "LpPool")
+
+
+def _pool_ceil_facts(node: Node, corrected: set[int]) -> None:
+    """Correct onnx's shape inference for pools with ceil_mode (onnx 1.23 keeps a last window
+    that starts inside the end padding; the spec's reference, ORT and our kernels drop it) and
+    forget the shapes it derived from a wrong one: planned buffers are sized from these facts,
+    and an elementwise kernel would broadcast a smaller result into the larger buffer. Values
+    downstream of a corrected pool get unknown shapes (sized at run time) unless a custom
+    operator's own rule fills them in."""
+    from ..ops.pool import _pool_geometry
+
+    if any(v is not None and id(v) in corrected for v in node.inputs):
+        for v in node.outputs:
+            if v is not None and v.fact.shape is not None:
+                v.fact = TensorFact(v.fact.dtype, None)
+                corrected.add(id(v))
+        return
+    if node.domain or node.op_type not in _POOLS or not int(node.attrs.get("ceil_mode", 0)):
+        return
+    x = node.inputs[0] if node.inputs else None
+    if x is None or not x.fact.static or len(x.fact.shape) < 3:
+        return
+    nsp = len(x.fact.shape) - 2
+    kernel = list(node.attrs.get("kernel_shape") or ())
+    if len(kernel) != nsp:
+        return
+    try:
+        _b, _e, out = _pool_geometry(
+            list(x.fact.shape[2:]), kernel, list(node.attrs.get("strides") or [1] * nsp),
+            list(node.attrs.get("dilations") or [1] * nsp), node.attrs.get("pads"),
+            node.attrs.get("auto_pad", "NOTSET"), 1)
+    except Exception:  # noqa: BLE001 - invalid attributes are validation's to report
+        return
+    shape = tuple(x.fact.shape[:2]) + tuple(out)
+    for v in node.outputs:
+        if v is not None and v.fact.shape is not None and tuple(v.fact.shape) != shape:
+            v.fact = TensorFact(v.fact.dtype, shape)
+            corrected.add(id(v))
 
 
 def _custom_infer(node: Node) -> None:

@@ -242,3 +242,37 @@ def test_maxpool_indices_never_point_into_padding():
     assert y.shape == (1, 1, 4, 4) and (y == -128).all()
     assert idx.min() >= 0 and idx.max() < 9
     assert idx[0, 0, 0, 0] == 0 and idx[0, 0, 3, 3] == 8
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("level", [0, 3])
+def test_ceil_mode_pool_facts_follow_the_kernels_not_onnx_inference(op, level):
+    # onnx's shape inference keeps a last ceil_mode window that starts inside the end padding
+    # (3x3 input, 1x1 window, stride 3: 2x2); the spec's reference and ORT drop it (1x1).
+    # Planned buffers are sized from the facts, so the elementwise and convolution steps after
+    # the pool (in NHWC at level 3) must not see the larger shape.
+    from onnx import numpy_helper
+
+    import opwarden as ow
+
+    w = np.random.default_rng(0).standard_normal((2, 2, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node(op, ["c"], ["p"], kernel_shape=[1, 1], strides=[3, 3],
+                              ceil_mode=1),
+             helper.make_node("Relu", ["p"], ["r"]),
+             helper.make_node("Conv", ["r", "w"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 3, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = np.random.default_rng(1).standard_normal((1, 2, 3, 3)).astype(np.float32)
+    sess = ow.InferenceSession(model.SerializeToString(),
+                               ow.SessionOptions(optimization_level=level))
+    pool = next(n for n in sess.model.graph.nodes if n.op_type == op)
+    assert pool.outputs[0].fact.shape in ((1, 2, 1, 1), (1, 1, 1, 2))  # NCHW or NHWC
+    got = sess.run(None, {"x": x})[0]
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    assert got.shape == want.shape == (1, 2, 1, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
