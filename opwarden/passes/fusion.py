@@ -543,6 +543,102 @@ def sibling_conv_merge(rw: Rewriter) -> None:
         rw.changes += len(members)
 
 
+# Activations that never decrease (given their parameters), so that f(max(a, b)) = max(f(a),
+# f(b)): they commute with max pooling. NaN stays NaN either way (each maps NaN to NaN and no
+# number to NaN), and a pool window always holds at least one input element, so padding's
+# -inf never reaches an output through f.
+_MONOTONE = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh")
+
+
+def _monotone(act: str, params: list[float]) -> bool:
+    if act == "LeakyRelu":
+        return (params[0] if params else 0.01) >= 0
+    return act in _MONOTONE
+
+
+def _activation_node(rw: Rewriter, act: str, params: list[float], x: Value, y: Value,
+                     name: str) -> Node:
+    """y = act(x) as a standard node (FusedConv's activation_params conventions)."""
+    opset = rw.model.opsets.get("", 0)
+    attrs: dict = {}
+    types: dict = {}
+    ins: list[Value | None] = [x]
+    if act == "LeakyRelu":
+        attrs["alpha"] = float(params[0] if params else 0.01)
+        types["alpha"] = onnx.AttributeProto.FLOAT
+    elif act == "Clip":
+        lo = float(params[0]) if len(params) > 0 else -math.inf
+        hi = float(params[1]) if len(params) > 1 else math.inf
+        if opset >= 11:
+            dt = np.dtype(y.fact.dtype)
+            ins += [rw.new_const(f"{name}_min", np.array(lo, dt)),
+                    rw.new_const(f"{name}_max", np.array(hi, dt))]
+        else:
+            attrs.update(min=lo, max=hi)
+            types.update(min=onnx.AttributeProto.FLOAT, max=onnx.AttributeProto.FLOAT)
+    return rw.make_node(act, ins, [y], attrs, name=name, domain="", opset=opset,
+                        attr_types=types)
+
+
+def activation_after_maxpool(rw: Rewriter) -> None:
+    """act -> MaxPool (or GlobalMaxPool) -> MaxPool -> act, for an activation that never
+    decreases (see _MONOTONE) applied by its own node or by a FusedConv, when the pool's output
+    has fewer elements than its input: the activation then passes over the pooled tensor only
+    (a quarter of it for a 3x3/2 pool), while it is in cache, instead of over the larger one
+    (SqueezeNet's stem and fire modules, ResNet's and Inception's stems, VGG's block ends).
+    Exact, NaN and Inf included. A moved activation can join the elementwise chain after the
+    pool (elementwise_fusion runs later)."""
+    if rw.model.opsets.get("", 0) < 6:  # (Clip and LeakyRelu as written here)
+        return
+    for node in rw.graph.nodes:
+        if id(node) in rw.removed or not node.outputs or node.outputs[0] is None:
+            continue
+        y = node.outputs[0]
+        if _std(node, *_MONOTONE) and node.inputs:
+            act = activation_of(rw, node, node.inputs[0])
+            fused = False
+        elif node.domain == "opwarden" and node.op_type == "FusedConv" and \
+                node.attrs.get("activation"):
+            act = (str(node.attrs["activation"]),
+                   [float(v) for v in node.attrs.get("activation_params") or ()])
+            fused = True
+        else:
+            continue
+        if act is None or not _monotone(*act) or y.fact.dtype not in _FLOAT:
+            continue
+        pool = rw.single_use(y)
+        if not _std(pool, "MaxPool", "GlobalMaxPool") or pool.inputs[0] is not y:
+            continue
+        if any(o is not None for o in pool.outputs[1:]):  # MaxPool's Indices
+            continue
+        out = pool.outputs[0]
+        xs, ys = _known_shape(y), _known_shape(out)
+        if xs is None or ys is None or not all(isinstance(d, int) for d in xs + ys):
+            continue
+        if math.prod(ys) >= math.prod(xs) or out.fact.dtype != y.fact.dtype:
+            continue
+        pooled = rw.new_value(f"{pool.name}_pooled", out.fact)
+        src = y
+        rw.remove(pool)
+        if fused:
+            keep = {k: v for k, v in node.attrs.items()
+                    if k not in ("activation", "activation_params")}
+            types = {k: t for k, t in getattr(node, "attr_types", {}).items() if k in keep}
+            rw.remove(node)
+            rw.place(rw.make_node("FusedConv", list(node.inputs), [y], keep, name=node.name,
+                                  attr_types=types), node)
+        else:
+            src = node.inputs[0]
+            rw.remove(node)
+        rw.place(rw.make_node(pool.op_type, [src], [pooled], pool.attrs, name=pool.name,
+                              domain="", opset=pool.opset,
+                              attr_types=getattr(pool, "attr_types", None)), pool)
+        rw.place(_activation_node(rw, act[0], act[1], pooled, out, f"{pool.name}_{act[0]}"),
+                 pool)
+        rw.stats[f"{act[0]} after {pool.op_type}"] += 1
+        rw.changes += 1
+
+
 def gemm_fusion(rw: Rewriter) -> None:
     """Gemm + activation -> FusedGemm; MatMul [+ bias Add] [+ activation] -> FusedGemm (2-D)
     or FusedMatMul."""
