@@ -5,7 +5,8 @@ identity elimination, dead-code elimination (repeated until nothing changes); 2 
 Conv+BatchNormalization folding, BatchNormalization as Mul/Add (a positive scale before a Relu
 moves into the convolutions reading it), Conv/Gemm/MatMul + bias +
 activation fusion, a Concat of sibling convolutions of one input as one FusedConv with
-branches, merging sibling 1x1 convolutions of one input (then a Split), a non-decreasing
+branches, merging sibling 1x1 convolutions of one input (then a Split), an AveragePool and a
+1x1 convolution swapped when the other order costs less, a non-decreasing
 activation moved after the MaxPool that reads it (it then runs on the smaller tensor), transpose
 cancellation and elementwise-chain fusion (then a level-1 clean-up); 3 is everything (the
 layout pass runs later, at placement). Any pass can be switched off by name with
@@ -23,6 +24,7 @@ from ..ir.graph import Model
 from .basic import constant_folding, dead_code_elimination, identity_elimination, shape_folding
 from .fusion import (
     activation_after_maxpool,
+    avgpool_conv_reorder,
     bn_to_affine,
     concat_conv_merge,
     conv_bn_folding,
@@ -47,6 +49,7 @@ PASSES: list[tuple[str, int, Callable[[Rewriter], None]]] = [
     ("conv_fusion", 2, conv_fusion),
     ("concat_conv_merge", 2, concat_conv_merge),
     ("sibling_conv_merge", 2, sibling_conv_merge),
+    ("avgpool_conv_reorder", 2, avgpool_conv_reorder),
     ("activation_after_maxpool", 2, activation_after_maxpool),
     ("gemm_fusion", 2, gemm_fusion),
     ("transpose_cancellation", 2, transpose_cancellation),

@@ -639,6 +639,142 @@ def activation_after_maxpool(rw: Rewriter) -> None:
         rw.changes += 1
 
 
+# Relative cost of one pooling element-op (memory-bound, one NumPy pass per tap) against one
+# multiply-add of a 1x1 convolution's GEMM, measured on the zoo's shapes: a 3x3 AveragePool
+# over 14x14x576 ~200 us (1M adds), the 576->128 1x1 GEMM on it ~145 us (14.5M MACs).
+_POOL_OP_COST = 20
+
+
+def _cheaper(now: float, new: float) -> bool:
+    """Whether the reordered pair's cost `new` beats `now` (tests force every legal swap)."""
+    return new < now
+
+
+def _pointwise_conv(rw: Rewriter, node: Node | None) -> bool:
+    """A 1x1, stride-1, unpadded convolution (Conv or FusedConv without residual, branches or
+    input shuffle) with a static 4-D input and constant weights: a per-pixel linear map."""
+    if node is None or id(node) in rw.removed or node.opdef is None:
+        return False
+    if not (_std(node, "Conv") or (node.domain == "opwarden" and node.op_type == "FusedConv")):
+        return False
+    a = node.attrs
+    if a.get("branches") or int(a.get("input_shuffle", 0) or 0) > 1:
+        return False
+    if len(node.inputs) > 3 and node.inputs[3] is not None:
+        return False
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return False
+    x, w = node.inputs[0], node.inputs[1]
+    ws = None if w is None else _known_shape(w)
+    if ws is None or len(ws) != 4 or tuple(ws[2:]) != (1, 1) or rw.const(w) is None:
+        return False
+    if any(int(v) != 1 for v in a.get("strides") or ()) or any(int(v) for v in a.get("pads") or ()):
+        return False
+    return x is not None and x.fact.static and len(x.fact.shape) == 4 and \
+        x.fact.dtype in _FLOAT
+
+
+def _avg_commutes(rw: Rewriter, pool: Node, conv: Node) -> bool:
+    """AveragePool and a 1x1 convolution commute when each window's weights sum to one
+    (count_include_pad off, or no padding at all) or the convolution has no bias: then
+    pool(W x + b) = W pool(x) + b at every output pixel."""
+    a = pool.attrs
+    if len(a.get("kernel_shape") or ()) != 2 or any(int(v) != 1 for v in a.get("dilations") or ()):
+        return False
+    if not int(a.get("count_include_pad", 0)):
+        return True
+    padded = (any(int(v) for v in a.get("pads") or ()) or int(a.get("ceil_mode", 0))
+              or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"))
+    if not padded:
+        return True
+    b = rw.const(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] is not None else None
+    return (len(conv.inputs) < 3 or conv.inputs[2] is None) or (b is not None and not b.any())
+
+
+def _conv_copy(rw: Rewriter, conv: Node, x: Value, y: Value, keep_act: bool) -> Node:
+    attrs = {k: v for k, v in conv.attrs.items()
+             if keep_act or k not in ("activation", "activation_params")}
+    types = {k: t for k, t in getattr(conv, "attr_types", {}).items() if k in attrs}
+    return rw.make_node(conv.op_type, [x, *conv.inputs[1:]], [y], attrs, name=conv.name,
+                        domain=conv.domain, opset=conv.opset, attr_types=types)
+
+
+def _pool_copy(rw: Rewriter, pool: Node, x: Value, y: Value) -> Node:
+    return rw.make_node(pool.op_type, [x], [y], pool.attrs, name=pool.name, domain="",
+                        opset=pool.opset, attr_types=getattr(pool, "attr_types", None))
+
+
+def avgpool_conv_reorder(rw: Rewriter) -> None:
+    """An AveragePool next to a 1x1 convolution (both linear per pixel, see _avg_commutes)
+    runs on whichever side costs less: before the convolution when it shrinks the image
+    (DenseNet's transitions: the 1x1 then runs on a quarter of the pixels), after it when the
+    convolution has fewer output than input channels (BN-Inception's pool projections: the
+    3x3 pool over 128 channels instead of 576). A convolution's activation stays after both
+    (its own node when the pool moves after the convolution). Exact but for rounding."""
+    for pool in rw.graph.nodes:
+        if id(pool) in rw.removed or not _std(pool, "AveragePool") or not pool.inputs:
+            continue
+        x, out = pool.inputs[0], pool.outputs[0]
+        xs, ys = _known_shape(x), _known_shape(out)
+        if xs is None or ys is None or len(xs) != 4 or len(ys) != 4:
+            continue
+        if not all(isinstance(d, int) for d in xs + ys) or out.fact.dtype != x.fact.dtype:
+            continue
+        k = math.prod(int(v) for v in pool.attrs["kernel_shape"])
+        p_in, p_out = xs[2] * xs[3], ys[2] * ys[3]
+        conv = x.producer
+        after = rw.single_use(x) is pool and _pointwise_conv(rw, conv) and \
+            not conv.attrs.get("activation") and len(conv.outputs) == 1
+        if after and _avg_commutes(rw, pool, conv):
+            # conv -> pool  =>  pool -> conv, when pooling first costs less.
+            c_in, c_out = conv.inputs[0].fact.shape[1], xs[1]
+            now = c_in * c_out * p_in + _POOL_OP_COST * k * c_out * p_out
+            new = _POOL_OP_COST * k * c_in * p_out + c_in * c_out * p_out
+            if _cheaper(now, new):
+                src = conv.inputs[0]
+                pooled = rw.new_value(f"{pool.name}_first",
+                                      TensorFact(src.fact.dtype, (xs[0], c_in, ys[2], ys[3])))
+                rw.remove(pool)
+                rw.remove(conv)
+                rw.place(_pool_copy(rw, pool, src, pooled), pool)
+                rw.place(_conv_copy(rw, conv, pooled, out, True), pool)
+                rw.stats["AveragePool before a 1x1 convolution"] += 1
+                rw.changes += 1
+            continue
+        conv = rw.single_use(out)
+        if not _pointwise_conv(rw, conv) or conv.inputs[0] is not out or \
+                not _avg_commutes(rw, pool, conv):
+            continue
+        # pool -> conv [-> act]  =>  conv -> pool [-> act], when pooling after costs less.
+        y = conv.outputs[0]
+        act = None
+        if conv.attrs.get("activation"):
+            act = (str(conv.attrs["activation"]),
+                   [float(v) for v in conv.attrs.get("activation_params") or ()])
+            if act[0] not in _MONOTONE:  # the standalone activations _activation_node writes
+                continue
+        c_in, c_out = xs[1], _known_shape(conv.inputs[1])[0]
+        extra = _POOL_OP_COST * c_out * p_out if act else 0  # the activation's own pass
+        now = _POOL_OP_COST * k * c_in * p_out + c_in * c_out * p_out
+        new = c_in * c_out * p_in + _POOL_OP_COST * k * c_out * p_out + extra
+        if not _cheaper(now, new):
+            continue
+        pre = rw.new_value(f"{conv.name}_full", TensorFact(y.fact.dtype, (xs[0], c_out,
+                                                                           xs[2], xs[3])))
+        rw.remove(pool)
+        rw.remove(conv)
+        rw.place(_conv_copy(rw, conv, x, pre, False), conv)
+        if act is None:
+            rw.place(_pool_copy(rw, pool, pre, y), conv)
+        else:
+            pooled = rw.new_value(f"{pool.name}_pooled", y.fact)
+            rw.place(_pool_copy(rw, pool, pre, pooled), conv)
+            rw.place(_activation_node(rw, act[0], act[1], pooled, y, f"{pool.name}_{act[0]}"),
+                     conv)
+        rw.stats["AveragePool after a 1x1 convolution"] += 1
+        rw.changes += 1
+
+
 def gemm_fusion(rw: Rewriter) -> None:
     """Gemm + activation -> FusedGemm; MatMul [+ bias Add] [+ activation] -> FusedGemm (2-D)
     or FusedMatMul."""
