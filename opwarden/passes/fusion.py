@@ -581,11 +581,11 @@ def _activation_node(rw: Rewriter, act: str, params: list[float], x: Value, y: V
 
 
 def activation_after_maxpool(rw: Rewriter) -> None:
-    """act -> MaxPool (or GlobalMaxPool) -> MaxPool -> act, for an activation that never
-    decreases (see _MONOTONE) applied by its own node or by a FusedConv, when the pool's output
-    has fewer elements than its input: the activation then passes over the pooled tensor only
-    (a quarter of it for a 3x3/2 pool), while it is in cache, instead of over the larger one
-    (SqueezeNet's stem and fire modules, ResNet's and Inception's stems, VGG's block ends).
+    """act then MaxPool (or GlobalMaxPool) becomes the pool then act, for an activation that
+    never decreases (see _MONOTONE) applied by its own node or by a FusedConv, when the pool's
+    output has fewer elements than its input: the activation then passes over the pooled
+    tensor only (a quarter of it for a 3x3/2 pool), just written, instead of over the larger
+    one (SqueezeNet's stem and fire modules, ResNet's and Inception's stems, VGG's block ends).
     Exact, NaN and Inf included. A moved activation can join the elementwise chain after the
     pool (elementwise_fusion runs later)."""
     if rw.model.opsets.get("", 0) < 6:  # (Clip and LeakyRelu as written here)
