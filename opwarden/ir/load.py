@@ -131,17 +131,88 @@ def _light_copy(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def _infer(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Types of every value shape inference can tell (failures leave facts unknown)."""
-    types: dict[str, onnx.TypeProto] = {}
     try:
         light = _light_copy(proto)
         inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
         g = inferred.graph
     except Exception:  # noqa: BLE001 - onnx's inference raises on many malformed models
-        g = proto.graph
-    for vi in list(g.input) + list(g.value_info) + list(g.output):
-        if vi.HasField("type"):
-            types[vi.name] = vi.type
+        return _types(proto.graph)
+    types = _types(g)
+    fixes = _ceil_pool_fixes(light.graph, types)
+    if fixes:
+        # Inference again with the pools' true shapes given: everything after them follows.
+        # Shapes declared downstream of them (value_info, graph outputs: an exporter may have
+        # written onnx's answer there) would contradict it, so they go first.
+        after = set(fixes)
+        for n in light.graph.node:
+            if any(i in after for i in n.input):
+                after.update(o for o in n.output if o)
+        kept = [vi for vi in light.graph.value_info if vi.name not in after]
+        del light.graph.value_info[:]
+        light.graph.value_info.extend(kept)
+        for vo in light.graph.output:
+            if vo.name in after and vo.type.HasField("tensor_type"):
+                vo.type.tensor_type.ClearField("shape")
+        for name, (elem, shape) in fixes.items():
+            outs = [vo for vo in light.graph.output if vo.name == name]
+            if outs:
+                outs[0].CopyFrom(onnx.helper.make_tensor_value_info(name, elem, shape))
+            else:
+                light.graph.value_info.append(onnx.helper.make_tensor_value_info(name, elem, shape))
+        try:
+            types = _types(onnx.shape_inference.infer_shapes(
+                light, check_type=False, strict_mode=False).graph)
+        except Exception:  # noqa: BLE001 - keep the first answer; the builder corrects the pools
+            pass
     return types
+
+
+def _types(g: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    return {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output)
+            if vi.HasField("type")}
+
+
+def _ceil_pool_fixes(g: onnx.GraphProto, types: dict) -> dict[str, tuple[int, list[int]]]:
+    """Outputs of ceil_mode pools whose inferred shape is not the kernels' (see
+    _pool_ceil_facts): name -> (element type, shape)."""
+    from ..ops.pool import _pool_geometry
+
+    fixes: dict[str, tuple[int, list[int]]] = {}
+    for n in g.node:
+        if canonical_domain(n.domain) != "" or n.op_type not in _POOLS or not n.input:
+            continue
+        a = {at.name: onnx.helper.get_attribute_value(at) for at in n.attribute}
+        if not int(a.get("ceil_mode", 0)):
+            continue
+        t = types.get(n.input[0])
+        if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            continue
+        dims = t.tensor_type.shape.dim
+        if len(dims) < 3 or any(not d.HasField("dim_value") for d in dims):
+            continue
+        xs = [d.dim_value for d in dims]
+        nsp = len(xs) - 2
+        kernel = list(a.get("kernel_shape") or ())
+        pad_mode = a.get("auto_pad", b"NOTSET")
+        pad_mode = pad_mode.decode() if isinstance(pad_mode, bytes) else pad_mode
+        try:
+            _b, _e, sp = _pool_geometry(xs[2:], kernel, list(a.get("strides") or [1] * nsp),
+                                        list(a.get("dilations") or [1] * nsp), a.get("pads"),
+                                        pad_mode, 1)
+        except Exception:  # noqa: BLE001 - invalid attributes are validation's to report
+            continue
+        shape = xs[:2] + list(sp)
+        for k, o in enumerate(n.output):
+            ot = types.get(o) if o else None
+            if ot is None or not ot.HasField("tensor_type"):
+                continue
+            have = [d.dim_value if d.HasField("dim_value") else None
+                    for d in ot.tensor_type.shape.dim]
+            if have != shape:
+                elem = ot.tensor_type.elem_type or (
+                    onnx.TensorProto.INT64 if k else t.tensor_type.elem_type)
+                fixes[o] = (elem, shape)
+    return fixes
 
 
 def _free_names(g: onnx.GraphProto) -> set[str]:
@@ -253,7 +324,9 @@ class _Builder:
         for name, v in g.values.items():
             if v.const is not None:
                 g.initializers[name] = v
-        local_types = {vi.name: vi.type for vi in gp.value_info}
+        # The main graph's declared value_info already went through inference (self.types,
+        # which corrected what contradicts the kernels); a subgraph's is read as declared.
+        local_types = {vi.name: vi.type for vi in gp.value_info} if outer is not None else {}
         protos = _expand_functions(list(gp.node), self.functions)
         avail = set(g.values)
         corrected: set[int] = set()
@@ -337,10 +410,11 @@ _POOLS = ("MaxPool", "AveragePool", "LpPool")
 
 def _pool_ceil_facts(node: Node, corrected: set[int]) -> None:
     """Correct onnx's shape inference for pools with ceil_mode (onnx 1.23 keeps a last window
-    that starts inside the end padding; the spec's reference, ORT and our kernels drop it) and
-    forget the shapes it derived from a wrong one: planned buffers are sized from these facts,
-    and an elementwise kernel would broadcast a smaller result into the larger buffer. Values
-    downstream of a corrected pool get unknown shapes (sized at run time) unless a custom
+    that starts inside the end padding; the spec's reference, ORT and our kernels drop it):
+    planned buffers are sized from these facts, and an elementwise kernel would broadcast a
+    smaller result into the larger buffer. _infer already reran inference with the true shapes
+    (main graph); this is the net for what that missed (subgraphs, a failed second run): values
+    downstream of a pool corrected here get unknown shapes (sized at run time) unless a custom
     operator's own rule fills them in."""
     from ..ops.pool import _pool_geometry
 

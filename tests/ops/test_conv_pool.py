@@ -272,7 +272,33 @@ def test_ceil_mode_pool_facts_follow_the_kernels_not_onnx_inference(op, level):
                                ow.SessionOptions(optimization_level=level))
     pool = next(n for n in sess.model.graph.nodes if n.op_type == op)
     assert pool.outputs[0].fact.shape in ((1, 2, 1, 1), (1, 1, 1, 2))  # NCHW or NHWC
+    # Inference reran with the pool's true shape: what follows it stays static.
+    relu = next(n for n in sess.model.graph.nodes if n.op_type == "Relu")
+    assert relu.outputs[0].fact.shape == pool.outputs[0].fact.shape
     got = sess.run(None, {"x": x})[0]
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     assert got.shape == want.shape == (1, 2, 1, 1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_ceil_mode_pool_with_a_wrong_declared_shape():
+    # An exporter that ran onnx's inference wrote its answer into value_info and the output
+    # type: both are overruled by the kernels' geometry.
+    import opwarden as ow
+
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[1, 1], strides=[3, 3],
+                              ceil_mode=1),
+             helper.make_node("Neg", ["p"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 3, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 2, 2])],
+        value_info=[helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, [1, 2, 2, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3)
+    from opwarden.ir.load import load
+
+    loaded = load(model.SerializeToString())
+    assert [n.outputs[0].fact.shape for n in loaded.graph.nodes] == [(1, 2, 1, 1)] * 2
+    sess = ow.InferenceSession(model.SerializeToString())
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], -x[:, :, :1, :1])
