@@ -10,7 +10,7 @@ import onnx
 from ..contract import TensorFact
 from ..ir.graph import Node, Value
 from ..runtime.place import kernel_kwargs
-from .rewrite import Rewriter
+from .rewrite import Rewriter, static_shape
 
 _FLOAT = frozenset({"float16", "float32", "float64", "bfloat16"})
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
@@ -580,6 +580,28 @@ def _activation_node(rw: Rewriter, act: str, params: list[float], x: Value, y: V
                         attr_types=types)
 
 
+def _fused_activation(node: Node) -> tuple[str, list[float]] | None:
+    """A FusedConv's (activation, activation_params), or None when it applies none."""
+    if node.domain != "opwarden" or node.op_type != "FusedConv" or \
+            not node.attrs.get("activation"):
+        return None
+    return (str(node.attrs["activation"]),
+            [float(v) for v in node.attrs.get("activation_params") or ()])
+
+
+def _conv_copy(rw: Rewriter, conv: Node, x: Value, y: Value, keep_act: bool) -> Node:
+    attrs = {k: v for k, v in conv.attrs.items()
+             if keep_act or k not in ("activation", "activation_params")}
+    types = {k: t for k, t in getattr(conv, "attr_types", {}).items() if k in attrs}
+    return rw.make_node(conv.op_type, [x, *conv.inputs[1:]], [y], attrs, name=conv.name,
+                        domain=conv.domain, opset=conv.opset, attr_types=types)
+
+
+def _pool_copy(rw: Rewriter, pool: Node, x: Value, y: Value) -> Node:
+    return rw.make_node(pool.op_type, [x], [y], pool.attrs, name=pool.name, domain="",
+                        opset=pool.opset, attr_types=getattr(pool, "attr_types", None))
+
+
 def activation_after_maxpool(rw: Rewriter) -> None:
     """act then MaxPool (or GlobalMaxPool) becomes the pool then act, for an activation that
     never decreases (see _MONOTONE) applied by its own node or by a FusedConv, when the pool's
@@ -594,16 +616,10 @@ def activation_after_maxpool(rw: Rewriter) -> None:
         if id(node) in rw.removed or not node.outputs or node.outputs[0] is None:
             continue
         y = node.outputs[0]
-        if _std(node, *_MONOTONE) and node.inputs:
-            act = activation_of(rw, node, node.inputs[0])
-            fused = False
-        elif node.domain == "opwarden" and node.op_type == "FusedConv" and \
-                node.attrs.get("activation"):
-            act = (str(node.attrs["activation"]),
-                   [float(v) for v in node.attrs.get("activation_params") or ()])
-            fused = True
+        if _std(node, *_MONOTONE):
+            fused, act = False, activation_of(rw, node, node.inputs[0]) if node.inputs else None
         else:
-            continue
+            fused, act = True, _fused_activation(node)
         if act is None or not _monotone(*act) or y.fact.dtype not in _FLOAT:
             continue
         pool = rw.single_use(y)
@@ -612,27 +628,17 @@ def activation_after_maxpool(rw: Rewriter) -> None:
         if any(o is not None for o in pool.outputs[1:]):  # MaxPool's Indices
             continue
         out = pool.outputs[0]
-        xs, ys = _known_shape(y), _known_shape(out)
-        if xs is None or ys is None or not all(isinstance(d, int) for d in xs + ys):
-            continue
-        if math.prod(ys) >= math.prod(xs) or out.fact.dtype != y.fact.dtype:
+        xs, ys = static_shape(y), static_shape(out)
+        if xs is None or ys is None or math.prod(ys) >= math.prod(xs) or \
+                out.fact.dtype != y.fact.dtype:
             continue
         pooled = rw.new_value(f"{pool.name}_pooled", out.fact)
-        src = y
         rw.remove(pool)
-        if fused:
-            keep = {k: v for k, v in node.attrs.items()
-                    if k not in ("activation", "activation_params")}
-            types = {k: t for k, t in getattr(node, "attr_types", {}).items() if k in keep}
-            rw.remove(node)
-            rw.place(rw.make_node("FusedConv", list(node.inputs), [y], keep, name=node.name,
-                                  attr_types=types), node)
-        else:
-            src = node.inputs[0]
-            rw.remove(node)
-        rw.place(rw.make_node(pool.op_type, [src], [pooled], pool.attrs, name=pool.name,
-                              domain="", opset=pool.opset,
-                              attr_types=getattr(pool, "attr_types", None)), pool)
+        rw.remove(node)
+        if fused:  # the convolution stays, without its activation
+            rw.place(_conv_copy(rw, node, node.inputs[0], y, False), node)
+        src = y if fused else node.inputs[0]
+        rw.place(_pool_copy(rw, pool, src, pooled), pool)
         rw.place(_activation_node(rw, act[0], act[1], pooled, out, f"{pool.name}_{act[0]}"),
                  pool)
         rw.stats[f"{act[0]} after {pool.op_type}"] += 1
@@ -691,19 +697,6 @@ def _avg_commutes(rw: Rewriter, pool: Node, conv: Node) -> bool:
     return (len(conv.inputs) < 3 or conv.inputs[2] is None) or (b is not None and not b.any())
 
 
-def _conv_copy(rw: Rewriter, conv: Node, x: Value, y: Value, keep_act: bool) -> Node:
-    attrs = {k: v for k, v in conv.attrs.items()
-             if keep_act or k not in ("activation", "activation_params")}
-    types = {k: t for k, t in getattr(conv, "attr_types", {}).items() if k in attrs}
-    return rw.make_node(conv.op_type, [x, *conv.inputs[1:]], [y], attrs, name=conv.name,
-                        domain=conv.domain, opset=conv.opset, attr_types=types)
-
-
-def _pool_copy(rw: Rewriter, pool: Node, x: Value, y: Value) -> Node:
-    return rw.make_node(pool.op_type, [x], [y], pool.attrs, name=pool.name, domain="",
-                        opset=pool.opset, attr_types=getattr(pool, "attr_types", None))
-
-
 def avgpool_conv_reorder(rw: Rewriter) -> None:
     """An AveragePool next to a 1x1 convolution (both linear per pixel, see _avg_commutes)
     runs on whichever side costs less: before the convolution when it shrinks the image
@@ -715,10 +708,9 @@ def avgpool_conv_reorder(rw: Rewriter) -> None:
         if id(pool) in rw.removed or not _std(pool, "AveragePool") or not pool.inputs:
             continue
         x, out = pool.inputs[0], pool.outputs[0]
-        xs, ys = _known_shape(x), _known_shape(out)
-        if xs is None or ys is None or len(xs) != 4 or len(ys) != 4:
-            continue
-        if not all(isinstance(d, int) for d in xs + ys) or out.fact.dtype != x.fact.dtype:
+        xs, ys = static_shape(x), static_shape(out)
+        if xs is None or ys is None or len(xs) != 4 or len(ys) != 4 or \
+                out.fact.dtype != x.fact.dtype:
             continue
         k = math.prod(int(v) for v in pool.attrs["kernel_shape"])
         p_in, p_out = xs[2] * xs[3], ys[2] * ys[3]
@@ -747,12 +739,9 @@ def avgpool_conv_reorder(rw: Rewriter) -> None:
             continue
         # pool -> conv [-> act]  =>  conv -> pool [-> act], when pooling after costs less.
         y = conv.outputs[0]
-        act = None
-        if conv.attrs.get("activation"):
-            act = (str(conv.attrs["activation"]),
-                   [float(v) for v in conv.attrs.get("activation_params") or ()])
-            if act[0] not in _MONOTONE:  # the standalone activations _activation_node writes
-                continue
+        act = _fused_activation(conv)
+        if act is not None and act[0] not in _MONOTONE:  # those _activation_node writes
+            continue
         c_in, c_out = xs[1], _known_shape(conv.inputs[1])[0]
         extra = _POOL_OP_COST * c_out * p_out if act else 0  # the activation's own pass
         now = _POOL_OP_COST * k * c_in * p_out + c_in * c_out * p_out
