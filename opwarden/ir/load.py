@@ -175,33 +175,21 @@ def _types(g: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
 def _ceil_pool_fixes(g: onnx.GraphProto, types: dict) -> dict[str, tuple[int, list[int]]]:
     """Outputs of ceil_mode pools whose inferred shape is not the kernels' (see
     _pool_ceil_facts): name -> (element type, shape)."""
-    from ..ops.pool import _pool_geometry
-
     fixes: dict[str, tuple[int, list[int]]] = {}
     for n in g.node:
         if canonical_domain(n.domain) != "" or n.op_type not in _POOLS or not n.input:
-            continue
-        a = {at.name: onnx.helper.get_attribute_value(at) for at in n.attribute}
-        if not int(a.get("ceil_mode", 0)):
             continue
         t = types.get(n.input[0])
         if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
             continue
         dims = t.tensor_type.shape.dim
-        if len(dims) < 3 or any(not d.HasField("dim_value") for d in dims):
+        if any(not d.HasField("dim_value") for d in dims):
             continue
-        xs = [d.dim_value for d in dims]
-        nsp = len(xs) - 2
-        kernel = list(a.get("kernel_shape") or ())
-        pad_mode = a.get("auto_pad", b"NOTSET")
-        pad_mode = pad_mode.decode() if isinstance(pad_mode, bytes) else pad_mode
-        try:
-            _b, _e, sp = _pool_geometry(xs[2:], kernel, list(a.get("strides") or [1] * nsp),
-                                        list(a.get("dilations") or [1] * nsp), a.get("pads"),
-                                        pad_mode, 1)
-        except Exception:  # noqa: BLE001 - invalid attributes are validation's to report
+        a = {at.name: attr_value(at) for at in n.attribute}
+        shape = _ceil_pool_shape(a, [d.dim_value for d in dims])
+        if shape is None:
             continue
-        shape = xs[:2] + list(sp)
+        shape = list(shape)
         for k, o in enumerate(n.output):
             ot = types.get(o) if o else None
             if ot is None or not ot.HasField("tensor_type"):
@@ -408,6 +396,23 @@ class _Builder:
 _POOLS = ("MaxPool", "AveragePool", "LpPool")
 
 
+def _ceil_pool_shape(attrs: dict, xs) -> tuple[int, ...] | None:
+    """The output shape the pooling kernels give a ceil_mode pool over a static input of shape
+    `xs` (ops.pool's own geometry); None without ceil_mode or with invalid attributes, which
+    validation reports."""
+    from ..ops.pool import _setup
+
+    if not int(attrs.get("ceil_mode", 0)):
+        return None
+    try:
+        out = _setup(tuple(xs), attrs.get("kernel_shape"), attrs.get("strides"),
+                     attrs.get("dilations"), attrs.get("pads"),
+                     attrs.get("auto_pad", "NOTSET"), 1)[5]
+    except Exception:  # noqa: BLE001 - invalid attributes are validation's to report
+        return None
+    return tuple(xs[:2]) + tuple(out)
+
+
 def _pool_ceil_facts(node: Node, corrected: set[int]) -> None:
     """Correct onnx's shape inference for pools with ceil_mode (onnx 1.23 keeps a last window
     that starts inside the end padding; the spec's reference, ORT and our kernels drop it):
@@ -416,31 +421,19 @@ def _pool_ceil_facts(node: Node, corrected: set[int]) -> None:
     (main graph); this is the net for what that missed (subgraphs, a failed second run): values
     downstream of a pool corrected here get unknown shapes (sized at run time) unless a custom
     operator's own rule fills them in."""
-    from ..ops.pool import _pool_geometry
-
     if any(v is not None and id(v) in corrected for v in node.inputs):
         for v in node.outputs:
             if v is not None and v.fact.shape is not None:
                 v.fact = TensorFact(v.fact.dtype, None)
                 corrected.add(id(v))
         return
-    if node.domain or node.op_type not in _POOLS or not int(node.attrs.get("ceil_mode", 0)):
+    if node.domain or node.op_type not in _POOLS:
         return
     x = node.inputs[0] if node.inputs else None
-    if x is None or not x.fact.static or len(x.fact.shape) < 3:
+    shape = None if x is None or not x.fact.static else _ceil_pool_shape(node.attrs,
+                                                                         x.fact.shape)
+    if shape is None:
         return
-    nsp = len(x.fact.shape) - 2
-    kernel = list(node.attrs.get("kernel_shape") or ())
-    if len(kernel) != nsp:
-        return
-    try:
-        _b, _e, out = _pool_geometry(
-            list(x.fact.shape[2:]), kernel, list(node.attrs.get("strides") or [1] * nsp),
-            list(node.attrs.get("dilations") or [1] * nsp), node.attrs.get("pads"),
-            node.attrs.get("auto_pad", "NOTSET"), 1)
-    except Exception:  # noqa: BLE001 - invalid attributes are validation's to report
-        return
-    shape = tuple(x.fact.shape[:2]) + tuple(out)
     for v in node.outputs:
         if v is not None and v.fact.shape is not None and tuple(v.fact.shape) != shape:
             v.fact = TensorFact(v.fact.dtype, shape)
