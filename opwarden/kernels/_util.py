@@ -361,3 +361,89 @@ def matmul_acc(a: np.ndarray, b: np.ndarray, y: np.ndarray, accumulate: bool) ->
     ldc = y.strides[0] // y.itemsize if m > 1 else n
     gemm(m, n, k, a.ctypes.data, ta[1], b.ctypes.data, tb[1], 1.0 if accumulate else 0.0,
          y.ctypes.data, max(ldc, n), ta[0], tb[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Bias and residual adds through OpenBLAS's level-1/2 routines. NumPy's add runs on one thread;
+# OpenBLAS's axpy (y += x) and rank-1 update ger (y += ones * bias^T) run on its threads, which
+# are still awake just after the GEMM whose output they update. Measured on convolution outputs
+# of 0.4-3.2 MB, two threads: a bias add 3-4x faster than NumPy's broadcast add (3136x256: 54
+# vs 220 us), a residual add 1.6-3x faster (152 vs 251 us). The sums are the same float32
+# additions (alpha is 1, so alpha * x is exact): results equal NumPy's bit for bit, NaN and
+# Inf included.
+
+# Off: NumPy's adds everywhere (for measuring). Below these many floats NumPy's call was as
+# fast or faster (no thread hand-off, no ctypes call): ger from ~50K floats (196x256: 17 vs 21
+# us), axpy from ~100K (784x128: 13 vs 13 us; 196x96: 6.4 vs 2.3).
+BLAS_ADDS = True
+BLAS_ROWS_MIN = 1 << 15
+BLAS_AXPY_MIN = 1 << 17
+_AXPY: list = []
+_GER: list = []
+_ONES: list = [np.ones(0, F32)]
+
+
+def _level12() -> tuple[Any, Any]:
+    """(saxpy, sger) of NumPy's OpenBLAS (ILP64 CBLAS), each None when it cannot be found."""
+    import ctypes
+
+    if not _AXPY:
+        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        axpy = openblas_symbol("scipy_cblas_saxpy64_", "cblas_saxpy64_")
+        if axpy is not None:
+            axpy.argtypes = [i64, f32, ptr, i64, ptr, i64]
+            axpy.restype = None
+        ger = openblas_symbol("scipy_cblas_sger64_", "cblas_sger64_")
+        if ger is not None:
+            ger.argtypes = [ctypes.c_int, i64, i64, f32, ptr, i64, ptr, i64, ptr, i64]
+            ger.restype = None
+        _AXPY.append(axpy)
+        _GER.append(ger)
+    return _AXPY[0], _GER[0]
+
+
+def blas_adds() -> bool:
+    """Whether add_rows and add_into run on OpenBLAS (large float32 operands)."""
+    return BLAS_ADDS and None not in _level12()
+
+
+def _ones(n: int) -> np.ndarray:
+    ones = _ONES[0]
+    if ones.size < n:
+        ones = np.ones(max(n, 2 * ones.size), F32)
+        ones.flags.writeable = False
+        _ONES[0] = ones  # (a racing thread at worst makes its own: same values)
+    return ones
+
+
+def add_rows(y: np.ndarray, v: np.ndarray) -> None:
+    """y += v in place, v (M,) broadcast over y's last axis (a bias over an NHWC output or a
+    (pixels, M) matrix): OpenBLAS's threaded rank-1 update when y's rows are unit-stride
+    float32 and large enough, NumPy's add otherwise."""
+    m = y.shape[-1] if y.ndim else 0
+    if (BLAS_ADDS and y.size >= BLAS_ROWS_MIN and y.dtype == F32 and v.dtype == F32
+            and v.shape == (m,) and v.strides[0] % 4 == 0 and v.strides[0] > 0):
+        ger = _level12()[1]
+        y2 = y.reshape(-1, m) if y.ndim != 2 else y
+        if (ger is not None and y2.strides[1] == 4 and y2.strides[0] % 4 == 0
+                and y2.strides[0] >= 4 * m and np.may_share_memory(y2, y)
+                and not np.may_share_memory(y, v)):  # (a reshape that copied shares nothing)
+            rows = y2.shape[0]
+            ger(101, rows, m, 1.0, _ones(rows).ctypes.data, 1, v.ctypes.data,
+                v.strides[0] // 4, y2.ctypes.data, y2.strides[0] // 4)
+            return
+    y += v
+
+
+def add_into(y: np.ndarray, z: np.ndarray) -> None:
+    """y += z in place for equal shapes: OpenBLAS's threaded axpy when both are contiguous
+    float32 and large enough (and do not overlap), NumPy's add otherwise."""
+    if (BLAS_ADDS and y.size >= BLAS_AXPY_MIN and y.dtype == F32 and z.dtype == F32
+            and y.shape == z.shape
+            and y.flags.c_contiguous and z.flags.c_contiguous
+            and (z is y or not np.may_share_memory(y, z))):
+        axpy = _level12()[0]
+        if axpy is not None:
+            axpy(y.size, 1.0, z.ctypes.data, 1, y.ctypes.data, 1)
+            return
+    y += z

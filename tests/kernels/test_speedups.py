@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opwarden.errors import KernelError
+from opwarden.kernels import _util as kutil
 from opwarden.kernels import conv as kconv
 from opwarden.kernels import fused as kfused
 from opwarden.kernels import pool as kpool
@@ -69,6 +70,88 @@ def test_large_pointwise_conv_with_residual_matches_reference():
     want = FusedConv(x, w, b, z, activation="Relu")
     got = kfused.fused_conv_nhwc(nhwc(x), w, b, nhwc(z), activation="Relu")
     np.testing.assert_allclose(nchw(got), want, rtol=1e-4, atol=1e-4)
+
+
+def _specials(a: np.ndarray, rng) -> np.ndarray:
+    """a with NaN, +-Inf and -0.0 sprinkled in (each ~1%)."""
+    a = a.copy()
+    flat = a.reshape(-1)
+    for v in (np.nan, np.inf, -np.inf, -0.0):
+        flat[rng.integers(0, flat.size, flat.size // 100 + 1)] = v
+    return a
+
+
+@pytest.mark.skipif(not kutil.blas_adds(), reason="NumPy's OpenBLAS axpy/ger not found")
+@pytest.mark.parametrize("rows,m", [(3136, 64), (200, 300), (7, 10)])  # BLAS, BLAS, NumPy
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_blas_adds_equal_numpy_bit_for_bit(rows, m):
+    rng = np.random.default_rng(12)
+    y0 = _specials(rng.standard_normal((rows, m), dtype=np.float32), rng)
+    v = _specials(rng.standard_normal(m, dtype=np.float32), rng)
+    z = _specials(rng.standard_normal((rows, m), dtype=np.float32), rng)
+    y = y0.copy()
+    kutil.add_rows(y, v)
+    np.testing.assert_array_equal(y, y0 + v)  # (NaN positions compared as equal)
+    assert np.array_equal(np.signbit(y), np.signbit(y0 + v))
+    y = y0.copy()
+    kutil.add_into(y, z)
+    np.testing.assert_array_equal(y, y0 + z)
+    y = y0.copy()
+    kutil.add_into(y, y)  # the same array twice: 2y, as NumPy's y += y
+    np.testing.assert_array_equal(y, y0 + y0)
+
+
+@pytest.mark.skipif(not kutil.blas_adds(), reason="NumPy's OpenBLAS axpy/ger not found")
+def test_blas_adds_on_views_leave_neighbours_alone():
+    rng = np.random.default_rng(13)
+    wide = rng.standard_normal((2, 300, 260), dtype=np.float32)
+    before = wide.copy()
+    y = wide[:, :, 3:203]  # rows of 200 inside rows of 260: an NHWC band of a wider buffer
+    v = rng.standard_normal(200, dtype=np.float32)
+    kutil.add_rows(y, v)
+    np.testing.assert_array_equal(y, before[:, :, 3:203] + v)
+    np.testing.assert_array_equal(wide[:, :, :3], before[:, :, :3])
+    np.testing.assert_array_equal(wide[:, :, 203:], before[:, :, 203:])
+    # A strided bias, and a y whose rows are not unit-stride (NumPy's add).
+    big_v = rng.standard_normal(600, dtype=np.float32)
+    y = before[0].copy()
+    kutil.add_rows(y, big_v[::2][:260])
+    np.testing.assert_array_equal(y, before[0] + big_v[::2][:260])
+    t = before[1].T.copy().T  # column-major
+    kutil.add_rows(t, big_v[:260])
+    np.testing.assert_array_equal(t, before[1] + big_v[:260])
+    # An overlapping residual (shifted by one row): NumPy's add, which buffers the overlap.
+    buf = rng.standard_normal((600, 260), dtype=np.float32)
+    want = buf[1:].copy() + buf[:-1]
+    kutil.add_into(buf[1:], buf[:-1])
+    np.testing.assert_array_equal(buf[1:], want)
+
+
+@pytest.mark.skipif(not kutil.blas_adds(), reason="NumPy's OpenBLAS axpy/ger not found")
+@pytest.mark.parametrize("k,c,m,hw", [(1, 64, 160, 40), (3, 48, 128, 36), (3, 64, 192, 28)])
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_hot_gemm_epilogue_matches_reference_with_specials(k, c, m, hw):
+    """Convolutions big enough for the threaded bias and residual adds after their GEMMs (the
+    pointwise, row-tap and Winograd paths), NaN and Inf in the residual: as the reference, and
+    as with NumPy's adds."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((1, c, hw, hw), dtype=np.float32)
+    w = rng.standard_normal((m, c, k, k), dtype=np.float32)
+    b = rng.standard_normal(m, dtype=np.float32)
+    attrs = dict(kernel_shape=[k, k], pads=[k // 2] * 4)
+    z = _specials(rng.standard_normal((1, m, hw, hw), dtype=np.float32), rng)
+    assert m * hw * hw >= kutil.BLAS_AXPY_MIN
+    want = FusedConv(x, w, b, z, activation="Relu", **attrs)
+    got = {}
+    for on in (True, False):
+        kutil.BLAS_ADDS = on
+        try:
+            got[on] = nchw(kfused.fused_conv_nhwc(nhwc(x), w, b, nhwc(z), activation="Relu",
+                                                  **attrs))
+        finally:
+            kutil.BLAS_ADDS = True
+        np.testing.assert_allclose(got[on], want, rtol=1e-4, atol=1e-3 * k * k)
+    np.testing.assert_allclose(got[True], got[False], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.skipif(sgemm() is None, reason="NumPy's OpenBLAS ILP64 interface not found")
