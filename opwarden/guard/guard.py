@@ -45,6 +45,23 @@ def _ref_kw(kw: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
+def _in_place_inputs(args: list[Any], kw: dict[str, Any]) -> list[Any] | None:
+    """args with a copy of each input the planned output shares (a kernel run in place), or
+    None when there is none: a faulting in-place kernel has already overwritten those, and
+    the reference rerun must read what the node was given."""
+    out = kw.get("out")
+    if not isinstance(out, np.ndarray):
+        return None
+    hit = [i for i, a in enumerate(args) if isinstance(a, np.ndarray) and a.size
+           and np.may_share_memory(a, out)]
+    if not hit:
+        return None
+    pristine = list(args)
+    for i in hit:
+        pristine[i] = args[i].copy()
+    return pristine
+
+
 def _attrs_for_record(kw: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in kw.items():
@@ -119,10 +136,11 @@ class Guard:
             outs = self._as_list(st, res)
             faults: list[tuple[str, str]] = [("quarantined", self.quarantine.reason(var.name))]
         else:
+            pristine = _in_place_inputs(args, kw) if not var.reference else None
             outs, faults = self._checked_call(st, args, kw, fin)
             status = "ok"
             if faults:
-                outs, status = self._on_fault(st, args, kw, faults, stats)
+                outs, status = self._on_fault(st, pristine or args, kw, faults, stats)
         if rec is not None:
             self._finish(rec, outs, t_start, status, faults, st.ref.name)
         return outs

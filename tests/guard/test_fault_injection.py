@@ -178,3 +178,41 @@ def test_traced_time_is_the_kernel_and_the_guard_checks_are_apart(monkeypatch):
     assert rec.exec_us < 30_000
     row = next(r for r in report.by_op_type(sess.trace) if r["op_type"] == "Relu")
     assert row["total_us"] == rec.exec_us and row["guard_us"] == rec.guard_us
+
+
+def test_an_in_place_kernel_that_faults_falls_back_on_the_inputs_it_was_given():
+    """Add may write into its dying first input's buffer (the plan puts its output there). A
+    variant that fills the planned output with NaN has then destroyed that input: the
+    reference rerun must read what the node was given, and the fault is the kernel's."""
+    from onnx import TensorProto, helper
+
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "y"], ["s"]),
+         helper.make_node("Neg", ["s"], ["o"])], "g",
+        [helper.make_tensor_value_info("x", f32, [4, 8]),
+         helper.make_tensor_value_info("y", f32, [4, 8])],
+        [helper.make_tensor_value_info("o", f32, [4, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    def bad(A, B, out=None):
+        o = np.empty(np.broadcast_shapes(A.shape, B.shape), np.float32) if out is None else out
+        o[...] = np.nan
+        return o
+
+    add = REGISTRY.latest("Add")
+    before = list(add.variants)
+    ow.kernel("Add", priority=100, name="add.cpu.bad_in_place", accepts_out=True)(bad)
+    try:
+        sess = ow.InferenceSession(model.SerializeToString(), optimization_level=0,
+                                   checks="all")
+        plan = sess.memory_plan
+        assert any({"r", "s"} <= set(b.values) for b in plan.buffers), "Add not in place"
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((2, 4, 8), dtype=np.float32)
+        (got,) = sess.run(None, {"x": x, "y": y})
+        np.testing.assert_array_equal(got, -(np.maximum(x, 0) + y))
+        assert [f.action for f in sess.faults] == ["fallback"]
+        assert sess.faults[0].check == "nan"
+    finally:
+        add.variants = before
