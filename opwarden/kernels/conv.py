@@ -229,6 +229,18 @@ def _gemms(a: np.ndarray, pw: np.ndarray, y2: np.ndarray, group: int, acc: bool)
             np.matmul(a[:, g * k:(g + 1) * k], pw[g], out=y2[:, g * mg:(g + 1) * mg])
 
 
+def _own(z: np.ndarray | None, y: np.ndarray) -> np.ndarray | None:
+    """The residual z, or a scratch copy of it when it shares y's memory (FusedConv may write
+    Y in place over Z, see ops.fused): for the paths that write y before they read z. The
+    pointwise and row-tap paths fold z in first (_prefill) and Winograd adds it element by
+    element as it writes, so those run in place without the copy."""
+    if z is None or not np.may_share_memory(z, y):
+        return z
+    own = scratch("conv.z", z.shape)
+    np.copyto(own, z)
+    return own
+
+
 def _hot(m: int, n: int, k: int) -> bool:
     """Whether an (m x k) @ (k x n) GEMM just run leaves OpenBLAS's threads awake: OpenBLAS
     runs GEMMs of m*n*k <= 262144 on one thread (its SMP threshold), and its threads spin for
@@ -341,6 +353,7 @@ def conv_nhwc(
     if n == 0 or oh * ow * m == 0:
         return y
     if cg == 1 and m == group:
+        z = _own(z, y)
         _depthwise_nhwc(x, W, s, d, begin, end, y, bias, shuffle)
         _epilogue(y, None, z, activation, activation_params)
         return y
@@ -355,6 +368,7 @@ def conv_nhwc(
                 and W.flags.c_contiguous:
             # Few pixels: Y.T = W @ X.T (W as stored) runs 7-16% faster in OpenBLAS than
             # X @ W.T; the transposing copy back is small and takes the bias along.
+            zz = _own(zz, y2)
             yt = scratch("conv.yt", (m, y2.shape[0]))
             np.matmul(W.reshape(m, c), a.T, out=yt)
             if bias is not None:
@@ -362,6 +376,15 @@ def conv_nhwc(
             else:
                 np.copyto(y2, yt.T)
             _epilogue(y2, None, zz, activation, activation_params, _hot(m, y2.shape[0], c))
+            return y
+        if group > 1 and zz is not None and np.may_share_memory(zz, y2):
+            # Grouped, in place over the residual: the batched matmul (which cannot
+            # accumulate) writes a scratch that the residual add then reads; the same traffic
+            # as out of place (copying z aside first measured 3.7% slower on ShuffleNet).
+            t = scratch("conv.grouped", y2.shape)
+            _gemms(a, _packed_nhwc(W, group), t, group, False)
+            np.add(t, zz, out=y2)
+            _epilogue(y2, bias, None, activation, activation_params)
             return y
         # (Grouped GEMMs run per group: small, their threads are not known to be awake.)
         hot = group == 1 and _hot(y2.shape[0], m, c)
@@ -382,7 +405,8 @@ def conv_nhwc(
             return y
     if (bplan is None and cg >= SHIFT_MIN_C and oh * ow >= SHIFT_MIN_PIXELS
             and mg <= SHIFT_MAX_M_PER_C * cg and sgemm() is not None):
-        _shifted_nhwc(x, _packed_nhwc_c(W, group), s, d, begin, (kh, kw), group, y, bias, z,
+        _shifted_nhwc(x, _packed_nhwc_c(W, group), s, d, begin, (kh, kw), group, y, bias,
+                      _own(z, y),
                       activation, activation_params)
         return y
     if (ROWTAP and group == 1 and s[0] == 1 and kh > 1 and kw * cg >= ROWTAP_MIN_RUN
@@ -391,9 +415,11 @@ def conv_nhwc(
                      activation_params, bplan)
         return y
     if group == 1 and kw * cg <= STEM_MAX_RUN:
-        _stem_nhwc(x, _packed_nhwc(W, 1)[0], s, d, begin, end, (kh, kw), y, bias, z, activation,
+        _stem_nhwc(x, _packed_nhwc(W, 1)[0], s, d, begin, end, (kh, kw), y, bias, _own(z, y),
+                   activation,
                    activation_params)
         return y
+    z = _own(z, y)
     xp = _pad_nhwc(x, begin, end)
     # Patches as one strided view (rows, cols, group, kh, kw, cg) of the padded image, so each
     # band is filled by a single copy whose inner run is a whole (kw, cg) row of the window
@@ -985,6 +1011,7 @@ def conv_nchw(
     s, d, begin, end, y, z, bias = _prologue(
         x, W, B, Z, group, kernel_shape, strides, dilations, pads, auto_pad, out, nhwc=False
     )
+    z = _own(z, y)
     n, c, h, wd = x.shape
     m, cg, kh, kw = W.shape
     oh, ow = y.shape[2:4]

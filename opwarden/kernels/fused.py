@@ -37,6 +37,8 @@ def _by_branch(conv, X, W, B, Z, branches, attrs, axis, out, **act):
     shape = list(ys[0].shape)
     shape[axis] = sum(y.shape[axis] for y in ys)
     y = output(out, tuple(shape))
+    if Z is not None and np.may_share_memory(Z, y):  # Y in place over Z: Z is read last
+        Z = np.array(Z)
     np.concatenate(ys, axis=axis, out=y)
     if Z is not None:
         if np.shape(Z) != y.shape:
@@ -84,6 +86,19 @@ def fused_matmul_kernel(A, B, C=None, *, activation="", activation_params=None, 
                         activation_params=activation_params or (), out=out)
 
 
+def _in_place_nhwc(attrs) -> bool:
+    """Y over Z pays in the ungrouped NHWC kernel: its pointwise and row-tap paths add only
+    the bias to Z before their GEMMs accumulate (ResNet-50 0.98-0.99x the time, arena 6 -> 4
+    MiB). Grouped convolutions measured 2.3% slower in place (ShuffleNet; their batched
+    matmul cannot accumulate) and keep Y apart."""
+    return int(attrs.get("group", 1) or 1) == 1
+
+
+def _never(attrs) -> bool:
+    """The NCHW kernel would copy Z aside first (it writes Y before reading Z)."""
+    return False
+
+
 def register() -> bool:
     """Register the fused variants; False (nothing done) while the fused ops do not exist."""
     convs = REGISTRY.versions("FusedConv", DOMAIN)
@@ -92,9 +107,9 @@ def register() -> bool:
     kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True}
     for opdef in convs:
         opdef.kernel(layout="NHWC", when=_conv_ok, name="fusedconv.cpu.nhwc",
-                     **kw)(fused_conv_nhwc)
+                     in_place_when=_in_place_nhwc, **kw)(fused_conv_nhwc)
         opdef.kernel(layout="NCHW", when=_conv_ok, name="fusedconv.cpu.nchw",
-                     **kw)(fused_conv_nchw)
+                     in_place_when=_never, **kw)(fused_conv_nchw)
     for opdef in gemms:
         opdef.kernel(when=_gemm_ok, name="fusedgemm.cpu.blas", **kw)(fused_gemm)
     for opdef in matmuls:

@@ -192,6 +192,8 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
         var = st.placement.variant
         if not var.accepts_out or not st.outs or st.outs[0] < 0:
             continue
+        if var.in_place_when is not None and not var.in_place_when(st.placement.node.attrs):
+            continue
         o = st.outs[0]
         ro = groups.find(o)
         if ro in bad_roots or len(members.get(ro, ())) != 1:
@@ -201,6 +203,12 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
                 continue
             a = st.ins[a_i]
             if a in external or a not in first or a in slice_of:
+                continue
+            if any(s == a and (j, 0) not in var.op.contract.may_alias
+                   for j, s in enumerate(st.ins)):
+                # The same value also feeds an input that may not share the output (a
+                # convolution of s plus the residual s): writing over it would change what
+                # that input reads.
                 continue
             ra = groups.find(a)
             if ra in bad_roots or g_last(ra, members) != i:

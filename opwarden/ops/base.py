@@ -33,6 +33,11 @@ class Variant:
     # out= may be a strided view (a slice of a Concat's output along its axis; last axis
     # contiguous) that the kernel writes into and returns; see opwarden/memory/lifetimes.py
     strided_out: bool = False
+    # in_place_when(attrs) -> bool: whether the memory plan should write an output over a
+    # dying input the contract lets it share (may_alias) for a node with these attributes;
+    # None: always. Allowing an alias is the contract's (correctness); using it is the
+    # kernel's call (speed): some kernels run slower in place for some attributes.
+    in_place_when: Callable[[Mapping[str, Any]], bool] | None = None
 
     def describe(self) -> dict[str, Any]:
         if isinstance(self.dtypes, Mapping):
@@ -124,6 +129,7 @@ class OpDef:
         name: str | None = None,
         accepts_out: bool = False,
         strided_out: bool = False,
+        in_place_when: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering a variant of this operator."""
 
@@ -145,6 +151,7 @@ class OpDef:
                     accepts_out=accepts_out,
                     wants_noutputs=_wants_noutputs(fn),
                     strided_out=strided_out and accepts_out,
+                    in_place_when=in_place_when,
                 )
             )
             return fn
@@ -309,6 +316,7 @@ def kernel(
     since: int | None = None,
     accepts_out: bool = False,
     strided_out: bool = False,
+    in_place_when: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a kernel variant for an existing operator (its latest version unless `since`)."""
     versions = REGISTRY.versions(op_type, domain)
@@ -331,6 +339,7 @@ def kernel(
         name=name,
         accepts_out=accepts_out,
         strided_out=strided_out,
+        in_place_when=in_place_when,
     )
 
 

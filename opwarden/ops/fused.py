@@ -114,6 +114,9 @@ _CONV_ATTRS = {
     contract=Contract(
         layout="NCHW",
         nan="propagate",
+        # Y may be written in place over the residual Z (a ResNet block's shortcut, dying at
+        # its add): the pointwise kernel then adds only the bias before its GEMM accumulates.
+        may_alias=((3, 0),),
         workspace_bytes=_fused_conv_workspace,
         allowed={
             "auto_pad": AUTO_PAD,

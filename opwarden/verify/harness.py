@@ -150,8 +150,10 @@ def _from_nhwc(x: np.ndarray) -> np.ndarray:
     return np.moveaxis(x, -1, 1) if x.ndim >= 3 else x
 
 
-def call(variant: Variant, case: I.Case, inputs: list[Any] | None = None, **extra: Any) -> list:
-    """Run `variant` on the case's inputs (the case's own arrays unless `inputs` is given)."""
+def call(variant: Variant, case: I.Case, inputs: list[Any] | None = None,
+         ready: tuple[int, ...] = (), **extra: Any) -> list:
+    """Run `variant` on the case's inputs (the case's own arrays unless `inputs` is given);
+    inputs whose index is in `ready` are already in the variant's layout."""
     args = list(case.inputs if inputs is None else inputs)
     kw = dict(case.attrs)
     if variant.wants_noutputs:
@@ -160,7 +162,7 @@ def call(variant: Variant, case: I.Case, inputs: list[Any] | None = None, **extr
     nhwc = variant.layout == "NHWC"
     if nhwc:
         for i in _nhwc_inputs(variant):
-            if i < len(args) and _is_arr(args[i]):
+            if i < len(args) and _is_arr(args[i]) and i not in ready:
                 args[i] = _to_nhwc(args[i])
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
@@ -732,17 +734,19 @@ class _Checker:
         m = mismatch(got[0], w0, "output 0 with out= given")
         if m:
             return m
-        if (
-            not nhwc
-            and (0, 0) in set(self.contract.may_alias)
-            and _is_arr(c.inputs[0])
-            and c.inputs[0].shape == w0.shape
-            and c.inputs[0].dtype == w0.dtype
-        ):
+        # In place: out= is the very array given as an input the contract lets output 0 share
+        # (in the variant's layout), as the memory plan hands it.
+        for i, j in sorted(set(self.contract.may_alias)):
+            if j != 0 or i >= len(c.inputs) or not _is_arr(c.inputs[i]):
+                continue
             args = [I._copy(x) for x in c.inputs]
-            args[0] = np.array(args[0], order="C")  # (ascontiguousarray makes rank 0 rank 1)
-            res = call(self.var, c, args, out=args[0])
-            m = mismatch(res[0], w0, "output 0 computed in place (out is input 0)")
+            moved = nhwc and i in _nhwc_inputs(self.var)
+            # (np.array, not ascontiguousarray, which makes rank 0 rank 1)
+            args[i] = _to_nhwc(args[i]) if moved else np.array(args[i], order="C")
+            if args[i].shape != buf.shape or args[i].dtype != w0.dtype:
+                continue
+            res = call(self.var, c, args, ready=(i,) if moved else (), out=args[i])
+            m = mismatch(res[0], w0, f"output 0 computed in place (out is input {i})")
             if m:
                 return m
         return None

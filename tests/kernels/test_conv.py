@@ -112,6 +112,56 @@ def test_conv_variants_match_reference(case):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(conv_case(), st.sampled_from(["", "Relu"]), st.sampled_from([0, 1 << 30]))
+def test_fused_conv_in_place_over_the_residual(case, act, pw_t):
+    """FusedConv's contract lets Y share Z's buffer (may_alias (3, 0)); the memory plan then
+    passes out= Z itself. Every NHWC path (pointwise, grouped, depthwise, k x k, Winograd, the
+    transposed few-pixel products) and the NCHW kernel must read Z before overwriting it."""
+    x, w, b = _arrays(case, seed=3)
+    w.flags.writeable = False
+    ref0 = Conv(x, w, b, **case["attrs"])
+    z = np.random.default_rng(4).standard_normal(ref0.shape, dtype=np.float32)
+    ref = FusedConv(x, w, b, z, activation=act, **case["attrs"])
+    old = kconv.PW_T_MAX_PIXELS
+    for path in PATHS:
+        zy = np.array(nhwc(z), order="C")  # (a copy: z may be NHWC-contiguous already)
+        kconv.PW_T_MAX_PIXELS = pw_t
+        try:
+            with nhwc_path(path):
+                y1 = kfused.fused_conv_nhwc(nhwc(x), w, b, zy, activation=act, out=zy,
+                                            **case["attrs"])
+        finally:
+            kconv.PW_T_MAX_PIXELS = old
+        assert y1 is zy
+        np.testing.assert_allclose(nchw(y1), ref, rtol=1e-4, atol=1e-4, err_msg=path)
+    zc = z.copy()
+    y2 = kfused.fused_conv_nchw(x, w, b, zc, activation=act, out=zc, **case["attrs"])
+    assert y2 is zc
+    np.testing.assert_allclose(y2, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 40, 40, 160, 1), (1, 48, 36, 36, 128, 3),
+                                   (1, 96, 28, 28, 96, 3)])
+def test_fused_conv_in_place_over_a_large_residual(shape):
+    """In place at sizes where the bias and residual adds run on OpenBLAS's threads."""
+    n, c, h, wd, m, k = shape
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, c, h, wd), dtype=np.float32)
+    w = rng.standard_normal((m, c, k, k), dtype=np.float32)
+    w.flags.writeable = False
+    b = rng.standard_normal(m, dtype=np.float32)
+    z = rng.standard_normal((n, m, h, wd), dtype=np.float32)
+    attrs = dict(kernel_shape=[k, k], pads=[k // 2] * 4)
+    ref = FusedConv(x, w, b, z, activation="Relu", **attrs)
+    for path in [None, *PATHS]:
+        zy = np.array(nhwc(z), order="C")  # (a copy: z may be NHWC-contiguous already)
+        with contextlib.nullcontext() if path is None else nhwc_path(path):
+            y = kfused.fused_conv_nhwc(nhwc(x), w, b, zy, activation="Relu", out=zy, **attrs)
+        assert y is zy
+        np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-3 * k * k, err_msg=path)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(conv_case(), st.sampled_from(ACTS), st.booleans())
 def test_fused_conv_variants_match_reference(case, act, residual):
     x, w, b = _arrays(case, seed=1)

@@ -292,3 +292,56 @@ def test_plan_command_json_and_picture(tmp_path, capsys):
     )
     assert main(["plan", str(path)]) == 0  # the table
     assert "lower bound" in capsys.readouterr().out
+
+
+def _residual_blocks(group: int, inner: bool, blocks: int = 2, c: int = 16) -> onnx.ModelProto:
+    """s0 = Relu(x); s[i+1] = Relu(Conv1x1(u[i]) + s[i]) with u[i] = Relu(Conv1x1(s[i])) when
+    `inner` (a ResNet block: the residual s[i] dies at the second, fused convolution), else
+    u[i] = s[i] (the fused convolution reads the residual as its input too). Two blocks: enough
+    for the layout pass to run them in NHWC."""
+    rng = np.random.default_rng(group)
+    nodes = [helper.make_node("Relu", ["x"], ["s0"])]
+    inits = []
+
+    def conv(i, name, x, y):
+        w = rng.standard_normal((c, c // group, 1, 1)).astype(np.float32)
+        b = rng.standard_normal(c).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"w{name}{i}"),
+                      numpy_helper.from_array(b, f"b{name}{i}")])
+        nodes.append(helper.make_node("Conv", [x, f"w{name}{i}", f"b{name}{i}"], [y],
+                                      group=group))
+
+    for i in range(blocks):
+        u = f"s{i}"
+        if inner:
+            conv(i, "a", f"s{i}", f"v{i}")
+            nodes.append(helper.make_node("Relu", [f"v{i}"], [f"u{i}"]))
+            u = f"u{i}"
+        conv(i, "b", u, f"c{i}")
+        nodes += [helper.make_node("Add", [f"c{i}", f"s{i}"], [f"a{i}"]),
+                  helper.make_node("Relu", [f"a{i}"], [f"s{i + 1}"])]
+    g = helper.make_graph(
+        nodes, "res", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 16, 16])],
+        [helper.make_tensor_value_info(f"s{blocks}", TensorProto.FLOAT, [1, c, 16, 16])],
+        inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("inner", [True, False])
+@pytest.mark.parametrize("group", [1, 2])
+def test_fused_conv_writes_over_its_residual_where_its_kernel_says_it_pays(group, inner):
+    """FusedConv's contract allows Y over Z; the NHWC kernel takes it for group 1 only
+    (Variant.in_place_when: grouped convolutions measured slower in place), and never when Z
+    is also the convolution's input X (which may not share Y)."""
+    model = _residual_blocks(group, inner)
+    sess = opwarden.InferenceSession(model, optimization_level=3)
+    fused = [r for r in sess.explain() if r["op_type"] == "FusedConv"]
+    assert {r["variant"] for r in fused} == {"fusedconv.cpu.nhwc"}
+    buffers = [set(b.values) for b in sess.memory_plan.buffers]
+    over_z = any({"s0__nhwc", "s1__nhwc"} <= v for v in buffers)
+    assert over_z == (group == 1 and inner), buffers
+    x = np.random.default_rng(3).standard_normal((1, 16, 16, 16)).astype(np.float32)
+    ref = opwarden.InferenceSession(model, optimization_level=0)
+    for _ in range(2):  # the second run reads the arena the first one left
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
+                                   rtol=1e-5, atol=1e-5)
