@@ -765,3 +765,25 @@ def test_packed_conv_propagates_nan_through_fused_relu_and_clip(act, params, res
         assert np.isnan(want).any()
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         close(np.nan_to_num(got), np.nan_to_num(want))
+
+
+@pytest.mark.parametrize("shape,g", [((1, 56, 56, 112), 4), ((1, 28, 28, 136), 4),
+                                     ((2, 7, 7, 12), 3), ((64, 1024), 8)])
+def test_channel_shuffle_in_torch_equals_the_host_kernel(shape, g):
+    """Large shuffles run as one torch copy (into the planned buffer or a fresh array), small or
+    strided ones as the host kernel: the same values either way, NaN included."""
+    from opwarden.kernels.shuffle import channel_shuffle
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[::97] = np.nan
+    want = channel_shuffle(x, group=g)
+    np.testing.assert_array_equal(tp._channel_shuffle(x, group=g), want)
+    out = np.full_like(x, 7.0)
+    assert tp._channel_shuffle(x, group=g, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    strided = np.zeros(shape[:-1] + (shape[-1] * 2,), np.float32)[..., ::2]
+    strided[...] = x
+    np.testing.assert_array_equal(tp._channel_shuffle(strided, group=g), want)
+    with pytest.raises(KernelError, match="divisible"):
+        tp._channel_shuffle(x[..., :-1], group=g)
