@@ -987,10 +987,33 @@ _MAXPOOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVGPOOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
+POOL_END_BY_CEIL = True
+
+
 def _simple_pads(kernel, d, begin, end) -> bool:
-    """Symmetric pads torch can take as `padding` (at most half the dilated window)."""
-    return begin == end and all(
-        0 <= b <= ((k - 1) * di + 1) // 2 for b, k, di in zip(begin, kernel, d)
+    """Symmetric pads torch can take as `padding`: at most half the kernel size (torch checks
+    the undilated size: a dilated 3-tap window with pads 2 is refused)."""
+    return begin == end and all(0 <= b <= k // 2 for b, k in zip(begin, kernel))
+
+
+def _torch_pool_out(n: int, k: int, s: int, d: int, p: int, ceil: bool) -> int:
+    """torch's pooled size of an axis of n (symmetric padding p): with ceil_mode the last
+    window must still start inside the input or its left padding."""
+    span = n + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil else 0)
+    o = span // s + 1
+    if ceil and (o - 1) * s >= n + p:
+        o -= 1
+    return o
+
+
+def _end_pads_by_ceil(xs, kernel, s, d, begin, end, out) -> bool:
+    """Whether torch's max pool with `padding=begin` and ceil_mode gives exactly the windows of
+    pads (begin, end), end >= begin: windows start at the same places and both ignore what lies
+    outside the input, so equal output sizes mean equal results, with no padded copy. (The SAME
+    pads of TF exports, [0, 0, 1, 1] for a 3x3 stride-2 pool, are this case.)"""
+    return all(
+        e >= b and 0 <= b <= k // 2 and _torch_pool_out(n, k, st, di, b, True) == o
+        for n, k, st, di, b, e, o in zip(xs, kernel, s, d, begin, end, out)
     )
 
 
@@ -999,10 +1022,14 @@ def _maxpool_t(x: torch.Tensor, geom) -> torch.Tensor:
     pool = _MAXPOOL[len(kernel)]
     ceil = any(extra)
     if simple:
-        y = pool(x, kernel, s, begin, d, ceil_mode=ceil)
+        y = pool(x, kernel, s, begin, d, ceil_mode=ceil or simple == "ceil")
     else:
-        xp = F.pad(x, _pad_arg(begin, end), value=-math.inf)
-        y = pool(xp, kernel, s, 0, d, ceil_mode=ceil)
+        # Padded with -inf to exactly the extent the `out` windows read (torch's own ceil rule
+        # keeps a last window that starts in the end padding, which ONNX drops): floor mode.
+        fit = [(o - 1) * st + (k - 1) * di + 1 - n - b
+               for n, k, st, di, b, o in zip(x.shape[2:], kernel, s, d, begin, out)]
+        xp = F.pad(x, _pad_arg(begin, fit), value=-math.inf)
+        y = pool(xp, kernel, s, 0, d)
     if y.shape[2:] != out:  # pragma: no cover - geometry rules agree
         raise KernelError(f"MaxPool: torch produced spatial {list(y.shape[2:])}, expected {out}")
     return y
@@ -1056,6 +1083,13 @@ def _pool_plan(x: np.ndarray, attrs: dict, nhwc: bool, kind: str):
         try:
             kernel, st, d, begin, end, out, extra = _pool_geometry(logical, attrs)
             simple = _simple_pads(kernel, d, begin, end)
+            if kind == "avg" and any(p >= k for p, k in zip(begin + end, kernel + kernel)):
+                # A window wholly in the padding averages nothing: the reference's NaN (ORT
+                # refuses such pads), where torch's mask division gave numbers.
+                raise KernelError("pads not smaller than the window")
+            if (not simple and kind == "max" and POOL_END_BY_CEIL
+                    and _end_pads_by_ceil(logical[2:], kernel, st, d, begin, end, out)):
+                simple = "ceil"
             geom = (kernel, st, d, begin, end, tuple(out), extra, simple)
         except KernelError:
             geom = None

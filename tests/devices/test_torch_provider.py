@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -165,6 +167,61 @@ def test_pool_matches_reference(case, op_type, layout, cip):
     want = o.reference(x, **attrs)
     got = v.fn(x, **attrs) if layout == "NCHW" else nchw(v.fn(nhwc(x), **attrs))
     close(got, want)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_max_pool_end_pads_as_ceil_mode_match_reference(data):
+    """Pads with more at the end than at the start (TF's SAME) run as torch's symmetric
+    padding plus ceil_mode where that gives the same windows (no padded copy), else through
+    the -inf padded copy: the reference's values and shape either way, NaN and -Inf included."""
+    k = [data.draw(st.integers(1, 4)) for _ in range(2)]
+    s = [data.draw(st.integers(1, 3)) for _ in range(2)]
+    dil = [data.draw(st.integers(1, 2)) for _ in range(2)]
+    begin = [data.draw(st.integers(0, 2)) for _ in range(2)]
+    end = [b + data.draw(st.integers(0, 3)) for b in begin]
+    hw = [data.draw(st.integers((kk - 1) * dd + 1, 12)) for kk, dd in zip(k, dil)]
+    ceil_mode = data.draw(st.sampled_from([0, 1]))
+    attrs = dict(kernel_shape=k, strides=s, dilations=dil, pads=begin + end, ceil_mode=ceil_mode)
+    x = rand(1, 3, *hw, seed=5)
+    x.reshape(-1)[::7] = np.nan
+    x.reshape(-1)[3::11] = -np.inf
+    o, v = variant("MaxPool", "maxpool.torch.nhwc")
+    try:
+        want = o.reference(x, **attrs)
+    except KernelError:
+        return  # a geometry the operator rejects (e.g. a pad not smaller than the window)
+    got = nchw(v.fn(nhwc(x), **attrs))
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("cip", [0, 1])
+def test_average_pool_with_pads_as_large_as_the_window_is_the_references(cip):
+    """A window wholly in the padding averages nothing (the reference's NaN with
+    count_include_pad off); such pads go to the reference, not torch's mask division."""
+    x = rand(1, 2, 8, 3, seed=7)
+    attrs = dict(kernel_shape=[1, 3], strides=[1, 2], pads=[2, 2, 2, 2], count_include_pad=cip)
+    o, v = variant("AveragePool", "averagepool.torch.nhwc")
+    np.testing.assert_array_equal(nchw(v.fn(nhwc(x), **attrs)), o.reference(x, **attrs))
+
+
+def test_max_pool_dilated_with_pads_over_half_the_kernel_size():
+    """torch refuses padding over half the (undilated) kernel size, even where the dilated
+    window is wider: such pads take the padded copy."""
+    x = rand(1, 2, 7, 5, seed=8)
+    attrs = dict(kernel_shape=[3, 1], dilations=[2, 1], pads=[2, 0, 2, 0])
+    o, v = variant("MaxPool", "maxpool.torch.nhwc")
+    np.testing.assert_array_equal(nchw(v.fn(nhwc(x), **attrs)), o.reference(x, **attrs))
+
+
+def test_max_pool_end_pads_take_the_ceil_path_for_tf_same():
+    x = rand(1, 4, 112, 112, seed=6)
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])
+    plan = tp._pool_plan(nhwc(x), attrs, True, "max")
+    assert plan[-1] == "ceil"
+    o, v = variant("MaxPool", "maxpool.torch.nhwc")
+    np.testing.assert_array_equal(nchw(v.fn(nhwc(x), **attrs)), o.reference(x, **attrs))
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
