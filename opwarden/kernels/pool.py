@@ -285,6 +285,15 @@ def _rank4(x, *rest, **attrs) -> bool:
         isinstance(v, int) and v > 0 for v in x.shape[1:])
 
 
+def _avg_ok(x, *rest, **attrs) -> bool:
+    """Rank 4, and explicit pads smaller than the window: a window wholly in the padding
+    averages nothing (the reference's NaN without count_include_pad; ORT refuses such pads)."""
+    pads, k = attrs.get("pads"), attrs.get("kernel_shape")
+    if pads and k and any(int(p) >= int(kk) for p, kk in zip(pads, list(k) * 2)):
+        return False
+    return _rank4(x, *rest, **attrs)
+
+
 def _rank3plus(x, *rest, **attrs) -> bool:
     return x.shape is not None and len(x.shape) >= 3 and all(
         isinstance(v, int) and v > 0 for v in x.shape[1:])
@@ -296,7 +305,7 @@ def register() -> None:
     for opdef in REGISTRY.versions("MaxPool"):
         opdef.kernel(layout="NHWC", when=_rank4, name="maxpool.cpu.nhwc", **kw)(maxpool_nhwc)
     for opdef in REGISTRY.versions("AveragePool"):
-        opdef.kernel(layout="NHWC", when=_rank4, name="averagepool.cpu.nhwc",
+        opdef.kernel(layout="NHWC", when=_avg_ok, name="averagepool.cpu.nhwc",
                      **kw)(averagepool_nhwc)
     for opdef in REGISTRY.versions("GlobalAveragePool"):
         opdef.kernel(layout="NHWC", when=_rank4, name="globalaveragepool.cpu.nhwc",

@@ -141,3 +141,31 @@ def test_maxpool_indices_keep_nchw_order():
     gy, gidx = kpool.maxpool_nhwc(nhwc(x), noutputs=2, **attrs)
     np.testing.assert_array_equal(nchw(gy), y)
     np.testing.assert_array_equal(gidx, idx)
+
+
+def test_average_pool_with_pads_as_large_as_the_window_takes_the_reference():
+    """A window wholly in the padding averages nothing: the reference's NaN. The fast NHWC
+    variant's predicate leaves such pads (ORT refuses them) to the reference."""
+    from onnx import TensorProto, helper
+
+    import opwarden as ow
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("AveragePool", ["c"], ["p"], kernel_shape=[3, 1], strides=[2, 1],
+                              pads=[3, 0, 0, 0]),
+             helper.make_node("Conv", ["p", "w"], ["y"], kernel_shape=[1, 1])]
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4, 1, 1], np.eye(4, dtype=np.float32)
+                           .reshape(-1).tolist())
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     [1, 4, 6, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = ow.InferenceSession(m.SerializeToString())
+    pool = [r for r in sess.explain() if r["op_type"] == "AveragePool"][0]
+    assert pool["variant"] != "averagepool.cpu.nhwc"
+    x = np.random.default_rng(0).standard_normal((1, 4, 6, 5)).astype(np.float32)
+    ref = ow.InferenceSession(m.SerializeToString(), providers=["cpu"], optimization_level=0)
+    (got,), (want,) = sess.run(None, {"x": x}), ref.run(None, {"x": x})
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[:, :, 0]).all()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
