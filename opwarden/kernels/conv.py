@@ -191,8 +191,8 @@ def _prefill(y: np.ndarray, bias, z, group: int = 1, always: bool = False,
         if z.ctypes.data != y.ctypes.data or z.strides != y.strides:
             np.add(z, 0 if bias is None else bias, out=y)  # (a partial overlap)
         elif bias is not None:  # y holds z already
-            if hot:  # (the threads' last GEMM was likely this convolution's previous band)
-                add_rows(y, bias)
+            if hot:  # (before this GEMM: awake if the operator before was a large GEMM too,
+                add_rows(y, bias)  # as ResNet's 3x3 before its in-place 1x1)
             else:
                 y += bias
         return True
@@ -406,8 +406,7 @@ def conv_nhwc(
     if (bplan is None and cg >= SHIFT_MIN_C and oh * ow >= SHIFT_MIN_PIXELS
             and mg <= SHIFT_MAX_M_PER_C * cg and sgemm() is not None):
         _shifted_nhwc(x, _packed_nhwc_c(W, group), s, d, begin, (kh, kw), group, y, bias,
-                      _own(z, y),
-                      activation, activation_params)
+                      _own(z, y), activation, activation_params)
         return y
     if (ROWTAP and group == 1 and s[0] == 1 and kh > 1 and kw * cg >= ROWTAP_MIN_RUN
             and oh * ow >= ROWTAP_MIN_PIXELS and sgemm() is not None):
@@ -416,8 +415,7 @@ def conv_nhwc(
         return y
     if group == 1 and kw * cg <= STEM_MAX_RUN:
         _stem_nhwc(x, _packed_nhwc(W, 1)[0], s, d, begin, end, (kh, kw), y, bias, _own(z, y),
-                   activation,
-                   activation_params)
+                   activation, activation_params)
         return y
     z = _own(z, y)
     xp = _pad_nhwc(x, begin, end)
