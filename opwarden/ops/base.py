@@ -52,6 +52,7 @@ class Variant:
             "priority": self.priority,
             "when": self.when is not None,
             "reference": self.reference,
+            "in_place_when": self.in_place_when is not None,
         }
 
 
