@@ -378,8 +378,7 @@ def matmul_acc(a: np.ndarray, b: np.ndarray, y: np.ndarray, accumulate: bool) ->
 BLAS_ADDS = True
 BLAS_ROWS_MIN = 1 << 15
 BLAS_AXPY_MIN = 1 << 17
-_AXPY: list = []
-_GER: list = []
+_LEVEL12: list = []
 _ONES: list = [np.ones(0, F32)]
 
 
@@ -387,7 +386,7 @@ def _level12() -> tuple[Any, Any]:
     """(saxpy, sger) of NumPy's OpenBLAS (ILP64 CBLAS), each None when it cannot be found."""
     import ctypes
 
-    if not _AXPY:
+    if not _LEVEL12:
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
         axpy = openblas_symbol("scipy_cblas_saxpy64_", "cblas_saxpy64_")
         if axpy is not None:
@@ -397,9 +396,8 @@ def _level12() -> tuple[Any, Any]:
         if ger is not None:
             ger.argtypes = [ctypes.c_int, i64, i64, f32, ptr, i64, ptr, i64, ptr, i64]
             ger.restype = None
-        _AXPY.append(axpy)
-        _GER.append(ger)
-    return _AXPY[0], _GER[0]
+        _LEVEL12.append((axpy, ger))
+    return _LEVEL12[0]
 
 
 def blas_adds() -> bool:
@@ -416,12 +414,13 @@ def _ones(n: int) -> np.ndarray:
     return ones
 
 
-def add_rows(y: np.ndarray, v: np.ndarray) -> None:
+def add_rows(y: np.ndarray, v: np.ndarray, threaded: bool = True) -> None:
     """y += v in place, v (M,) broadcast over y's last axis (a bias over an NHWC output or a
     (pixels, M) matrix): OpenBLAS's threaded rank-1 update when y's rows are unit-stride
-    float32 and large enough, NumPy's add otherwise."""
+    float32 and large enough, NumPy's add otherwise or when not `threaded` (the caller knows
+    OpenBLAS's threads may be asleep)."""
     m = y.shape[-1] if y.ndim else 0
-    if (BLAS_ADDS and y.size >= BLAS_ROWS_MIN and y.dtype == F32 and v.dtype == F32
+    if (threaded and BLAS_ADDS and y.size >= BLAS_ROWS_MIN and y.dtype == F32 and v.dtype == F32
             and v.shape == (m,) and v.strides[0] % 4 == 0 and v.strides[0] > 0):
         ger = _level12()[1]
         y2 = y.reshape(-1, m) if y.ndim != 2 else y
@@ -435,10 +434,11 @@ def add_rows(y: np.ndarray, v: np.ndarray) -> None:
     y += v
 
 
-def add_into(y: np.ndarray, z: np.ndarray) -> None:
+def add_into(y: np.ndarray, z: np.ndarray, threaded: bool = True) -> None:
     """y += z in place for equal shapes: OpenBLAS's threaded axpy when both are contiguous
-    float32 and large enough (and do not overlap), NumPy's add otherwise."""
-    if (BLAS_ADDS and y.size >= BLAS_AXPY_MIN and y.dtype == F32 and z.dtype == F32
+    float32 and large enough (and do not overlap), NumPy's add otherwise or when not
+    `threaded` (as add_rows)."""
+    if (threaded and BLAS_ADDS and y.size >= BLAS_AXPY_MIN and y.dtype == F32 and z.dtype == F32
             and y.shape == z.shape
             and y.flags.c_contiguous and z.flags.c_contiguous
             and (z is y or not np.may_share_memory(y, z))):

@@ -186,17 +186,14 @@ def _prefill(y: np.ndarray, bias, z, group: int = 1, always: bool = False,
     pass here replaces the GEMM's own write plus a separate read-modify-write pass per term
     afterwards (about 10% of a 1x1 convolution with a large output); small or grouped outputs
     measured slower (per-call overhead). `always`: prefill whatever the size (callers whose
-    GEMMs accumulate anyway)."""
+    GEMMs accumulate anyway), except after a hot GEMM."""
     if z is not None and np.shares_memory(z, y):
         if z.ctypes.data != y.ctypes.data or z.strides != y.strides:
             np.add(z, 0 if bias is None else bias, out=y)  # (a partial overlap)
-        elif bias is not None:  # y holds z already
-            if hot:  # (before this GEMM: awake if the operator before was a large GEMM too,
-                add_rows(y, bias)  # as ResNet's 3x3 before its in-place 1x1)
-            else:
-                y += bias
+        elif bias is not None:  # y holds z already; before this GEMM the threads are awake
+            add_rows(y, bias, hot)  # if the operator before was a large GEMM too (ResNet's 3x3)
         return True
-    if not always and ((hot and blas_adds()) or group > 1 or y.size < PREFILL_MIN):
+    if (hot and blas_adds()) or (not always and (group > 1 or y.size < PREFILL_MIN)):
         return False
     if z is not None:
         if bias is not None:
@@ -254,15 +251,9 @@ def _epilogue(y: np.ndarray, bias, z, activation: str, params, hot: bool = False
     `hot` (see _hot): the adds run on OpenBLAS's threads where they can (_util.add_rows,
     add_into); measured 3-4x (bias) and 1.6x (residual) faster on large outputs."""
     if bias is not None:
-        if hot:
-            add_rows(y, bias)
-        else:
-            y += bias
+        add_rows(y, bias, hot)
     if z is not None:
-        if hot:
-            add_into(y, z)
-        else:
-            y += z
+        add_into(y, z, hot)
     if activation:
         apply_activation(y, activation, params)
 
@@ -502,7 +493,7 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
             y2 = y[i, r0:r1].reshape(rr * ow, m)
             hot = _hot(rr * ow, m, kc)
             acc = _prefill(y2, bias, None if z is None else z[i, r0:r1].reshape(y2.shape),
-                           1, always=not (hot and blas_adds()), hot=hot)
+                           1, always=True, hot=hot)
             base, yb = rt.ctypes.data, y2.ctypes.data
             for m0, mb in wholes:
                 for a in range(kh):
@@ -935,10 +926,7 @@ def _winograd_nhwc(x, u, t, begin, y, bias, z, activation, params) -> None:
             prod = scratch("conv.wm", (a2, tiles, m))
             np.matmul(v, u, out=prod)
             if bias is not None:
-                if _hot(tiles, m, c):
-                    add_rows(prod[bidx], bias)
-                else:
-                    prod[bidx] += bias
+                add_rows(prod[bidx], bias, _hot(tiles, m, c))
             o = scratch("conv.wo", (t * t, tiles * m))
             np.matmul(aa, prod.reshape(a2, tiles * m), out=o)
             r0, r1 = t0 * t, min(oh, t1 * t)

@@ -9,7 +9,7 @@ from ..errors import KernelError
 from ..ops.base import REGISTRY
 from ..ops.fused import branch_convs, shuffle_channels
 from ._util import apply_activation, output, packed
-from .conv import _conv_ok, _finite, conv_nchw, conv_nhwc
+from .conv import _conv_ok, _finite, _own, conv_nchw, conv_nhwc
 from .linalg import _gemm_ok, _matmul_ok, fused_matmul, gemm
 
 DOMAIN = "opwarden"
@@ -37,8 +37,7 @@ def _by_branch(conv, X, W, B, Z, branches, attrs, axis, out, **act):
     shape = list(ys[0].shape)
     shape[axis] = sum(y.shape[axis] for y in ys)
     y = output(out, tuple(shape))
-    if Z is not None and np.may_share_memory(Z, y):  # Y in place over Z: Z is read last
-        Z = np.array(Z)
+    Z = _own(Z, y)  # (Y in place over Z: Z is read after the branches are written)
     np.concatenate(ys, axis=axis, out=y)
     if Z is not None:
         if np.shape(Z) != y.shape:
