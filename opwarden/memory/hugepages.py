@@ -82,18 +82,17 @@ def _candidates(graph: Any) -> list[Any]:
     return out
 
 
-def _source_range(a: np.ndarray, buffer: Any) -> tuple[int, int] | None:
-    """(offset, length) of array a inside the memory-mapped model file, or None."""
-    if not isinstance(buffer, mmap.mmap) or not a.flags.c_contiguous:
+def _offset_in(a: np.ndarray, buffer: Any) -> int | None:
+    """The byte offset of array a inside the model's buffer (a memory-mapped file or the bytes
+    it was given as), or None when a is not a contiguous view of it."""
+    if buffer is None or not a.flags.c_contiguous:
         return None
     try:
-        base = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+        base = np.frombuffer(buffer, dtype=np.uint8)
     except (TypeError, ValueError):
         return None
-    off = a.ctypes.data - base
-    if 0 <= off and off + a.nbytes <= len(buffer):
-        return off, a.nbytes
-    return None
+    off = a.ctypes.data - base.ctypes.data
+    return off if 0 <= off and off + a.nbytes <= base.nbytes else None
 
 
 # References to a private source inside move_weights: the Value's, the loop's, getrefcount's.
@@ -150,9 +149,11 @@ def move_weights(model: Any) -> int:
     if not enabled():
         return 0
     buffer = getattr(model, "buffer", None)
+    # A memory-mapped file's pages are ours to drop after a copy; bytes stay with the caller.
+    mapped = isinstance(buffer, mmap.mmap)
     values, in_place, shared = [], [], {}
     for v in _candidates(model.graph):
-        if _bytes_range(v.const, buffer) is not None:
+        if not mapped and _offset_in(v.const, buffer) is not None:
             in_place.append(v)
         elif id(v.const) in shared:  # one array behind several values is copied once
             shared[id(v.const)].append(v)
@@ -172,7 +173,7 @@ def move_weights(model: Any) -> int:
     for v, size in zip(values, sizes):
         a = v.const
         dst = store[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-        src = _source_range(a, buffer)
+        src = _offset_in(a, buffer) if mapped else None
         # Only this graph holds a private source (an aligned copy the loader made, or a weight
         # a pass folded): its pages can be discarded as they are copied.
         private = (src is None and a.flags.owndata and a.base is None
@@ -180,7 +181,7 @@ def move_weights(model: Any) -> int:
         if src is not None:
             # In chunks, each one's source pages handed back once copied: a 400 MB weight is
             # never resident twice.
-            copy_in_chunks(a, dst, lambda o, n, at=src[0]: drop_pages(buffer, at + o, n),
+            copy_in_chunks(a, dst, lambda o, n, at=src: drop_pages(buffer, at + o, n),
                            COPY_CHUNK)
         elif private:
             copy_in_chunks(a, dst, lambda o, n, at=a.ctypes.data: _discard(at + o, n),
@@ -202,21 +203,6 @@ def move_weights(model: Any) -> int:
     if trim is not None and freed:
         trim(0)
     return done + off
-
-
-def _bytes_range(a: np.ndarray, buffer: Any) -> tuple[int, int] | None:
-    """(address, length) of array a inside a model given as bytes, or None (also for a
-    memory-mapped file, whose pages are ours to drop after a copy)."""
-    if buffer is None or isinstance(buffer, mmap.mmap) or not a.flags.c_contiguous:
-        return None
-    try:
-        base = np.frombuffer(buffer, dtype=np.uint8)
-    except (TypeError, ValueError):
-        return None
-    lo, hi = base.ctypes.data, base.ctypes.data + base.nbytes
-    if lo <= a.ctypes.data and a.ctypes.data + a.nbytes <= hi:
-        return a.ctypes.data, a.nbytes
-    return None
 
 
 MADV_COLLAPSE = 25  # Linux 6.1+ (not in Python's mmap module before 3.13)
