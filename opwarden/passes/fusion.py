@@ -693,8 +693,11 @@ def _avg_commutes(rw: Rewriter, pool: Node, conv: Node) -> bool:
               or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"))
     if not padded:
         return True
-    b = rw.const(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] is not None else None
-    return (len(conv.inputs) < 3 or conv.inputs[2] is None) or (b is not None and not b.any())
+    bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+    if bias is None:
+        return True
+    b = rw.const(bias)
+    return b is not None and not b.any()
 
 
 def avgpool_conv_reorder(rw: Rewriter) -> None:
