@@ -26,7 +26,7 @@ from .errors import (  # noqa: E402
     OpwardenError,
     UnsupportedOpError,
 )
-from .ops import kernel, op  # noqa: E402
+from .ops import Sample, kernel, op  # noqa: E402
 from .runtime.options import SessionOptions  # noqa: E402
 from .runtime.session import InferenceSession, NodeArg  # noqa: E402
 
@@ -43,6 +43,7 @@ __all__ = [
     "NodeArg",
     "OptionsError",
     "OpwardenError",
+    "Sample",
     "SessionOptions",
     "UnsupportedOpError",
     "grad",

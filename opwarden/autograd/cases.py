@@ -7,20 +7,11 @@ and friends) with attributes, for the op's version; the tests and the check harn
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-
-@dataclass
-class Case:
-    """One gradcheck call: inputs, attributes and (for Split-like ops) the output count."""
-
-    inputs: list[Any]
-    attrs: dict[str, Any] = field(default_factory=dict)
-    noutputs: int | None = None
-    label: str = ""
+from ..ops.base import Sample as Case  # one gradcheck call: inputs, attributes, output count
 
 
 def _r(*shape: int, lo: float = -2.0, hi: float = 2.0, seed: int = 0) -> np.ndarray:

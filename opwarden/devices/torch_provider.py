@@ -851,8 +851,9 @@ def _fused_conv_kernel(ref: Callable[..., Any], nhwc: bool):
             y = _branches_apart(X, W, B, branches, attrs, activation, activation_params)
             if y is not None:
                 return y
-        # Branches run as one convolution over W only with finite inputs (see kernels.fused).
-        exact = bool(branches) and not _whole_ok(X, W, B)
+        # Branches run as one convolution over W only with finite inputs and zero taps outside
+        # the branches (see kernels.fused._whole_ok).
+        exact = bool(branches) and not _whole_ok(X, W, B, branches)
         plan = None if shuffle > 1 or exact else _conv_plan(X, W, attrs, nhwc)
         if plan is None:  # (a folded input shuffle, too, is left to the reference)
             return _call_ref(

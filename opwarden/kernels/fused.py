@@ -15,17 +15,46 @@ from .linalg import _gemm_ok, _matmul_ok, fused_matmul, gemm
 DOMAIN = "opwarden"
 
 
-def _whole_ok(X, W, B) -> bool:
+def _whole_ok(X, W, B, branches) -> bool:
     """Can a FusedConv with branches run as one convolution over W, structural zeros included?
-    Yes when X, W and B are finite: every product with a zero tap is then an exact zero. A NaN
-    or Inf in X would turn such a product into NaN where the branch never reads that input."""
+    Yes when W's taps outside each branch's centred part are zeros (the passes build W so; the
+    op's meaning is that they are never read, so other values send the node branch by branch)
+    and X, W and B are finite: every product with a zero tap is then an exact zero. A NaN or
+    Inf in X would turn such a product into NaN where the branch never reads that input."""
     if not _finite_weights(W) or (B is not None and not _finite(np.asarray(B))):
+        return False
+    if not _zero_outside(W, branches):
         return False
     return _finite(np.asarray(X))
 
 
 def _finite_weights(W) -> bool:
     return bool(packed(W, "finite", lambda w: np.array(np.isfinite(w).all()))[()])
+
+
+def _zero_outside(W, branches) -> bool:
+    """Are W's taps outside each branch's centred kh x kw part all zero? (cached per weight)"""
+    spec = tuple(int(v) for v in branches)
+
+    def scan(w: np.ndarray) -> np.ndarray:
+        w = np.asarray(w)
+        if w.ndim != 4 or len(spec) % 3 or sum(spec[0::3]) != w.shape[0]:
+            return np.array(False)  # malformed: the branch-by-branch path names the problem
+        kh, kw = w.shape[2:]
+        m0 = 0
+        for mb, bh, bw in zip(spec[0::3], spec[1::3], spec[2::3]):
+            rows = w[m0:m0 + mb]
+            oh, ow = (kh - bh) // 2, (kw - bw) // 2
+            if (kh - bh) % 2 or (kw - bw) % 2 or bh > kh or bw > kw:
+                return np.array(False)
+            inner = np.zeros(rows.shape, bool)
+            inner[:, :, oh:oh + bh, ow:ow + bw] = True
+            if np.any(rows[~inner]):
+                return np.array(False)
+            m0 += mb
+        return np.array(True)
+
+    return bool(packed(W, ("zero_outside", spec), scan)[()])
 
 
 def _by_branch(conv, X, W, B, Z, branches, attrs, axis, out, **act):
@@ -51,8 +80,9 @@ def _by_branch(conv, X, W, B, Z, branches, attrs, axis, out, **act):
 def fused_conv_nhwc(X, W, B=None, Z=None, *, activation="", activation_params=None,
                     input_shuffle=0, branches=None, out=None, **attrs):
     """act(Conv(shuffle(X), W, B) + Z) with X, Z and Y in NHWC. With `branches`, one
-    convolution over W when the inputs are finite (see _whole_ok), else branch by branch."""
-    if branches and not _whole_ok(X, W, B):
+    convolution over W when the inputs are finite and W's taps outside the branches zero (see
+    _whole_ok), else branch by branch."""
+    if branches and not _whole_ok(X, W, B, branches):
         return _by_branch(conv_nhwc, X, W, B, Z, branches, attrs, 3, out,
                           activation=activation, activation_params=activation_params)
     return conv_nhwc(X, W, B, Z, activation=activation,
@@ -65,7 +95,7 @@ def fused_conv_nchw(X, W, B=None, Z=None, *, activation="", activation_params=No
     """act(Conv(shuffle(X), W, B) + Z) in NCHW (branches as in fused_conv_nhwc)."""
     if int(input_shuffle or 0) > 1:
         X = shuffle_channels(X, int(input_shuffle), axis=1)
-    if branches and not _whole_ok(X, W, B):
+    if branches and not _whole_ok(X, W, B, branches):
         return _by_branch(conv_nchw, X, W, B, Z, branches, attrs, 1, out,
                           activation=activation, activation_params=activation_params)
     return conv_nchw(X, W, B, Z, activation=activation,

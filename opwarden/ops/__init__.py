@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import REGISTRY, OpDef, Variant, kernel, op
+from .base import REGISTRY, OpDef, Sample, Variant, kernel, op
 
 # Operator families, one module each; each module registers its ops on import.
 FAMILIES = (
@@ -39,4 +39,4 @@ for _family in FAMILIES:
 # Fast kernel variants register themselves on the operators above.
 importlib.import_module("opwarden.kernels")
 
-__all__ = ["REGISTRY", "OpDef", "Variant", "kernel", "op"]
+__all__ = ["REGISTRY", "OpDef", "Sample", "Variant", "kernel", "op"]

@@ -16,6 +16,22 @@ ANY_DTYPE = None
 
 
 @dataclass
+class Sample:
+    """One valid call of an operator: positional inputs (None for an omitted optional input),
+    attributes, and for ops whose output count varies the number of outputs wanted.
+
+    Declared with an operator through ``OpDef.samples`` where its inputs cannot be made from
+    the schema alone (a convolution's W must match X's channels, a program attribute must be
+    a program); `opwarden check` runs every variant on them against the reference kernel.
+    """
+
+    inputs: list[Any]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    noutputs: int | None = None
+    label: str = ""
+
+
+@dataclass
 class Variant:
     """A kernel variant: one way to run an operator on a device for some dtypes and a layout."""
 
@@ -83,6 +99,7 @@ class OpDef:
         self.custom_schema = schema  # None for standard ops: the ONNX schema is looked up per opset
         self.infer_fn: Callable[..., Any] | None = None
         self.grad_fn: Callable[..., Any] | None = None
+        self.samples_fn: Callable[[Any], Iterable[Sample]] | None = None
         self.variants: list[Variant] = []
         self.__doc__ = reference.__doc__
         self.__name__ = op_type
@@ -167,6 +184,13 @@ class OpDef:
     def grad(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorator setting the backward rule: f(ctx, *dOutputs, **attrs) -> one grad per input."""
         self.grad_fn = fn
+        return fn
+
+    def samples(self, fn: Callable[[Any], Iterable[Sample]]) -> Callable[..., Any]:
+        """Decorator setting the sample inputs: f(rng: numpy Generator) -> Samples, valid calls
+        that together reach every path of the variants (what `opwarden check` validates them
+        on when neither the schema nor the ONNX node suite gives inputs)."""
+        self.samples_fn = fn
         return fn
 
     def function_body(self, opset: int):

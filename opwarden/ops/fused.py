@@ -17,7 +17,7 @@ from ..contract import Contract, TensorFact, one_of, such_that
 from ..errors import KernelError
 from . import activation as _act
 from . import elementwise as _ew
-from .base import op
+from .base import Sample, op
 from .conv import AUTO_PAD, Conv, _conv_workspace, conv_out_shape, conv_pads, spatial_params
 from .linalg import Gemm, MatMul
 
@@ -212,6 +212,71 @@ def _fused_conv_infer(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None
     return TensorFact(dtype, (x.shape[0], w.shape[0], *out))
 
 
+def _normal(rng, dtype=np.float32):
+    return lambda *shape: rng.standard_normal(shape).astype(dtype)
+
+
+@FusedConv.samples
+def _fused_conv_samples(rng):
+    """One call per kernel path (ONNX layout; the harness moves X and Z to NHWC for NHWC
+    variants): 1x1 as a GEMM, k x k, strided, depthwise (with a folded shuffle), grouped,
+    branches (with and without structural zeros), the few-channel stem, dilated, SAME padding,
+    asymmetric pads, 1-D, residuals on GEMMs big enough for the threaded adds and on the
+    Winograd path, every activation, float64."""
+    x = _normal(rng)
+
+    def w(*shape):  # weights scaled by 1/sqrt(fan-in), as trained nets have: outputs ~ N(0, 1)
+        return x(*shape) / np.float32(np.sqrt(np.prod(shape[1:])))
+
+    p1 = [1, 1, 1, 1]
+    yield Sample([x(1, 8, 5, 5), w(16, 8, 1, 1), x(16)], {"activation": "Relu"}, label="1x1")
+    yield Sample([x(2, 8, 6, 6), w(8, 8, 3, 3), x(8), x(2, 8, 6, 6)],
+                 {"pads": p1, "activation": "Relu"}, label="3x3 residual, batch 2")
+    yield Sample([x(1, 6, 9, 9), w(12, 6, 3, 3), x(12)],
+                 {"pads": p1, "strides": [2, 2], "activation": "Clip",
+                  "activation_params": [0.0, 6.0]}, label="3x3 stride 2, clip")
+    yield Sample([x(1, 8, 7, 7), w(8, 1, 3, 3), x(8)],
+                 {"group": 8, "pads": p1, "activation": "LeakyRelu", "activation_params": [0.1]},
+                 label="depthwise")
+    yield Sample([x(1, 8, 8, 8), w(8, 1, 3, 3), x(8)],
+                 {"group": 8, "pads": p1, "strides": [2, 2], "input_shuffle": 2},
+                 label="depthwise stride 2, shuffled input")
+    yield Sample([x(1, 8, 6, 6), w(8, 4, 1, 1), x(8)], {"group": 2, "activation": "Relu"},
+                 label="grouped 1x1")
+    wb = w(12, 8, 3, 3)
+    yield Sample([x(1, 8, 6, 6), wb, x(12)],
+                 {"pads": p1, "branches": [4, 1, 1, 8, 3, 3], "activation": "Relu"},
+                 label="branches 1x1 + 3x3, taps outside the 1x1 set (never read)")
+    wz = wb.copy()
+    wz[:4, :, [0, 2], :] = 0
+    wz[:4, :, :, [0, 2]] = 0
+    yield Sample([x(1, 8, 6, 6), wz, x(12), x(1, 12, 6, 6)],
+                 {"pads": p1, "branches": [4, 1, 1, 8, 3, 3]},
+                 label="branches 1x1 + 3x3 with structural zeros, residual")
+    yield Sample([x(1, 3, 16, 16), w(8, 3, 7, 7), x(8)],
+                 {"pads": [3, 3, 3, 3], "strides": [2, 2], "activation": "Relu"},
+                 label="7x7 stride 2 stem")
+    yield Sample([x(1, 4, 9, 9), w(6, 4, 3, 3)],
+                 {"dilations": [2, 2], "pads": [2, 2, 2, 2], "activation": "Sigmoid"},
+                 label="dilated, no bias")
+    yield Sample([x(1, 4, 8, 8), w(6, 4, 3, 3), x(6)],
+                 {"auto_pad": "SAME_UPPER", "strides": [2, 2], "activation": "HardSwish"},
+                 label="SAME_UPPER stride 2")
+    yield Sample([x(1, 4, 8, 8), w(6, 4, 3, 3), x(6)],
+                 {"pads": [0, 0, 1, 1], "activation": "Gelu"}, label="asymmetric pads, gelu")
+    yield Sample([x(1, 4, 10), w(6, 4, 3), x(6)], {"pads": [1, 1], "activation": "Tanh"},
+                 label="1-D")
+    yield Sample([x(1, 64, 14, 14), w(128, 64, 1, 1), x(128), x(1, 128, 14, 14)],
+                 {"activation": "Relu"}, label="1x1 residual, threaded adds")
+    yield Sample([x(1, 32, 16, 16), w(64, 32, 3, 3), x(64), x(1, 64, 16, 16)],
+                 {"pads": p1, "activation": "Relu"}, label="3x3 residual, threaded adds")
+    yield Sample([x(1, 64, 28, 28), w(512, 64, 3, 3), x(512), x(1, 512, 28, 28)],
+                 {"pads": p1, "activation": "Relu"}, label="3x3 residual, Winograd")
+    d = _normal(rng, np.float64)
+    yield Sample([d(1, 4, 6, 6), d(5, 4, 3, 3) / 6.0, d(5)], {"activation": "Tanh"},
+                 label="float64")
+
+
 # ---------------------------------------------------------------------------------------------
 # FusedGemm and FusedMatMul
 
@@ -250,6 +315,21 @@ def _fused_gemm_infer(a, b, c=None, *, transA=0, transB=0, **_):
     return TensorFact(a.dtype, (m, n))
 
 
+@FusedGemm.samples
+def _fused_gemm_samples(rng):
+    r = _normal(rng)
+    yield Sample([r(4, 5), r(5, 3), r(3)], {"activation": "Relu"}, label="bias row, relu")
+    yield Sample([r(5, 4), r(3, 5), r(4, 3)],
+                 {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0, "activation": "Clip",
+                  "activation_params": [-0.5, 0.5]}, label="transposed, alpha, beta, clip")
+    yield Sample([r(4, 5), r(5, 3), r(1)], {"activation": "LeakyRelu",
+                                             "activation_params": [0.2]}, label="scalar C")
+    yield Sample([r(4, 5), r(3, 5)], {"transB": 1, "activation": "Sigmoid"}, label="no C")
+    yield Sample([r(64, 96), r(96, 80), r(80)], {"activation": "Gelu"}, label="64x96x80")
+    d = _normal(rng, np.float64)
+    yield Sample([d(3, 4), d(4, 2), d(2)], {"activation": "Tanh"}, label="float64")
+
+
 @op(
     "FusedMatMul",
     domain=DOMAIN,
@@ -268,6 +348,18 @@ def FusedMatMul(A, B, C=None, *, activation="", activation_params=None):
     if C is not None:
         y = _ew.Add(y, C)
     return apply_activation(y, activation, activation_params)
+
+
+@FusedMatMul.samples
+def _fused_matmul_samples(rng):
+    r = _normal(rng)
+    yield Sample([r(4, 5), r(5, 6), r(6)], {"activation": "Relu"}, label="2-D, bias")
+    yield Sample([r(2, 4, 5), r(5, 3)], {}, label="batched A, no C")
+    yield Sample([r(2, 1, 4, 5), r(3, 5, 2), r(2, 3, 4, 2)],
+                 {"activation": "HardSwish"}, label="broadcast batch, full C")
+    yield Sample([r(64, 128), r(128, 96), r(96)], {"activation": "Relu"}, label="64x128x96")
+    d = _normal(rng, np.float64)
+    yield Sample([d(3, 4), d(4, 2), d(1)], {"activation": "Sigmoid"}, label="float64")
 
 
 def _broadcast(*shapes):
@@ -474,6 +566,25 @@ def _fused_elementwise_infer(*facts, program=""):
     return TensorFact(facts[0].dtype if facts else None, _broadcast(*[f.shape for f in facts]))
 
 
+@FusedElementwise.samples
+def _fused_elementwise_samples(rng):
+    r = _normal(rng)
+    yield Sample([r(3, 4), r(4)], {"program": "t0=add(x0,x1);t1=relu(t0)"}, label="add relu")
+    yield Sample([r(2, 3, 4), r(3, 1), r(1)],
+                 {"program": "t0=mul(x0,x1);t1=add(t0,x2);t2=sigmoid(t1);t3=mul(t2,x0)"},
+                 label="broadcast mul add, swish-like")
+    yield Sample([np.abs(r(5, 6)) + 0.1],
+                 {"program": "t0=sqrt(x0);t1=log(t0);t2=neg(t1);t3=exp(t2);t4=reciprocal(t3)"},
+                 label="unary chain")
+    yield Sample([r(4, 8), r(4, 8)],
+                 {"program": "t0=sub(x0,x1);t1=abs(t0);t2=clip(t1,0.0,6.0);t3=div(t2,x1);"
+                             "t4=max(t3,x0);t5=min(t4,x1);t6=tanh(t5)"}, label="binary chain")
+    yield Sample([r(64, 64)], {"program": "t0=hardswish(x0);t1=leakyrelu(t0,0.1);"
+                                          "t2=hardsigmoid(t1,0.2,0.5)"}, label="activations")
+    d = _normal(rng, np.float64)
+    yield Sample([d(3, 4), d(3, 4)], {"program": "t0=add(x0,x1);t1=tanh(t0)"}, label="float64")
+
+
 # The fast variant runs the program in the output buffer with in-place ufuncs (a linear chain
 # needs no other memory). Chunking the evaluation into cache-sized slabs (numexpr style) was
 # measured slower here: with a 480 MiB L3 every tensor of the light zoo stays in cache, so the
@@ -613,6 +724,15 @@ def ChannelShuffle(X, *, group=1):
 @ChannelShuffle.infer
 def _channel_shuffle_infer(x, *, group=1):
     return TensorFact(x.dtype, x.shape)
+
+
+@ChannelShuffle.samples
+def _channel_shuffle_samples(rng):
+    r = _normal(rng)
+    yield Sample([r(1, 5, 5, 12)], {"group": 3}, label="NHWC map, group 3")
+    yield Sample([r(1, 56, 56, 24)], {"group": 4}, label="56x56x24, group 4")
+    yield Sample([rng.integers(-9, 9, size=(2, 8)).astype(np.int32)], {"group": 2},
+                 label="int32")
 
 
 @ChannelShuffle.grad

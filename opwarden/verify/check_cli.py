@@ -112,6 +112,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     for spec in args.imports or []:
         import_user_code(spec)
+    if args.device:
+        from ..devices.base import get_device
+        from ..errors import OpwardenError
+
+        try:
+            get_device(args.device)  # brings in an optional provider's variants (torch)
+        except OpwardenError as e:
+            print(f"opwarden check: {e}", file=sys.stderr)
+            return 2
     checks = None
     if getattr(args, "checks", None):
         checks = [c.strip() for c in args.checks.split(",") if c.strip()]

@@ -1,8 +1,9 @@
 """The validation harness: every variant of an operator checked against its schema and contract.
 
 ``check(op_or_variant)`` runs, per variant, the checks named in ``CHECKS`` on inputs generated
-from the schema (``inputs.plan``) and taken from the ONNX node suite (``inputs.suite_cases``).
-Each check is "pass", "fail" or "skip" (with a reason); a failure keeps the smallest failing input.
+from the schema (``inputs.plan``), taken from the ONNX node suite (``inputs.suite_cases``) and
+from the samples an operator declares (``OpDef.samples``, ``inputs.sample_cases``). Each check
+is "pass", "fail" or "skip" (with a reason); a failure keeps the smallest failing input.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ TEMP_FIXED = 1 << 20
 
 THREADS = 8
 CALLS = 50
+THREAD_SAMPLE_ELEMENTS = 1 << 16  # input elements of a declared sample used for concurrency
 
 
 @dataclass
@@ -348,7 +350,7 @@ class _Checker:
 
     # numerics ---------------------------------------------------------------------------------
     def check_numerics(self):
-        cases = self.mine(self.data.base + self.data.suite)
+        cases = self.mine(self.data.base + self.data.given)
         if not cases:
             return ("skip", "no input this variant accepts could be generated", None)
         if self.is_ref:
@@ -408,6 +410,8 @@ class _Checker:
         for c in cases:
             got = self.ref_out(c)
             if isinstance(got, BaseException):
+                if c.source == "sample":
+                    return ("fail", f"raised {type(got).__name__} on a declared sample: {got}", c)
                 if c.source == "suite" and not isinstance(got, OpwardenError):
                     return ("fail", f"raised {type(got).__name__}: {got}", c)
                 continue
@@ -494,7 +498,7 @@ class _Checker:
     # nan ----------------------------------------------------------------------------------------
     def check_nan(self):
         policy = self.contract.nan
-        floats = [c for c in self.mine(self.data.base + self.data.suite) if _float_inputs(c)]
+        floats = [c for c in self.mine(self.data.base + self.data.given) if _float_inputs(c)]
         if not floats:
             return ("skip", "no floating-point inputs", None)
         if policy == "none":
@@ -639,7 +643,7 @@ class _Checker:
 
     # mutation -------------------------------------------------------------------------------------
     def check_mutation(self):
-        cases = self.mine(self.data.base + self.data.suite + self.data.small_boundary())
+        cases = self.mine(self.data.base + self.data.given + self.data.small_boundary())
         if not cases:
             return ("skip", "no input this variant accepts could be generated", None)
         declared = set(self.contract.mutates)
@@ -672,7 +676,7 @@ class _Checker:
 
     # alias ----------------------------------------------------------------------------------------
     def check_alias(self):
-        cases = self.mine(self.data.base + self.data.suite + self.data.small_boundary())
+        cases = self.mine(self.data.base + self.data.given + self.data.small_boundary())
         if not cases:
             return ("skip", "no input this variant accepts could be generated", None)
         ran = 0
@@ -753,7 +757,7 @@ class _Checker:
 
     # workspace ------------------------------------------------------------------------------------
     def check_workspace(self):
-        cases = self.mine(self.data.base + self.data.suite + self.data.large())
+        cases = self.mine(self.data.base + self.data.given + self.data.large())
         if not cases:
             return ("skip", "no input this variant accepts could be generated", None)
         cases = cases[-3:]  # the largest: temporaries show best there
@@ -830,7 +834,7 @@ class _Checker:
 
     # shape ----------------------------------------------------------------------------------------
     def check_shape(self):
-        cases = self.mine(self.data.base + self.data.suite + self.data.small_boundary())
+        cases = self.mine(self.data.base + self.data.given + self.data.small_boundary())
         if not cases:
             return ("skip", "no input this variant accepts could be generated", None)
         if self.custom and self.op.infer_fn is None:
@@ -885,7 +889,7 @@ class _Checker:
             from .grads import gradcheck
         except ImportError:
             return ("skip", "opwarden.verify.grads (gradcheck) is not available", None)
-        cases = [c for c in self.mine(self.data.base + self.data.suite) if _float_inputs(c)]
+        cases = [c for c in self.mine(self.data.base + self.data.given) if _float_inputs(c)]
         cases = [c for c in cases if not isinstance(self.ref_out(c), BaseException)]
         if not cases:
             return ("skip", "no floating-point input for gradcheck", None)
@@ -953,7 +957,8 @@ class _OpData:
         self.rng = np.random.default_rng(ctx.seed)
         self.plan: I.Plan | None = None
         self.base: list[I.Case] = []
-        self.suite: list[I.Case] = []
+        # Cases given with the op: the ONNX node suite's (built-ins) and its declared samples.
+        self.given: list[I.Case] = []
         self.boundary: list[I.Case] = []
         self.elementwise = False
         self.skip_reason = ""
@@ -965,15 +970,26 @@ class _OpData:
             return
         if not self.custom:
             try:
-                self.suite = I.suite_cases(opdef, limit=ctx.suite_limit, fast=ctx.fast_suite)
+                self.given = I.suite_cases(opdef, limit=ctx.suite_limit, fast=ctx.fast_suite)
             except Exception:  # noqa: BLE001 - a broken suite module leaves no suite cases
-                self.suite = []
+                self.given = []
+        samples = I.sample_cases(opdef, self.rng)
+        self.given += samples
         try:
             self.plan = I.plan(opdef)
         except Exception:  # noqa: BLE001
             self.plan = None
         if self.plan is not None:
             self.base = I.base_cases(self.plan, self.rng)
+            if self.custom and samples and self.base and all(
+                isinstance(ctx.ref_out(_ref(opdef), c), BaseException) for c in self.base
+            ):
+                # The schema's default attributes are no valid call (FusedElementwise's empty
+                # program): generate with those of a declared sample of as many inputs.
+                fit = [c for c in samples if len(c.inputs) == self.plan.n_inputs]
+                if fit:
+                    self.plan.attrs = dict(fit[0].attrs)
+                    self.base = I.base_cases(self.plan, self.rng)
             if not self.custom:
                 # built-in ops: only those whose reference takes the generated inputs
                 self.base = [
@@ -1018,7 +1034,7 @@ class _OpData:
                             self.plan, b, shapes, self.rng, f"{dts} {label}", source="boundary"
                         )
                     )
-        for c in self.base[:3] + self.suite:
+        for c in self.base[:3] + self.given:
             arrs = [x for x in c.inputs if _is_arr(x) and x.ndim and x.size]
             if not arrs:
                 continue
@@ -1064,12 +1080,12 @@ class _OpData:
     # NaN probes ---------------------------------------------------------------------------------
     def nan_cases(self, variant: Variant) -> list[I.Case]:
         out = []
-        for c in self.base + self.suite:
+        for c in self.base + self.given:
             if not _float_inputs(c):
                 continue
             nc = c.copy()
             nc.expected = None
-            if self.elementwise:
+            if self.elementwise and self._pointwise(c):
                 # input 0 always; the others only where every input is data (symmetric ops)
                 every = self.custom or self.op.contract.broadcast == "multidirectional"
                 for k, x in enumerate(nc.inputs):
@@ -1087,6 +1103,28 @@ class _OpData:
             if accepts(variant, nc):
                 out.append(nc)
         return out[:4]
+
+    def _pointwise(self, c: I.Case) -> bool:
+        """Does the reference compute output 0 element by element on this case (its output
+        permuted like the inputs when all inputs are permuted alike)? Shape-preserving ops that
+        move elements (ChannelShuffle with group > 1) are not, whatever the shapes suggest.
+        True when it cannot be told: inputs of different shapes, non-deterministic ops."""
+        arrs = [x for x in c.inputs if _is_arr(x)]
+        if (not self.op.contract.deterministic or not arrs or arrs[0].size < 2
+                or any(x.shape != arrs[0].shape for x in arrs)):
+            return True
+        want = self.ctx.ref_out(_ref(self.op), c)
+        if isinstance(want, BaseException) or not want or not _is_arr(want[0]):
+            return True
+        if want[0].shape != arrs[0].shape:
+            return False
+        perm = np.random.default_rng(7).permutation(arrs[0].size)
+        moved = [x.ravel()[perm].reshape(x.shape) if _is_arr(x) else x for x in c.inputs]
+        try:
+            got = call(_ref(self.op), c, moved)
+        except Exception:  # noqa: BLE001 - refusing permuted values: not element by element
+            return False
+        return bool(got) and mismatch(got[0], want[0].ravel()[perm].reshape(want[0].shape)) is None
 
     def nan_lost(self, c: I.Case, got: list) -> str | None:
         if not got or not _is_arr(got[0]) or got[0].dtype.kind not in "fc" or not got[0].size:
@@ -1165,9 +1203,30 @@ class _OpData:
                 )
             if not isinstance(self.ctx.ref_out(_ref(self.op), out[0]), BaseException):
                 return out
-            return [mine[0]] * n
-        mine = [c for c in self.suite if accepts(variant, c)]
-        return [mine[-1]] * n if mine else []
+            if not isinstance(self.ctx.ref_out(_ref(self.op), c0), BaseException):
+                return [c0] * n
+            # (a custom op's schema-made inputs the reference rejects: its given cases)
+        mine = [c for c in self.given if accepts(variant, c)]
+        if not mine:
+            return []
+        c0 = mine[-1]
+        samples = [c for c in mine if c.source == "sample"]
+        if samples:
+            # the largest that keeps THREADS x CALLS calls quick
+            c0 = ([c for c in samples if c.size <= THREAD_SAMPLE_ELEMENTS] or samples[:1])[-1]
+            # Distinct float data per thread (shapes, dtypes and attributes of the sample).
+            out = []
+            for t in range(n):
+                rng = np.random.default_rng(1000 + t)
+                inputs = [
+                    _reshape(rng, x, x.shape) if _is_arr(x) and x.dtype.kind == "f" else x
+                    for x in c0.inputs
+                ]
+                out.append(I.Case(inputs, dict(c0.attrs), f"{c0.label} thread {t}",
+                                  source="sample", noutputs=c0.noutputs, opset=c0.opset))
+            if not isinstance(self.ctx.ref_out(_ref(self.op), out[0]), BaseException):
+                return out
+        return [c0] * n
 
 
 def _reshape(rng: np.random.Generator, x: Any, shape: tuple) -> Any:

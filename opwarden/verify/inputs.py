@@ -318,6 +318,51 @@ def boundary_shapes(n_inputs: int, broadcast: bool) -> list[tuple[str, list[tupl
     return out
 
 
+# ---------------------------------------------------------------- declared samples -----------
+
+
+def sample_cases(opdef: OpDef, rng: np.random.Generator) -> list[Case]:
+    """The operator's declared samples (``OpDef.samples``) as cases, smallest first.
+
+    A samples function that raises, or yields something that is not a Sample, is the op
+    author's bug: it is raised as a ContractError naming the operator.
+    """
+    from ..errors import ContractError
+    from ..ops.base import Sample
+
+    if opdef.samples_fn is None:
+        return []
+    sch = opdef.schema_for(opdef.since)
+    out: list[Case] = []
+    try:
+        samples = list(opdef.samples_fn(rng))
+    except Exception as e:  # noqa: BLE001 - reported against the op that declared it
+        raise ContractError(
+            f"{opdef.qualname}: its samples function raised {type(e).__name__}: {e}"
+        ) from e
+    for k, smp in enumerate(samples):
+        if not isinstance(smp, Sample):
+            raise ContractError(
+                f"{opdef.qualname}: sample {k} is a {type(smp).__name__}, expected an "
+                "opwarden.Sample(inputs, attrs, noutputs, label)"
+            )
+        attrs = {n: a.default for n, a in sch.attrs.items() if a.has_default}
+        attrs.update(smp.attrs)
+        out.append(
+            Case(
+                [np.asarray(x) if isinstance(x, (np.generic, float, int)) else x
+                 for x in smp.inputs],
+                attrs,
+                smp.label or f"sample {k}",
+                source="sample",
+                noutputs=smp.noutputs or max(1, sch.min_outputs),
+                opset=opdef.since,
+            )
+        )
+    out.sort(key=lambda c: c.size)
+    return out
+
+
 # ---------------------------------------------------------------- ONNX node suite ------------
 
 # node-suite module names are the lower-case op names with a few exceptions; a full import of

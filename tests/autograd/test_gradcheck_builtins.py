@@ -8,7 +8,8 @@ from opwarden.autograd.cases import cases
 from opwarden.autograd.rules import differentiable_ops
 from opwarden.verify.grads import gradcheck
 
-OPS = differentiable_ops()
+# opwarden's own operators (other tests register custom ops with backward rules of their own)
+OPS = [o for o in differentiable_ops() if o.domain in ("", "opwarden")]
 PARAMS = [
     pytest.param(o, c, id=f"{o.op_type}-{o.since}-{c.label or i}")
     for o in OPS

@@ -534,6 +534,24 @@ def test_fused_conv_branches(layout, nonfinite, cin, monkeypatch):
     close(np.nan_to_num(got), np.nan_to_num(want))
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_fused_conv_branches_ignore_taps_outside_them(layout):
+    # W with values outside a branch's centred part (which FusedConv never reads): not one
+    # convolution over the whole W.
+    _fused_present("FusedConv")
+    rng = np.random.default_rng(41)
+    x = rng.standard_normal((1, 4, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((7, 4, 3, 3)).astype(np.float32)
+    w.flags.writeable = False
+    b = rng.standard_normal(7).astype(np.float32)
+    o, v = variant("FusedConv", f"fusedconv.torch.{layout.lower()}", domain="opwarden")
+    kw = dict(pads=[1, 1, 1, 1], branches=[3, 1, 1, 4, 3, 3], activation="Relu")
+    want = o.reference(x, w, b, None, **kw)
+    got = v.fn(x, w, b, None, **kw) if layout == "NCHW" else nchw(v.fn(nhwc(x), w, b, None,
+                                                                          **kw))
+    close(got, want)
+
+
 def test_fused_conv_rejects_a_wrong_residual():
     _fused_present("FusedConv")
     x, w, b, attrs = _conv_inputs(CONV_CASES[0])

@@ -584,6 +584,29 @@ def test_fused_conv_branches_fast_kernels(layout, nonfinite, path, fast, monkeyp
     assert bool(calls) == (layout == "NHWC" and not nonfinite)
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_fused_conv_branches_never_read_taps_outside_them(layout, monkeypatch):
+    # FusedConv's branches read only the centred part of W: a W with values outside it (not
+    # built by the passes; found by the op's declared samples under `opwarden check`) runs
+    # branch by branch, not as one convolution over the whole W.
+    x, w, b, want = _branch_case()
+    w = w.copy()
+    w[:5, :, 0, :] = 1.0  # taps the 1x1 branch never reads
+    w.flags.writeable = False
+    calls: list = []
+    real = kconv._branch_gemms
+    monkeypatch.setattr(kconv, "_branch_gemms", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kw = dict(pads=[1, 1, 1, 1], branches=[5, 1, 1, 6, 3, 3])
+    ref = FusedConv(x, w, b, **kw)
+    np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-5)
+    if layout == "NHWC":
+        got = nchw(kfused.fused_conv_nhwc(nhwc(x), w, b, **kw))
+    else:
+        got = kfused.fused_conv_nchw(x, w, b, **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert not calls
+
+
 # ---------------------------------------------------------------------------------------------
 # Few output pixels: the transposed product
 
