@@ -507,12 +507,13 @@ def test_fused_conv(act, params, layout, case):
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("nonfinite, outside", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("cin", [4, tp._BRANCH_SPLIT_MIN_C])
-def test_fused_conv_branches(layout, nonfinite, cin, monkeypatch):
+def test_fused_conv_branches(layout, nonfinite, outside, cin, monkeypatch):
     # Few input channels: one convolution over W with finite inputs; the reference (branch by
     # branch) otherwise, so NaN stays where the separate convolutions put it. Many (NHWC): one
-    # convolution per branch, exact either way.
+    # convolution per branch, exact either way. `outside`: W has values outside the 1x1
+    # branch's centre tap, which FusedConv never reads (not one convolution over W then).
     _fused_present("FusedConv")
     if cin > 4 and layout == "NHWC":
         monkeypatch.setattr(tp, "_whole_ok", None)  # the branch-apart path never asks
@@ -523,6 +524,8 @@ def test_fused_conv_branches(layout, nonfinite, cin, monkeypatch):
     w = np.zeros((7, cin, 3, 3), np.float32)
     w[:3, :, 1, 1] = rng.standard_normal((3, cin))
     w[3:] = rng.standard_normal((4, cin, 3, 3))
+    if outside:
+        w[:3, :, 0, :] = 1.0
     w.flags.writeable = False
     b = rng.standard_normal(7).astype(np.float32)
     o, v = variant("FusedConv", f"fusedconv.torch.{layout.lower()}", domain="opwarden")
@@ -532,24 +535,6 @@ def test_fused_conv_branches(layout, nonfinite, cin, monkeypatch):
                                                                           **kw))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     close(np.nan_to_num(got), np.nan_to_num(want))
-
-
-@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_fused_conv_branches_ignore_taps_outside_them(layout):
-    # W with values outside a branch's centred part (which FusedConv never reads): not one
-    # convolution over the whole W.
-    _fused_present("FusedConv")
-    rng = np.random.default_rng(41)
-    x = rng.standard_normal((1, 4, 6, 7)).astype(np.float32)
-    w = rng.standard_normal((7, 4, 3, 3)).astype(np.float32)
-    w.flags.writeable = False
-    b = rng.standard_normal(7).astype(np.float32)
-    o, v = variant("FusedConv", f"fusedconv.torch.{layout.lower()}", domain="opwarden")
-    kw = dict(pads=[1, 1, 1, 1], branches=[3, 1, 1, 4, 3, 3], activation="Relu")
-    want = o.reference(x, w, b, None, **kw)
-    got = v.fn(x, w, b, None, **kw) if layout == "NCHW" else nchw(v.fn(nhwc(x), w, b, None,
-                                                                          **kw))
-    close(got, want)
 
 
 def test_fused_conv_rejects_a_wrong_residual():
