@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import KernelError
 from ..ops.base import REGISTRY
-from ..ops.fused import branch_convs, shuffle_channels
+from ..ops.fused import branch_convs, branch_windows, shuffle_channels
 from ._util import apply_activation, output, packed
 from .conv import _conv_ok, _finite, _own, conv_nchw, conv_nhwc
 from .linalg import _gemm_ok, _matmul_ok, fused_matmul, gemm
@@ -37,21 +37,15 @@ def _zero_outside(W, branches) -> bool:
     spec = tuple(int(v) for v in branches)
 
     def scan(w: np.ndarray) -> np.ndarray:
-        w = np.asarray(w)
-        if w.ndim != 4 or len(spec) % 3 or sum(spec[0::3]) != w.shape[0]:
+        try:
+            windows = branch_windows(np.shape(w), spec)
+        except (KernelError, ValueError):
             return np.array(False)  # malformed: the branch-by-branch path names the problem
-        kh, kw = w.shape[2:]
-        m0 = 0
-        for mb, bh, bw in zip(spec[0::3], spec[1::3], spec[2::3]):
-            rows = w[m0:m0 + mb]
-            oh, ow = (kh - bh) // 2, (kw - bw) // 2
-            if (kh - bh) % 2 or (kw - bw) % 2 or bh > kh or bw > kw:
+        for m0, mb, oh, ow, bh, bw in windows:
+            outside = np.array(w[m0:m0 + mb])
+            outside[:, :, oh:oh + bh, ow:ow + bw] = 0
+            if outside.any():
                 return np.array(False)
-            inner = np.zeros(rows.shape, bool)
-            inner[:, :, oh:oh + bh, ow:ow + bw] = True
-            if np.any(rows[~inner]):
-                return np.array(False)
-            m0 += mb
         return np.array(True)
 
     return bool(packed(W, ("zero_outside", spec), scan)[()])

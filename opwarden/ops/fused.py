@@ -160,29 +160,16 @@ def branch_convs(x_shape, W, B, branches, attrs: dict, channel_axis: int = 1) ->
     cut off, so each branch's output has Y's spatial size. `x_shape` is X's shape with the
     channels on `channel_axis` (pads are resolved from its spatial sizes). KernelError when the
     branches do not tile W's output channels or a part is not centred in W's kernel."""
-    spec = [int(v) for v in branches]
-    if len(spec) % 3 or not spec:
-        raise KernelError(f"FusedConv: branches {spec} must be (channels, kh, kw) triples")
     if int(attrs.get("group") or 1) != 1 or np.ndim(W) != 4:
         raise KernelError("FusedConv: branches need a 2-D convolution with group=1")
-    m, _c, kh, kw = W.shape
+    windows = branch_windows(W.shape, branches)
+    kh, kw = W.shape[2:]
     hw = [d for i, d in enumerate(x_shape) if i not in (0, channel_axis)]
     s, d = spatial_params(2, attrs.get("strides") or None, attrs.get("dilations") or None)
     begin, end = conv_pads(hw, (kh, kw), s, d, attrs.get("pads") or None,
                            attrs.get("auto_pad") or "NOTSET")
-    trip = [spec[i:i + 3] for i in range(0, len(spec), 3)]
-    if sum(t[0] for t in trip) != m:
-        raise KernelError(
-            f"FusedConv: branches {spec} give {sum(t[0] for t in trip)} output channels, "
-            f"W has {m}"
-        )
-    out, m0 = [], 0
-    for mb, bh, bw in trip:
-        if bh > kh or bw > kw or (kh - bh) % 2 or (kw - bw) % 2:
-            raise KernelError(
-                f"FusedConv: branch kernel {bh}x{bw} is not centred in W's {kh}x{kw}"
-            )
-        oh, ow = (kh - bh) // 2, (kw - bw) // 2
+    out = []
+    for m0, mb, oh, ow, bh, bw in windows:
         pb = [begin[0] - oh * d[0], begin[1] - ow * d[1]]
         pe = [end[0] - oh * d[0], end[1] - ow * d[1]]
         if min(*pb, *pe) < 0:
@@ -194,6 +181,28 @@ def branch_convs(x_shape, W, B, branches, attrs: dict, channel_axis: int = 1) ->
         bb = None if B is None else B[m0:m0 + mb]
         a = dict(attrs, auto_pad="NOTSET", pads=[*pb, *pe], kernel_shape=[bh, bw])
         out.append((wb, bb, a))
+    return out
+
+
+def branch_windows(w_shape, branches) -> list[tuple[int, int, int, int, int, int]]:
+    """Per branch of a FusedConv (M, C, kh, kw) weight: (first output channel, channels, tap
+    row and column offset of its centred part, its kh, its kw). KernelError when `branches` is
+    not (channels, kh, kw) triples tiling the output channels with parts centred in W's kernel."""
+    spec = [int(v) for v in branches]
+    if len(spec) % 3 or not spec:
+        raise KernelError(f"FusedConv: branches {spec} must be (channels, kh, kw) triples")
+    m, _c, kh, kw = w_shape
+    if sum(spec[0::3]) != m:
+        raise KernelError(
+            f"FusedConv: branches {spec} give {sum(spec[0::3])} output channels, W has {m}"
+        )
+    out, m0 = [], 0
+    for mb, bh, bw in zip(spec[0::3], spec[1::3], spec[2::3]):
+        if bh > kh or bw > kw or (kh - bh) % 2 or (kw - bw) % 2:
+            raise KernelError(
+                f"FusedConv: branch kernel {bh}x{bw} is not centred in W's {kh}x{kw}"
+            )
+        out.append((m0, mb, (kh - bh) // 2, (kw - bw) // 2, bh, bw))
         m0 += mb
     return out
 

@@ -333,6 +333,7 @@ def sample_cases(opdef: OpDef, rng: np.random.Generator) -> list[Case]:
     if opdef.samples_fn is None:
         return []
     sch = opdef.schema_for(opdef.since)
+    defaults = {n: a.default for n, a in sch.attrs.items() if a.has_default}
     out: list[Case] = []
     try:
         samples = list(opdef.samples_fn(rng))
@@ -346,13 +347,11 @@ def sample_cases(opdef: OpDef, rng: np.random.Generator) -> list[Case]:
                 f"{opdef.qualname}: sample {k} is a {type(smp).__name__}, expected an "
                 "opwarden.Sample(inputs, attrs, noutputs, label)"
             )
-        attrs = {n: a.default for n, a in sch.attrs.items() if a.has_default}
-        attrs.update(smp.attrs)
         out.append(
             Case(
                 [np.asarray(x) if isinstance(x, (np.generic, float, int)) else x
                  for x in smp.inputs],
-                attrs,
+                {**defaults, **smp.attrs},
                 smp.label or f"sample {k}",
                 source="sample",
                 noutputs=smp.noutputs or max(1, sch.min_outputs),
