@@ -47,6 +47,8 @@ from ..errors import KernelError  # noqa: E402
 from ..kernels.fused import _whole_ok  # noqa: E402
 from ..kernels.shuffle import DTYPES as _SHUFFLE_DTYPES  # noqa: E402
 from ..kernels.shuffle import channel_shuffle  # noqa: E402
+from ..memory.constants import is_constant  # noqa: E402
+from ..memory.constants import mark as mark_constant  # noqa: E402
 from ..ops import REGISTRY  # noqa: E402
 from ..ops.conv import conv_pads, spatial_params  # noqa: E402
 from ..ops.fused import branch_convs, last_reads  # noqa: E402
@@ -141,7 +143,8 @@ def _small(*xs: Any) -> bool:
 
 
 class _ConstCache:
-    """Tensors made from read-only arrays (initializers), keyed by the array, freed with it."""
+    """Tensors made from constant arrays (initializers, memory.constants), keyed by the array,
+    freed with it."""
 
     def __init__(self) -> None:
         self._items: dict[tuple[int, str], tuple[weakref.ref, Any]] = {}
@@ -206,13 +209,11 @@ def _t(x: Any) -> torch.Tensor:
     """The tensor for a kernel input (None stays None)."""
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
-    if x.flags.writeable:
-        t = _host_tensor(x)
-        return t.to(_TARGET) if _CUDA else t
-    if _CUDA:
-        # Read-only arrays are (almost always) initializers: upload them once.
+    if _CUDA and is_constant(x):
+        # Initializers (memory.constants) are uploaded once.
         return _CONSTS.get(x, "t", _upload)
-    return _readonly_tensor(x)
+    t = _host_tensor(x) if x.flags.writeable else _readonly_tensor(x)
+    return t.to(_TARGET) if _CUDA else t
 
 
 def _opt(x: Any) -> torch.Tensor | None:
@@ -742,7 +743,7 @@ def _grouped_gemm(x2: torch.Tensor, W, B, g: int) -> torch.Tensor:
     def make(w: np.ndarray) -> torch.Tensor:
         return _readonly_tensor(w).reshape(g, mg, cg).transpose(1, 2).contiguous()
 
-    wt = _CONSTS.get(W, ("grouped", g), make) if not W.flags.writeable else make(W)
+    wt = _CONSTS.get(W, ("grouped", g), make) if is_constant(W) else make(W)
     xg = x2.reshape(p, g, cg).transpose(0, 1)  # (g, P, C/g), a strided view
     if B is not None:
         y = torch.baddbmm(_t(B).reshape(g, 1, mg), xg, wt)
@@ -752,7 +753,7 @@ def _grouped_gemm(x2: torch.Tensor, W, B, g: int) -> torch.Tensor:
 
 
 def _packed_weight(W: np.ndarray, plan: _ConvPlan, xshape) -> Any:
-    """W reordered for oneDNN (cached while W lives; only read-only, i.e. constant, weights)."""
+    """W reordered for oneDNN (cached while W lives; only for constant weights)."""
 
     def make(w: np.ndarray) -> Any:
         return _REORDER(
@@ -772,7 +773,7 @@ def _conv_run(x: torch.Tensor, W, B, plan: _ConvPlan, activation="", params=(), 
     global _PACK_FAILED
     if plan.pad_arg is not None:
         x = F.pad(x, plan.pad_arg)
-    if plan.packed and not _PACK_FAILED and not W.flags.writeable:
+    if plan.packed and not _PACK_FAILED and is_constant(W):
         act = _PW_ACT.get(activation)
         if act is not None:
             try:
@@ -845,7 +846,7 @@ def _fused_conv_kernel(ref: Callable[..., Any], nhwc: bool):
         if shuffle > 1 and nhwc and not _CUDA and np.ndim(X) >= 3:
             X = _channel_shuffle(X, group=shuffle)  # a folded ChannelShuffle, first
             shuffle = 0
-        if branches and nhwc and Z is None and not W.flags.writeable and (
+        if branches and nhwc and Z is None and is_constant(W) and (
             np.ndim(X) == 4 and np.shape(X)[-1] >= _BRANCH_SPLIT_MIN_C
         ):
             y = _branches_apart(X, W, B, branches, attrs, activation, activation_params)
@@ -921,8 +922,8 @@ def _branch_parts(X, W, branches, attrs) -> list | None:
     def make(w: np.ndarray) -> list | None:
         out, m0 = [], 0
         for wb, _bb, a in branch_convs(np.shape(X), w, None, branches, attrs, channel_axis=3):
-            wb = np.ascontiguousarray(wb)
-            wb.flags.writeable = False
+            # Cached with the constant W it is cut from: constant too (its packing is cached).
+            wb = mark_constant(np.ascontiguousarray(wb))
             plan = _conv_plan(X, wb, a, True)
             if plan is None:
                 return None

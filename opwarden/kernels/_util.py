@@ -13,6 +13,8 @@ import numpy as np
 
 from ..errors import KernelError
 from ..memory import hugepages
+from ..memory.constants import is_constant
+from ..memory.constants import mark as mark_constant
 
 F32 = np.dtype(np.float32)
 
@@ -72,8 +74,9 @@ def output(
 
 
 # ---------------------------------------------------------------------------------------------
-# Packed weights: repacked once per weight array. Only read-only arrays are cached (initializers
-# are read-only views); the entry dies with the array, so an id is never reused stale.
+# Packed weights: repacked once per weight array. Only arrays the runtime declared constant
+# (memory.constants: a program's initializers) are cached; the entry dies with the array, so an
+# id is never reused stale.
 
 _PACKED: dict[tuple, tuple[tuple[weakref.ref, ...], np.ndarray]] = {}
 _PACK_LOCK = threading.Lock()
@@ -83,16 +86,17 @@ def packed(
     w: np.ndarray, tag: Any, pack: Callable[[np.ndarray], np.ndarray],
     deps: tuple[np.ndarray, ...] = (),
 ) -> np.ndarray:
-    """pack(w), cached for read-only `w` under (id, data pointer, shape, strides, tag).
-    `deps`: other read-only arrays the packing reads (e.g. a bias); the entry is keyed on them
-    too and dies with any of them. Writeable arrays are packed on every call."""
-    if w.flags.writeable:
+    """pack(w), cached for a constant `w` (memory.constants) under (id, data pointer, shape,
+    strides, tag). `deps`: other constant arrays the packing reads (e.g. a bias); the entry is
+    keyed on them too and dies with any of them. Other arrays, read-only or not, are packed on
+    every call: their values may differ from the last call's."""
+    if not is_constant(w):
         return pack(w)
     # (Called on every convolution of every run: the common no-deps lookup stays minimal.)
     key = (id(w), w.ctypes.data, w.shape, w.strides, w.dtype.str, tag)
     arrays = (w,)
     if deps:
-        if any(a.flags.writeable for a in deps):
+        if not all(is_constant(a) for a in deps):
             return pack(w)
         arrays += tuple(deps)
         key += tuple((id(a), a.ctypes.data, a.shape, a.strides, a.dtype.str) for a in deps)
@@ -110,7 +114,7 @@ def packed(
         if q is not p:
             nbytes, p = p.nbytes, q
             hugepages.release_heap(nbytes)
-    p.flags.writeable = False
+    mark_constant(p)  # derived from constants and cached with them: constant as long as it lives
 
     def _drop(_ref, key=key, cache=_PACKED):
         # The cache is bound now: at interpreter exit module globals may already be None.

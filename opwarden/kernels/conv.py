@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError
+from ..memory.constants import is_constant
 from ..ops.conv import conv_out_shape, conv_pads, spatial_params
 from ._util import (
     F32,
@@ -611,7 +612,7 @@ def _weights_t(W, B, bias) -> np.ndarray:
             wt[:, k] = bias
         return wt
 
-    if not W.flags.writeable and (bias is None or (bias is B and not B.flags.writeable)):
+    if is_constant(W) and (bias is None or (bias is B and is_constant(B))):
         return packed(W, ("nhwc.t", kb), lambda w: build(w, np.empty((m, kb), F32)),
                       deps=() if bias is None else (B,))
     return build(W, scratch("conv.wt", (m, kb)))
@@ -619,7 +620,7 @@ def _weights_t(W, B, bias) -> np.ndarray:
 
 def _bias_row(W, B, bias) -> np.ndarray | None:
     """W packed for NHWC, group 1 (K, M), with the bias appended as row K. Cached in place of
-    the plain packing while both W and B are read-only (initializers); otherwise built per
+    the plain packing while both W and B are constants (initializers); otherwise built per
     call in a scratch buffer. None for 1x1 kernels: their plain packing is a free view of W,
     and a packed copy would hold the weights twice (ResNet-50's strided 1x1 convolutions:
     +22 MiB peak)."""
@@ -635,7 +636,7 @@ def _bias_row(W, B, bias) -> np.ndarray | None:
         wb[k] = bias
         return wb
 
-    if bias is B and not W.flags.writeable and not B.flags.writeable:
+    if bias is B and is_constant(W) and is_constant(B):
         return packed(W, "nhwc.bias", lambda w: build(w, np.empty((k + 1, m), F32)), deps=(B,))
     return build(W, scratch("conv.wb", (k + 1, m)))
 
@@ -859,7 +860,7 @@ def _winograd_weights(W, tile: int) -> np.ndarray | None:
     float64 and cached with W; None when W may change between calls (packing is the costly
     part) or is not finite (a NaN or Inf weight would reach every output of a tile, not just
     its own)."""
-    if W.flags.writeable:
+    if not is_constant(W):
         return None
 
     g = _WINO[tile][1]

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import KernelError, OpwardenError
 from ..ir.graph import Graph, Value
+from ..memory.constants import mark as mark_constant
 from ..memory.limits import guard_allocation
 from .place import Placement
 
@@ -96,7 +97,8 @@ class Program:
         self.input_slots = [self._slot(v) for v in graph.inputs]
         self.capture_slots = [self._slot(v) for v in graph.captures]
         for v in graph.initializers.values():
-            self.template[self._slot(v)] = v.const
+            # Declared constant, so kernels may cache what they derive from it (packed weights).
+            self.template[self._slot(v)] = mark_constant(v.const)
         self.steps: list[Step] = []
         for node in graph.nodes:
             pl = placements[id(node)]

@@ -15,6 +15,7 @@ from opwarden import zoo  # noqa: E402
 from opwarden.devices import devices, get_device  # noqa: E402
 from opwarden.devices import torch_provider as tp  # noqa: E402
 from opwarden.errors import KernelError, OptionsError  # noqa: E402
+from opwarden.memory.constants import mark as mark_constant  # noqa: E402
 from opwarden.ops import REGISTRY  # noqa: E402
 
 tp.register()
@@ -111,7 +112,7 @@ def _conv_inputs(case):
 def test_conv_matches_reference(case, layout, const):
     x, w, b, attrs = _conv_inputs(case)
     if const:  # read-only weights are constants: NHWC 2-D convs take oneDNN's prepacked path
-        w.flags.writeable = False
+        mark_constant(w)
     o, v = variant("Conv", f"conv.torch.{layout.lower()}")
     assert v.layout == layout and v.device == "torch"
     want = o.reference(x, w, b, **attrs)
@@ -125,7 +126,7 @@ def test_conv_matches_reference(case, layout, const):
 
 def test_conv_works_on_read_only_weights_and_odd_strides():
     x, w, b, attrs = _conv_inputs(CONV_CASES[0])
-    w.flags.writeable = False
+    mark_constant(w)
     _, v = variant("Conv", "conv.torch.nchw")
     want = REGISTRY.versions("Conv")[-1].reference(x, w, b, **attrs)
     close(v.fn(x, w, b, **attrs), want)
@@ -465,10 +466,10 @@ def test_few_input_channels_skip_the_packed_convolution():
     x = np.zeros((1, 32, 32, 16), np.float32)
     w = np.zeros((16, 16, 3, 3), np.float32)
     assert tp._conv_plan(x, w, {"pads": [1, 1, 1, 1]}, True).packed == (tp._POINTWISE is not None)
-    w.flags.writeable = w3.flags.writeable = False
+    mark_constant(w), mark_constant(w3)
     b = rand(16, seed=5)
     for xx, ww in ((rand(1, 3, 9, 9, seed=6), w3 + 1), (rand(1, 16, 9, 9, seed=7), w + 1)):
-        ww.flags.writeable = False
+        mark_constant(ww)
         o, v = variant("Conv", "conv.torch.nhwc")
         want = o.reference(xx, ww, b, pads=[1, 1, 1, 1])
         close(nchw(v.fn(nhwc(xx), ww, b, pads=[1, 1, 1, 1])), want)
@@ -492,7 +493,7 @@ ACTS = [("", []), ("Relu", []), ("Clip", [0.0, 6.0]), ("Clip", [-1.0]), ("LeakyR
 def test_fused_conv(act, params, layout, case):
     _fused_present("FusedConv")
     x, w, b, attrs = _conv_inputs(CONV_CASES[case])
-    w.flags.writeable = False
+    mark_constant(w)
     o, v = variant("FusedConv", f"fusedconv.torch.{layout.lower()}", domain="opwarden")
     conv = REGISTRY.versions("Conv")[-1].reference(x, w, b, **attrs)
     z = rand(*conv.shape, seed=30)
@@ -526,7 +527,7 @@ def test_fused_conv_branches(layout, nonfinite, outside, cin, monkeypatch):
     w[3:] = rng.standard_normal((4, cin, 3, 3))
     if outside:
         w[:3, :, 0, :] = 1.0
-    w.flags.writeable = False
+    mark_constant(w)
     b = rng.standard_normal(7).astype(np.float32)
     o, v = variant("FusedConv", f"fusedconv.torch.{layout.lower()}", domain="opwarden")
     kw = dict(pads=[1, 1, 1, 1], branches=[3, 1, 1, 4, 3, 3], activation="Relu")
@@ -647,8 +648,8 @@ def test_fused_conv_same_on_either_side_of_the_serial_bound(threads, shape, wsha
     monkeypatch.setattr(tp, "_SERIAL_FLOPS", 40e6)  # the passive-waiting bound
     torch.set_num_threads(threads)
     x, w, b = rand(*shape, seed=40), rand(*wshape, seed=41), rand(wshape[0], seed=42)
-    w.flags.writeable = False
-    b.flags.writeable = False
+    mark_constant(w)
+    mark_constant(b)
     k = wshape[-1]
     attrs = dict(pads=[k // 2] * 4, strides=[1, 1], group=1)
     o, v = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
@@ -771,7 +772,7 @@ def test_channel_shuffle_and_a_folded_input_shuffle_on_torch():
     close(out, o.reference(x, group=3))
     # A depthwise FusedConv carrying the shuffle (the layout pass folds it there).
     w, b = rand(12, 1, 3, 3, seed=71), rand(12, seed=72)
-    w.flags.writeable = False
+    mark_constant(w)
     kw = dict(pads=[1, 1, 1, 1], group=12, activation="Relu", activation_params=[])
     of, vf = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
     want = of.reference(nchw(x), w, b, None, input_shuffle=3, **kw)
@@ -794,7 +795,8 @@ def test_grouped_pointwise_conv_is_one_batched_gemm(const):
     _fused_present("FusedConv")
     x, w, b = rand(1, 24, 7, 6, seed=80), rand(32, 6, 1, 1, seed=81), rand(32, seed=82)
     z = rand(1, 32, 7, 6, seed=83)
-    w.flags.writeable = not const
+    if const:
+        mark_constant(w)
     plan = tp._conv_plan(nhwc(x), w, {"group": 4}, True)
     assert plan.gemm and plan.groups == 4
     o, v = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
@@ -814,7 +816,7 @@ def test_packed_conv_propagates_nan_through_fused_relu_and_clip(act, params, res
     _fused_present("FusedConv")
     x, w, b = rand(1, 16, 6, 7, seed=90), rand(8, 16, 3, 3, seed=91), rand(8, seed=92)
     z = rand(1, 8, 6, 7, seed=93) if residual else None
-    w.flags.writeable = False
+    mark_constant(w)
     o, v = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
     kw = dict(pads=[1, 1, 1, 1], activation=act, activation_params=params)
     for bad in ("x", "z") if residual else ("x",):

@@ -15,6 +15,7 @@ from opwarden.kernels import conv as kconv
 from opwarden.kernels import fused as kfused
 from opwarden.kernels._util import packed, sgemm
 from opwarden.kernels.conv import conv_nchw, conv_nhwc
+from opwarden.memory.constants import mark as mark_constant
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.conv import Conv
 from opwarden.ops.fused import FusedConv
@@ -101,7 +102,7 @@ def _arrays(case, seed=0):
 @given(conv_case())
 def test_conv_variants_match_reference(case):
     x, w, b = _arrays(case)
-    w.flags.writeable = False  # as initializers: Winograd only packs constant weights
+    mark_constant(w)  # an initializer: Winograd only packs constant weights
     ref = Conv(x, w, b, **case["attrs"])
     for path in PATHS:
         with nhwc_path(path):
@@ -118,7 +119,7 @@ def test_fused_conv_in_place_over_the_residual(case, act, pw_t):
     passes out= Z itself. Every NHWC path (pointwise, grouped, depthwise, k x k, Winograd, the
     transposed few-pixel products) and the NCHW kernel must read Z before overwriting it."""
     x, w, b = _arrays(case, seed=3)
-    w.flags.writeable = False
+    mark_constant(w)
     ref0 = Conv(x, w, b, **case["attrs"])
     z = np.random.default_rng(4).standard_normal(ref0.shape, dtype=np.float32)
     ref = FusedConv(x, w, b, z, activation=act, **case["attrs"])
@@ -148,7 +149,7 @@ def test_fused_conv_in_place_over_a_large_residual(shape):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((n, c, h, wd), dtype=np.float32)
     w = rng.standard_normal((m, c, k, k), dtype=np.float32)
-    w.flags.writeable = False
+    mark_constant(w)
     b = rng.standard_normal(m, dtype=np.float32)
     z = rng.standard_normal((n, m, h, wd), dtype=np.float32)
     attrs = dict(kernel_shape=[k, k], pads=[k // 2] * 4)
@@ -165,7 +166,7 @@ def test_fused_conv_in_place_over_a_large_residual(shape):
 @given(conv_case(), st.sampled_from(ACTS), st.booleans())
 def test_fused_conv_variants_match_reference(case, act, residual):
     x, w, b = _arrays(case, seed=1)
-    w.flags.writeable = False
+    mark_constant(w)
     params = {"Clip": [-0.5, 0.7], "LeakyRelu": [0.2]}.get(act, [])
     ref0 = Conv(x, w, b, **case["attrs"])
     z = np.random.default_rng(2).standard_normal(ref0.shape, dtype=np.float32) if residual \
@@ -228,7 +229,7 @@ def test_realistic_shapes_match_reference(xs, ws, attrs, path, monkeypatch):
     rng = np.random.default_rng(5)
     x = rng.standard_normal(xs, dtype=np.float32)
     w = rng.standard_normal(ws, dtype=np.float32) * np.float32(0.1)
-    w.flags.writeable = False  # as initializers: exercises the packed-weight cache
+    mark_constant(w)  # an initializer: exercises the packed-weight cache
     b = rng.standard_normal(ws[0], dtype=np.float32)
     ref = Conv(x, w, b, **attrs)
     # Small bands: the band loops and their offsets are exercised.
@@ -254,7 +255,7 @@ def test_blas_binding_accumulates():
     np.testing.assert_array_equal(c[:, 0], 1)
 
 
-def test_packed_weights_cached_only_for_read_only_arrays():
+def test_packed_weights_cached_only_for_declared_constants():
     w = np.arange(12, dtype=np.float32).reshape(3, 4)
     calls = []
 
@@ -265,10 +266,18 @@ def test_packed_weights_cached_only_for_read_only_arrays():
     packed(w, "t", pack)
     packed(w, "t", pack)
     assert len(calls) == 2  # writable: repacked every time (it may have changed)
+    # Read-only is not constant: the executor hands intermediates on read-only, and a planned
+    # buffer's view is the same object on every run with new values in it.
     w.flags.writeable = False
+    packed(w, "t", pack)
+    assert len(calls) == 3
+    view = w.view()
+    mark_constant(w)
     p1 = packed(w, "t", pack)
     p2 = packed(w, "t", pack)
-    assert p1 is p2 and len(calls) == 3
+    assert p1 is p2 and len(calls) == 4
+    packed(view, "t", pack)  # a view of a constant is not declared constant itself
+    assert len(calls) == 5
 
 
 def test_weights_changed_between_calls_are_seen():
@@ -331,12 +340,12 @@ def test_bias_row_follows_the_bias_given():
     rng = np.random.default_rng(8)
     x = rng.standard_normal((1, 16, 9, 9), dtype=np.float32)
     w = rng.standard_normal((64, 16, 3, 3), dtype=np.float32)
-    w.flags.writeable = False
+    mark_constant(w)
     attrs = dict(pads=[1, 1, 1, 1])
     b1 = rng.standard_normal(64, dtype=np.float32)
-    b1.flags.writeable = False
+    mark_constant(b1)
     b2 = rng.standard_normal(64, dtype=np.float32)
-    b2.flags.writeable = False
+    mark_constant(b2)
     b3 = rng.standard_normal(64, dtype=np.float32)
     with nhwc_path("im2col"):
         for b in (b1, b2, b1, b3):
@@ -427,7 +436,7 @@ def test_winograd_matches_reference(xs, m, pads, band, act, residual, monkeypatc
     rng = np.random.default_rng(11)
     x = rng.standard_normal(xs, dtype=np.float32)
     w = rng.standard_normal((m, xs[1], 3, 3), dtype=np.float32) / np.float32(np.sqrt(9 * xs[1]))
-    w.flags.writeable = False
+    mark_constant(w)
     b = rng.standard_normal(m, dtype=np.float32)
     ref0 = Conv(x, w, b, pads=pads)
     z = rng.standard_normal(ref0.shape, dtype=np.float32) if residual else None
@@ -460,7 +469,7 @@ def test_winograd_keeps_direct_nan_and_inf_positions(spy):
     x[0, 3, 5, 6] = np.nan
     x[0, 7, 9, 2] = np.inf
     w = rng.standard_normal((32, 16, 3, 3), dtype=np.float32)
-    w.flags.writeable = False
+    mark_constant(w)
     ref = Conv(x, w, None, pads=[1, 1, 1, 1])
     calls = spy("_winograd_nhwc")
     with nhwc_path("winograd"):
@@ -470,7 +479,7 @@ def test_winograd_keeps_direct_nan_and_inf_positions(spy):
     np.testing.assert_array_equal(np.isinf(y), np.isinf(ref))
     w2 = w.copy()
     w2[3, 2, 1, 1] = np.nan
-    w2.flags.writeable = False
+    mark_constant(w2)
     b = np.zeros(32, np.float32)
     b[4] = np.inf
     x = np.nan_to_num(x, nan=0.0, posinf=0.0)
@@ -526,7 +535,7 @@ def _branch_case(seed=21, nonfinite=False):
     w = np.zeros((11, 8, 3, 3), np.float32)
     w[:5, :, 1:2, 1:2] = w1
     w[5:] = w3
-    w.flags.writeable = False
+    mark_constant(w)
     want = np.concatenate([Conv(x, w1, b[:5]), Conv(x, w3, b[5:], pads=[1, 1, 1, 1])], axis=1)
     return x, w, b, want
 
@@ -592,7 +601,7 @@ def test_fused_conv_branches_never_read_taps_outside_them(layout, monkeypatch):
     x, w, b, want = _branch_case()
     w = w.copy()
     w[:5, :, 0, :] = 1.0  # taps the 1x1 branch never reads
-    w.flags.writeable = False
+    mark_constant(w)
     calls: list = []
     real = kconv._branch_gemms
     monkeypatch.setattr(kconv, "_branch_gemms", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -620,14 +629,14 @@ def test_few_pixels_takes_the_transposed_product_and_matches(ks, strides, pads, 
     c, m, h = 96, 128, 14 if strides == 2 else 7
     x = rng.standard_normal((1, c, h, h), dtype=np.float32)
     w = rng.standard_normal((m, c, ks, ks), dtype=np.float32) * np.float32(0.1)
-    w.flags.writeable = False
+    mark_constant(w)
     attrs = dict(strides=[strides] * 2, pads=[pads] * 4, kernel_shape=[ks, ks])
     calls = spy("_few_pixels_nhwc")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kconv, "PATCH_T_MIN_WEIGHTS", c * m)
         for seed in (1, 2):
             b = np.random.default_rng(seed).standard_normal(m, dtype=np.float32)
-            b.flags.writeable = False
+            mark_constant(b)
             y = conv_nhwc(nhwc(x), w, b, **attrs)
             np.testing.assert_allclose(nchw(y), Conv(x, w, b, **attrs), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(nchw(conv_nhwc(nhwc(x), w, None, **attrs)),

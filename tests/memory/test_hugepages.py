@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import opwarden
 from opwarden.kernels import _util as kutil
 from opwarden.memory import hugepages
+from opwarden.memory.constants import mark as mark_constant
 
 needs_thp = pytest.mark.skipif(not hugepages.enabled(),
                                reason="transparent huge pages are not available here")
@@ -120,7 +121,7 @@ def test_packed_weights_are_moved_and_shared_views_are_not(monkeypatch):
 
     monkeypatch.setattr(hugepages, "huge_copy", spy)
     w = np.random.default_rng(3).standard_normal((512, 256)).astype(np.float32)
-    w.flags.writeable = False
+    mark_constant(w)
     p = kutil.packed(w, "test.hp.copy", lambda x: np.ascontiguousarray(x.T))
     np.testing.assert_array_equal(p, w.T)
     assert seen == [(w.nbytes, True)] and not p.flags.owndata and not p.flags.writeable
