@@ -12,6 +12,7 @@ NAN_POLICIES = ("propagate", "produce", "suppress", "none")
 OVERFLOW_POLICIES = ("wrap", "saturate", None)
 BROADCAST_RULES = ("none", "multidirectional", "unidirectional")
 LAYOUTS = ("any", "NCHW", "NHWC")
+TOLERANCES = ("elementwise", "normwise")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,11 @@ class Contract:
     - ``overflow``: integer overflow behaviour, "wrap", "saturate" or None (cannot overflow).
     - ``broadcast``: "none", "multidirectional" (numpy) or "unidirectional" (B to A).
     - ``allowed``: attribute name -> Allowed rule (values outside raise ModelError at load).
+    - ``tolerance``: how variants are compared with the reference. "elementwise": each value
+      within rtol of itself. "normwise": each value within rtol of the output's largest
+      magnitude, for sums of products (convolutions), whose rounding error scales with the
+      summands, not with a result that cancels to near zero; fast algorithms (Winograd's
+      transforms, reordered or blocked sums) are correct to that bound, as BLAS is tested.
     """
 
     layout: str = "any"
@@ -73,8 +79,13 @@ class Contract:
     broadcast: str = "none"
     allowed: Mapping[str, Allowed] = field(default_factory=dict)
     deterministic: bool = True
+    tolerance: str = "elementwise"
 
     def __post_init__(self) -> None:
+        if self.tolerance not in TOLERANCES:
+            raise ContractError(
+                f"Contract.tolerance must be one of {TOLERANCES}, got {self.tolerance!r}"
+            )
         if self.nan not in NAN_POLICIES:
             raise ContractError(f"Contract.nan must be one of {NAN_POLICIES}, got {self.nan!r}")
         if self.overflow not in OVERFLOW_POLICIES:

@@ -757,7 +757,9 @@ def _packed_weight(W: np.ndarray, plan: _ConvPlan, xshape) -> Any:
 
     def make(w: np.ndarray) -> Any:
         return _REORDER(
-            _readonly_tensor(w).to_mkldnn(), plan.padding, plan.stride, plan.dilation,
+            # (to_mkldnn reads a strided tensor's memory as if it were contiguous)
+            _readonly_tensor(np.ascontiguousarray(w)).to_mkldnn(), plan.padding, plan.stride,
+            plan.dilation,
             plan.groups, list(xshape),
         )
 
@@ -799,7 +801,7 @@ _NAN_EATERS = ("relu", "hardtanh")
 def _conv_packed(x, W, B, plan: _ConvPlan, act, params, z, activation: str):
     name, nparams = act
     w = _packed_weight(W, plan, x.shape)
-    b = _opt(B)
+    b = None if B is None else _t(np.ascontiguousarray(B))  # (oneDNN ignores a bias's stride)
     if z is not None or name in _NAN_EATERS:
         if z is not None:  # the residual add fused, the activation after it
             y = _POINTWISE.binary(x, z, w, b, plan.padding, plan.stride, plan.dilation,

@@ -23,12 +23,18 @@ class Sample:
     Declared with an operator through ``OpDef.samples`` where its inputs cannot be made from
     the schema alone (a convolution's W must match X's channels, a program attribute must be
     a program); `opwarden check` runs every variant on them against the reference kernel.
+
+    ``constants``: the inputs that are initializers in a model (weights, biases). The sample is
+    then checked twice: as plain arrays (weights computed at run time) and with those inputs
+    declared constant (``memory.constants``) as a session declares its initializers, which is
+    what the kernel paths that cache work on constant weights (packing, transforms) need.
     """
 
     inputs: list[Any]
     attrs: dict[str, Any] = field(default_factory=dict)
     noutputs: int | None = None
     label: str = ""
+    constants: tuple[int, ...] = ()
 
 
 @dataclass

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..contract import Contract, one_of, such_that
 from ..errors import KernelError
-from .base import op
+from .base import Sample, op
 
 AUTO_PAD = one_of("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _POSITIVE_GROUP = such_that(lambda g: int(g) >= 1, "a positive integer")
@@ -183,6 +183,7 @@ _CONV_CONTRACT = Contract(
     layout="NCHW",
     nan="propagate",
     workspace_bytes=_conv_workspace,
+    tolerance="normwise",  # sums of products: the fast paths reorder and transform them
     allowed={"auto_pad": AUTO_PAD, "group": _POSITIVE_GROUP},
 )
 
@@ -209,6 +210,66 @@ def Conv(
     y = _grouped_gemm(W.astype(acc, copy=False), cols, group)
     y = _add_bias(y.reshape((X.shape[0], W.shape[0]) + tuple(out_sp)), B)
     return y.astype(X.dtype, copy=False)
+
+
+def conv_weights(rng: np.random.Generator, *shape: int, dtype=np.float32) -> np.ndarray:
+    """Random convolution weights scaled by 1/sqrt(fan-in), as trained nets have them: outputs
+    stay ~N(0, 1) however many terms a sum has, so comparisons against the reference measure
+    the kernel, not float32 rounding of huge sums."""
+    w = rng.standard_normal(shape) / math.sqrt(math.prod(shape[1:]))
+    return w.astype(dtype)
+
+
+@Conv.samples
+def _conv_samples(rng):
+    """One call per path of the fast convolution kernels (kernels.conv), W and B also checked as
+    initializers: pointwise over few pixels (transposed GEMM; with and without a bias), larger
+    and grouped pointwise, row taps (k x k, row stride 1, 196+ pixels), shifted GEMMs (16+
+    channels, 700+ pixels), the banded patch matrix (with the bias row, without a bias,
+    grouped), few output pixels with large weights, Winograd (3x3 stride 1, C*M >= 2^15 over
+    7x7+ tiles), the few-channel stem (direct taps, phase planes), depthwise, dilated, SAME and
+    asymmetric padding, an empty batch, 1-D."""
+    def x(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    def w(*shape):
+        return conv_weights(rng, *shape)
+
+    p1 = [1, 1, 1, 1]
+    s2 = {"pads": p1, "strides": [2, 2]}
+    calls = [
+        ("1x1, few pixels", (1, 8, 5, 5), (16, 8, 1, 1), True, {}),
+        ("1x1, few pixels, no bias", (1, 8, 5, 5), (16, 8, 1, 1), False, {}),
+        ("1x1", (1, 16, 12, 12), (24, 16, 1, 1), True, {}),
+        ("grouped 1x1", (1, 8, 6, 6), (8, 4, 1, 1), True, {"group": 2}),
+        ("3x3 row taps", (1, 16, 14, 14), (16, 16, 3, 3), True, {"pads": p1}),
+        ("3x3 stride 2, shifted GEMMs, no bias", (1, 16, 57, 57), (32, 16, 3, 3), False, s2),
+        ("3x1, shifted GEMMs over whole rows", (1, 16, 28, 28), (16, 16, 3, 1), True,
+         {"pads": [1, 0, 1, 0]}),
+        ("3x3 stride 2, patch matrix with the bias row", (1, 16, 15, 15), (16, 16, 3, 3),
+         True, s2),
+        ("3x3 stride 2, patch matrix, no bias", (1, 16, 15, 15), (16, 16, 3, 3), False, s2),
+        ("grouped 3x3", (1, 8, 9, 9), (8, 4, 3, 3), True, {"pads": p1, "group": 2}),
+        ("3x3 over 7x7 pixels, large weights", (1, 128, 7, 7), (256, 128, 3, 3), True,
+         {"pads": p1}),
+        ("3x3 Winograd", (1, 64, 28, 28), (512, 64, 3, 3), True, {"pads": p1}),
+        ("3x3 Winograd, partial tiles", (1, 64, 30, 30), (512, 64, 3, 3), True, {"pads": p1}),
+        ("7x7 stride 2 stem (phase planes)", (1, 3, 16, 16), (8, 3, 7, 7), True,
+         {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+        ("3x3 stride 2 stem (direct taps)", (1, 3, 17, 17), (8, 3, 3, 3), True,
+         {"strides": [2, 2]}),
+        ("depthwise", (1, 8, 7, 7), (8, 1, 3, 3), True, {"pads": p1, "group": 8}),
+        ("dilated", (1, 4, 9, 9), (6, 4, 3, 3), False, {"pads": [2, 2, 2, 2],
+                                                         "dilations": [2, 2]}),
+        ("SAME_UPPER stride 2", (1, 4, 8, 8), (6, 4, 3, 3), True,
+         {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+        ("asymmetric pads", (1, 4, 8, 8), (6, 4, 3, 3), True, {"pads": [0, 0, 1, 1]}),
+        ("empty batch", (0, 4, 5, 5), (6, 4, 3, 3), True, {"pads": p1}),
+        ("1-D", (1, 4, 10), (6, 4, 3), True, {"pads": [1, 1]}),
+    ]
+    for label, xs, ws, bias, attrs in calls:
+        inputs = [x(*xs), w(*ws)] + ([x(ws[0])] if bias else [])
+        yield Sample(inputs, attrs, label=label, constants=(1, 2) if bias else (1,))
 
 
 # ---------------------------------------------------------------------------------------------

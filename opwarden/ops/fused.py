@@ -18,7 +18,15 @@ from ..errors import KernelError
 from . import activation as _act
 from . import elementwise as _ew
 from .base import Sample, op
-from .conv import AUTO_PAD, Conv, _conv_workspace, conv_out_shape, conv_pads, spatial_params
+from .conv import (
+    AUTO_PAD,
+    Conv,
+    _conv_workspace,
+    conv_out_shape,
+    conv_pads,
+    conv_weights,
+    spatial_params,
+)
 from .linalg import Gemm, MatMul
 
 DOMAIN = "opwarden"
@@ -118,6 +126,7 @@ _CONV_ATTRS = {
         # its add): the pointwise kernel then adds only the bias before its GEMM accumulates.
         may_alias=((3, 0),),
         workspace_bytes=_fused_conv_workspace,
+        tolerance="normwise",  # sums of products, as Conv
         allowed={
             "auto_pad": AUTO_PAD,
             "group": such_that(lambda g: int(g) >= 1, "a positive integer"),
@@ -228,62 +237,84 @@ def _normal(rng, dtype=np.float32):
 @FusedConv.samples
 def _fused_conv_samples(rng):
     """One call per kernel path (ONNX layout; the harness moves X and Z to NHWC for NHWC
-    variants): 1x1 as a GEMM, k x k, strided, depthwise (with a folded shuffle), grouped,
-    branches (with and without structural zeros), the few-channel stem, dilated, SAME padding,
-    asymmetric pads, 1-D, residuals on GEMMs big enough for the threaded adds and on the
-    Winograd path, every activation, float64."""
+    variants; W and B also as initializers): 1x1 as a GEMM, k x k, strided, depthwise (with a
+    folded shuffle), grouped (in place over a residual, after an input shuffle), branches (with
+    and without structural zeros, row taps and the patch matrix), the few-channel stem,
+    dilated, SAME padding, asymmetric pads, 1-D, residuals on GEMMs big enough for the
+    threaded adds, on the Winograd, shifted-GEMM, patch-matrix and few-pixel paths, every
+    activation, an empty batch, float64."""
     x = _normal(rng)
 
-    def w(*shape):  # weights scaled by 1/sqrt(fan-in), as trained nets have: outputs ~ N(0, 1)
-        return x(*shape) / np.float32(np.sqrt(np.prod(shape[1:])))
+    def w(*shape):
+        return conv_weights(rng, *shape)
+
+    def S(inputs, attrs, label):  # W and B are initializers: checked plain and as constants
+        return Sample(inputs, attrs, label=label, constants=(1, 2))
 
     p1 = [1, 1, 1, 1]
-    yield Sample([x(1, 8, 5, 5), w(16, 8, 1, 1), x(16)], {"activation": "Relu"}, label="1x1")
-    yield Sample([x(2, 8, 6, 6), w(8, 8, 3, 3), x(8), x(2, 8, 6, 6)],
-                 {"pads": p1, "activation": "Relu"}, label="3x3 residual, batch 2")
-    yield Sample([x(1, 6, 9, 9), w(12, 6, 3, 3), x(12)],
-                 {"pads": p1, "strides": [2, 2], "activation": "Clip",
-                  "activation_params": [0.0, 6.0]}, label="3x3 stride 2, clip")
-    yield Sample([x(1, 8, 7, 7), w(8, 1, 3, 3), x(8)],
-                 {"group": 8, "pads": p1, "activation": "LeakyRelu", "activation_params": [0.1]},
-                 label="depthwise")
-    yield Sample([x(1, 8, 8, 8), w(8, 1, 3, 3), x(8)],
-                 {"group": 8, "pads": p1, "strides": [2, 2], "input_shuffle": 2},
-                 label="depthwise stride 2, shuffled input")
-    yield Sample([x(1, 8, 6, 6), w(8, 4, 1, 1), x(8)], {"group": 2, "activation": "Relu"},
-                 label="grouped 1x1")
+    yield S([x(1, 8, 5, 5), w(16, 8, 1, 1), x(16)], {"activation": "Relu"}, label="1x1")
+    yield S([x(2, 8, 6, 6), w(8, 8, 3, 3), x(8), x(2, 8, 6, 6)],
+            {"pads": p1, "activation": "Relu"}, label="3x3 residual, batch 2")
+    yield S([x(1, 6, 9, 9), w(12, 6, 3, 3), x(12)],
+            {"pads": p1, "strides": [2, 2], "activation": "Clip",
+             "activation_params": [0.0, 6.0]}, label="3x3 stride 2, clip")
+    yield S([x(1, 8, 7, 7), w(8, 1, 3, 3), x(8)],
+            {"group": 8, "pads": p1, "activation": "LeakyRelu", "activation_params": [0.1]},
+            label="depthwise")
+    yield S([x(1, 8, 8, 8), w(8, 1, 3, 3), x(8)],
+            {"group": 8, "pads": p1, "strides": [2, 2], "input_shuffle": 2},
+            label="depthwise stride 2, shuffled input")
+    yield S([x(1, 8, 6, 6), w(8, 4, 1, 1), x(8)], {"group": 2, "activation": "Relu"},
+            label="grouped 1x1")
     wb = w(12, 8, 3, 3)
-    yield Sample([x(1, 8, 6, 6), wb, x(12)],
-                 {"pads": p1, "branches": [4, 1, 1, 8, 3, 3], "activation": "Relu"},
-                 label="branches 1x1 + 3x3, taps outside the 1x1 set (never read)")
-    wz = wb.copy()
+    yield S([x(1, 8, 6, 6), wb, x(12)],
+            {"pads": p1, "branches": [4, 1, 1, 8, 3, 3], "activation": "Relu"},
+            label="branches 1x1 + 3x3, taps outside the 1x1 set (never read)")
+    wz = w(12, 16, 3, 3)
     wz[:4, :, [0, 2], :] = 0
     wz[:4, :, :, [0, 2]] = 0
-    yield Sample([x(1, 8, 6, 6), wz, x(12), x(1, 12, 6, 6)],
-                 {"pads": p1, "branches": [4, 1, 1, 8, 3, 3]},
-                 label="branches 1x1 + 3x3 with structural zeros, residual")
-    yield Sample([x(1, 3, 16, 16), w(8, 3, 7, 7), x(8)],
-                 {"pads": [3, 3, 3, 3], "strides": [2, 2], "activation": "Relu"},
-                 label="7x7 stride 2 stem")
-    yield Sample([x(1, 4, 9, 9), w(6, 4, 3, 3)],
-                 {"dilations": [2, 2], "pads": [2, 2, 2, 2], "activation": "Sigmoid"},
-                 label="dilated, no bias")
-    yield Sample([x(1, 4, 8, 8), w(6, 4, 3, 3), x(6)],
-                 {"auto_pad": "SAME_UPPER", "strides": [2, 2], "activation": "HardSwish"},
-                 label="SAME_UPPER stride 2")
-    yield Sample([x(1, 4, 8, 8), w(6, 4, 3, 3), x(6)],
-                 {"pads": [0, 0, 1, 1], "activation": "Gelu"}, label="asymmetric pads, gelu")
-    yield Sample([x(1, 4, 10), w(6, 4, 3), x(6)], {"pads": [1, 1], "activation": "Tanh"},
-                 label="1-D")
-    yield Sample([x(1, 64, 14, 14), w(128, 64, 1, 1), x(128), x(1, 128, 14, 14)],
-                 {"activation": "Relu"}, label="1x1 residual, threaded adds")
-    yield Sample([x(1, 32, 16, 16), w(64, 32, 3, 3), x(64), x(1, 64, 16, 16)],
-                 {"pads": p1, "activation": "Relu"}, label="3x3 residual, threaded adds")
-    yield Sample([x(1, 64, 28, 28), w(512, 64, 3, 3), x(512), x(1, 512, 28, 28)],
-                 {"pads": p1, "activation": "Relu"}, label="3x3 residual, Winograd")
+    yield S([x(1, 16, 14, 14), wz, x(12), x(1, 12, 14, 14)],
+            {"pads": p1, "branches": [4, 1, 1, 8, 3, 3]},
+            label="branches 1x1 + 3x3 with structural zeros, residual (row taps)")
+    yield S([x(1, 3, 16, 16), w(8, 3, 7, 7), x(8)],
+            {"pads": [3, 3, 3, 3], "strides": [2, 2], "activation": "Relu"},
+            label="7x7 stride 2 stem")
+    yield S([x(1, 4, 9, 9), w(6, 4, 3, 3)],
+            {"dilations": [2, 2], "pads": [2, 2, 2, 2], "activation": "Sigmoid"},
+            label="dilated, no bias")
+    yield S([x(1, 4, 8, 8), w(6, 4, 3, 3), x(6)],
+            {"auto_pad": "SAME_UPPER", "strides": [2, 2], "activation": "HardSwish"},
+            label="SAME_UPPER stride 2")
+    yield S([x(1, 4, 8, 8), w(6, 4, 3, 3), x(6)],
+            {"pads": [0, 0, 1, 1], "activation": "Gelu"}, label="asymmetric pads, gelu")
+    yield S([x(1, 4, 10), w(6, 4, 3), x(6)], {"pads": [1, 1], "activation": "Tanh"},
+            label="1-D")
+    yield S([x(1, 64, 14, 14), w(128, 64, 1, 1), x(128), x(1, 128, 14, 14)],
+            {"activation": "Relu"}, label="1x1 residual, threaded adds")
+    yield S([x(1, 32, 16, 16), w(64, 32, 3, 3), x(64), x(1, 64, 16, 16)],
+            {"pads": p1, "activation": "Relu"}, label="3x3 residual, threaded adds")
+    for hw in (28, 30):  # whole 4x4 tiles, and a partial last tile row and column
+        yield S([x(1, 64, hw, hw), w(512, 64, 3, 3), x(512), x(1, 512, hw, hw)],
+                {"pads": p1, "activation": "Relu"}, label=f"3x3 residual, Winograd {hw}x{hw}")
+    yield S([x(1, 16, 57, 57), w(32, 16, 3, 3), x(32), x(1, 32, 29, 29)],
+            {"pads": p1, "strides": [2, 2], "activation": "Relu"},
+            label="3x3 stride 2 residual, shifted GEMMs")
+    yield S([x(1, 16, 15, 15), w(16, 16, 3, 3), x(16), x(1, 16, 8, 8)],
+            {"pads": p1, "strides": [2, 2], "activation": "Relu"},
+            label="3x3 stride 2 residual, patch matrix with the bias row")
+    yield S([x(1, 128, 7, 7), w(256, 128, 3, 3), x(256), x(1, 256, 7, 7)],
+            {"pads": p1, "activation": "Relu"}, label="3x3 over 7x7 pixels residual")
+    yield S([x(1, 8, 6, 6), w(8, 4, 1, 1), x(8), x(1, 8, 6, 6)], {"group": 2},
+            label="grouped 1x1 residual (in place over it)")
+    yield S([x(1, 8, 6, 6), w(8, 4, 1, 1), x(8)], {"group": 2, "input_shuffle": 2},
+            label="grouped 1x1, shuffled input")
+    yield S([x(1, 16, 9, 9), wz, x(12)],
+            {"pads": p1, "strides": [2, 2], "branches": [4, 1, 1, 8, 3, 3]},
+            label="branches stride 2 with structural zeros (patch matrix)")
+    yield S([x(0, 4, 5, 5), w(6, 4, 3, 3), x(6)], {"pads": p1}, label="empty batch")
     d = _normal(rng, np.float64)
-    yield Sample([d(1, 4, 6, 6), d(5, 4, 3, 3) / 6.0, d(5)], {"activation": "Tanh"},
-                 label="float64")
+    yield S([d(1, 4, 6, 6), d(5, 4, 3, 3) / 6.0, d(5)], {"activation": "Tanh"},
+            label="float64")
 
 
 # ---------------------------------------------------------------------------------------------

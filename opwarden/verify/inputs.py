@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import FLOATS, INTS
+from ..memory.constants import mark as mark_constant
 from ..ops.base import OpDef
 from ..ops.schema import Schema
 
@@ -51,14 +52,20 @@ class Case:
     node: Any = None  # onnx.NodeProto of a node-suite case
     opset: int = 0
     noutputs: int = 1
+    constants: tuple[int, ...] = ()  # inputs declared constant (memory.constants), never copied
 
     @property
     def size(self) -> int:
         return sum(int(getattr(x, "size", 1)) for x in self.inputs if x is not None)
 
+    def fresh_inputs(self) -> list[Any]:
+        """The inputs for one call: private copies, except the declared constants, which are
+        shared as a session shares its initializers between runs and threads (read-only)."""
+        return [x if i in self.constants else _copy(x) for i, x in enumerate(self.inputs)]
+
     def copy(self) -> Case:
         c = Case(**{k: getattr(self, k) for k in self.__dataclass_fields__})
-        c.inputs = [_copy(x) for x in self.inputs]
+        c.inputs = self.fresh_inputs()
         return c
 
     def describe(self) -> dict[str, Any]:
@@ -345,19 +352,21 @@ def sample_cases(opdef: OpDef, rng: np.random.Generator) -> list[Case]:
         if not isinstance(smp, Sample):
             raise ContractError(
                 f"{opdef.qualname}: sample {k} is a {type(smp).__name__}, expected an "
-                "opwarden.Sample(inputs, attrs, noutputs, label)"
+                "opwarden.Sample(inputs, attrs, noutputs, label, constants)"
             )
-        out.append(
-            Case(
-                [np.asarray(x) if isinstance(x, (np.generic, float, int)) else x
-                 for x in smp.inputs],
-                {**defaults, **smp.attrs},
-                smp.label or f"sample {k}",
-                source="sample",
-                noutputs=smp.noutputs or max(1, sch.min_outputs),
-                opset=opdef.since,
-            )
-        )
+        inputs = [np.asarray(x) if isinstance(x, (np.generic, float, int)) else x
+                  for x in smp.inputs]
+        consts = tuple(i for i in smp.constants if 0 <= i < len(inputs)
+                       and isinstance(inputs[i], np.ndarray))
+        label = smp.label or f"sample {k}"
+        case = Case(inputs, {**defaults, **smp.attrs}, label, source="sample",
+                    noutputs=smp.noutputs or max(1, sch.min_outputs), opset=opdef.since)
+        if consts:
+            # Twice: weights computed at run time (plain copies), and initializers.
+            out.append(case.copy())
+            case.inputs = [mark_constant(x) if i in consts else x for i, x in enumerate(inputs)]
+            case.constants, case.label = consts, label + " [constant weights]"
+        out.append(case)
     out.sort(key=lambda c: c.size)
     return out
 

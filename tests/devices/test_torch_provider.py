@@ -849,3 +849,14 @@ def test_channel_shuffle_in_torch_equals_the_host_kernel(shape, g):
     np.testing.assert_array_equal(tp._channel_shuffle(strided, group=g), want)
     with pytest.raises(KernelError, match="divisible"):
         tp._channel_shuffle(x[..., :-1], group=g)
+
+
+@pytest.mark.parametrize("op", ["Conv", "opwarden::FusedConv"])
+def test_convolution_samples_pass_every_check_on_torch(op):
+    # Found by the samples declared constant: oneDNN's packed convolution read a strided W (the
+    # reorder) and a strided bias as if they were contiguous.
+    import opwarden.verify
+
+    report = opwarden.verify.check(op, device="torch")
+    assert report.ok, report.failures
+    assert {v.variant for v in report.variants} >= {op.split("::")[-1].lower() + ".torch.nhwc"}

@@ -3,6 +3,11 @@ cannot make are checked on them; defects are found; bad samples are named."""
 
 from __future__ import annotations
 
+import dis
+import linecache
+import sys
+import threading
+
 import numpy as np
 import pytest
 
@@ -153,3 +158,54 @@ def test_check_cli_loads_the_device_it_is_asked_for():
     assert rc == 0
     assert any(v.device == "torch" for od in REGISTRY.versions("ChannelShuffle", "opwarden")
                for v in od.variants)
+
+
+def _lines_run(functions, action):
+    """{function name: the lines of its body `action()` never ran}, from a line tracer on
+    those functions' frames only (threads included)."""
+    codes = {f.__code__: f for f in functions}
+    hit: set[tuple] = set()
+
+    def local(frame, event, arg):
+        if event == "line":
+            hit.add((frame.f_code, frame.f_lineno))
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code in codes else None
+
+    sys.settrace(tracer)
+    threading.settrace(tracer)
+    try:
+        action()
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)
+    missed = {}
+    for code, f in codes.items():
+        body = {ln for _, ln in dis.findlinestarts(code) if ln and ln > code.co_firstlineno}
+        left = body - {ln for c, ln in hit if c is code}
+        if left:
+            missed[f.__name__] = {ln: linecache.getline(code.co_filename, ln).strip()
+                                  for ln in sorted(left)}
+    return missed
+
+
+def test_check_reaches_every_line_of_the_convolution_kernels():
+    # Conv's and FusedConv's samples are meant to reach every path of the fast kernels, so that
+    # `opwarden check` validates them all (the node suite's convolutions are tiny). Winograd
+    # and the cached packings also need the weights declared constant (Sample.constants).
+    kernels = [kconv.conv_nhwc, kconv.conv_nchw, kconv._stem_nhwc, kconv._stem_taps,
+               kconv._phase_planes, kconv._rowtap_nhwc, kconv._shifted_nhwc,
+               kconv._winograd_nhwc, kconv._few_pixels_nhwc, kconv._depthwise_nhwc,
+               kconv._branch_gemms]
+    reports = []
+
+    def run():
+        reports.extend(opwarden.verify.check(op, device="cpu")
+                       for op in ("Conv", "opwarden::FusedConv"))
+
+    missed = _lines_run(kernels, run)
+    for r in reports:
+        assert r.ok, r.failures
+    assert missed == {}
