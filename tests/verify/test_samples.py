@@ -27,13 +27,17 @@ FUSED = ["FusedConv", "FusedGemm", "FusedMatMul", "FusedElementwise", "ChannelSh
 RUN = {"numerics", "boundary", "nan", "mutation", "alias", "workspace", "concurrency", "shape"}
 
 
-@pytest.mark.parametrize("op_type", FUSED)
-def test_fused_ops_are_checked_on_their_samples(op_type):
-    report = opwarden.verify.check(f"opwarden::{op_type}", device="cpu")
+def _all_run(report):
     assert report.ok, report.failures
     assert len(report.variants) >= 2
     for v in report.variants:
         assert {c for c in RUN if v.checks[c] != "pass"} == set(), (v.variant, v.skipped)
+
+
+# (FusedConv: in test_check_reaches_every_line_of_the_convolution_kernels)
+@pytest.mark.parametrize("op_type", [op for op in FUSED if op != "FusedConv"])
+def test_fused_ops_are_checked_on_their_samples(op_type):
+    _all_run(opwarden.verify.check(f"opwarden::{op_type}", device="cpu"))
 
 
 @pytest.fixture
@@ -207,5 +211,5 @@ def test_check_reaches_every_line_of_the_convolution_kernels():
 
     missed = _lines_run(kernels, run)
     for r in reports:
-        assert r.ok, r.failures
+        _all_run(r)
     assert missed == {}
