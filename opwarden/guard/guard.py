@@ -295,7 +295,7 @@ class Guard:
         shapes, dtypes = zip(*[_desc(a) for a in args]) if args else ((), ())
         ws = 0
         try:
-            ws = pl.variant.op.contract.workspace(
+            ws = pl.variant.workspace(
                 [a.shape if isinstance(a, np.ndarray) else () for a in args], kw
             )
         except Exception:  # noqa: BLE001 - a workspace rule that cannot evaluate reports 0

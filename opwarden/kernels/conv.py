@@ -24,6 +24,7 @@ from ..memory.constants import is_constant
 from ..ops.conv import conv_out_shape, conv_pads, spatial_params
 from ._util import (
     F32,
+    activation_workspace,
     add_into,
     add_rows,
     apply_activation,
@@ -272,13 +273,13 @@ def _pack_nhwc(w: np.ndarray, group: int) -> np.ndarray:
         # weights are not held twice. Grouped 1x1 weights are small and their many small GEMMs
         # run twice as fast on a contiguous copy (ShuffleNet), so those are packed.
         return w.reshape(group, mg, cg).transpose(0, 2, 1)
-    p = w.astype(F32).reshape(group, mg, cg, kh, kw).transpose(0, 3, 4, 2, 1)
+    p = np.asarray(w, F32).reshape(group, mg, cg, kh, kw).transpose(0, 3, 4, 2, 1)
     return np.ascontiguousarray(p.reshape(group, kh * kw * cg, mg))
 
 
 def _pack_depthwise(w: np.ndarray) -> np.ndarray:
     """W (C, 1, kh, kw) -> (kh, kw, C): one channel vector per tap."""
-    return np.ascontiguousarray(w.astype(F32)[:, 0].transpose(1, 2, 0))
+    return np.ascontiguousarray(np.asarray(w, F32)[:, 0].transpose(1, 2, 0))
 
 
 # Checked geometry per (layout, shapes, attributes): the same convolution is called with the same
@@ -344,14 +345,16 @@ def conv_nhwc(
     oh, ow = y.shape[1:3]
     if n == 0 or oh * ow * m == 0:
         return y
-    if cg == 1 and m == group:
+    bplan = _branch_plan(W.shape, branches) if branches and group == 1 else None
+    routes = _routes_nhwc(x.shape, W.shape, group, s, d, begin, end, oh, ow, bplan is not None)
+    route = routes[0]
+    if route == "depthwise":
         z = _own(z, y)
         _depthwise_nhwc(x, W, s, d, begin, end, y, bias, shuffle)
         _epilogue(y, None, z, activation, activation_params)
         return y
-    mg = m // group
     k = kh * kw * cg
-    if (kh, kw) == (1, 1) and s == [1, 1] and not any(begin) and not any(end):
+    if route == "pointwise":
         # Pointwise: the input already is the patch matrix, one GEMM per group.
         a = x.reshape(n * h * wd, c)
         y2 = y.reshape(n * oh * ow, m)
@@ -387,25 +390,22 @@ def conv_nhwc(
         else:
             _epilogue(y2, bias, zz, activation, activation_params, hot)
         return y
-    bplan = _branch_plan(W.shape, branches) if branches and group == 1 else None
-    tile = (bplan is None and WINOGRAD and (kh, kw) == (3, 3) and s == [1, 1] and d == [1, 1]
-            and group == 1 and min(*begin, *end) >= 0 and wino_tile(c, m, oh, ow))
-    if tile:
+    if route == "winograd":
+        tile = wino_tile(c, m, oh, ow)
         u = _winograd_weights(W, tile)
         if u is not None and _finite(x) and (bias is None or _finite(bias)):
             _winograd_nhwc(x, u, tile, begin, y, bias, z, activation, activation_params)
             return y
-    if (bplan is None and cg >= SHIFT_MIN_C and oh * ow >= SHIFT_MIN_PIXELS
-            and mg <= SHIFT_MAX_M_PER_C * cg and sgemm() is not None):
+        route = routes[1]  # weights computed at run time, or a NaN / Inf about
+    if route == "shifted":
         _shifted_nhwc(x, _packed_nhwc_c(W, group), s, d, begin, (kh, kw), group, y, bias,
                       _own(z, y), activation, activation_params)
         return y
-    if (ROWTAP and group == 1 and s[0] == 1 and kh > 1 and kw * cg >= ROWTAP_MIN_RUN
-            and oh * ow >= ROWTAP_MIN_PIXELS and sgemm() is not None):
+    if route == "rowtap":
         _rowtap_nhwc(x, W, s, d, begin, end, (kh, kw), y, bias, z, activation,
                      activation_params, bplan)
         return y
-    if group == 1 and kw * cg <= STEM_MAX_RUN:
+    if route == "stem":
         _stem_nhwc(x, _packed_nhwc(W, 1)[0], s, d, begin, end, (kh, kw), y, bias, _own(z, y),
                    activation, activation_params)
         return y
@@ -422,8 +422,7 @@ def conv_nhwc(
         (hp * wp * c * e, s[0] * wp * c * e, s[1] * c * e, cg * e, d[0] * wp * c * e,
          d[1] * c * e, e))
     view.flags.writeable = False
-    if (group == 1 and bplan is None and n * oh * ow <= PATCH_T_MAX_PIXELS
-            and k * m >= PATCH_T_MIN_WEIGHTS):
+    if route == "few_pixels":
         _few_pixels_nhwc(view, W, B, bias, y, z, activation, activation_params)
         return y
     # Group 1 with a bias: the bias rides in the GEMM as a column of ones in the patch matrix
@@ -456,6 +455,130 @@ def conv_nhwc(
             _epilogue(y2, bias, zz, activation, activation_params,
                       group == 1 and _hot(rr * ow, m, k))
     return y
+
+
+def _routes_nhwc(x_shape, w_shape, group, s, d, begin, end, oh, ow, branched) -> tuple:
+    """The path conv_nhwc takes for these shapes: (route,) or, where the first may decline at
+    run time, (route, fallback). Winograd declines for weights computed at run time and for
+    inputs that are not all finite. Shared by conv_nhwc and nhwc_workspace, so the workspace
+    declared is the one of the path that runs."""
+    n, h, w, c = x_shape
+    m, cg, kh, kw = w_shape
+    if n == 0 or oh * ow * m == 0:
+        return ("empty",)
+    if cg == 1 and m == group:
+        return ("depthwise",)
+    if (kh, kw) == (1, 1) and s == [1, 1] and not any(begin) and not any(end):
+        return ("pointwise",)
+    first: tuple = ()
+    if (not branched and WINOGRAD and (kh, kw) == (3, 3) and s == [1, 1] and d == [1, 1]
+            and group == 1 and min(*begin, *end) >= 0 and wino_tile(c, m, oh, ow)):
+        first = ("winograd",)
+    if (not branched and cg >= SHIFT_MIN_C and oh * ow >= SHIFT_MIN_PIXELS
+            and m // group <= SHIFT_MAX_M_PER_C * cg and sgemm() is not None):
+        return (*first, "shifted")
+    if (ROWTAP and group == 1 and s[0] == 1 and kh > 1 and kw * cg >= ROWTAP_MIN_RUN
+            and oh * ow >= ROWTAP_MIN_PIXELS and sgemm() is not None):
+        return (*first, "rowtap")
+    if group == 1 and kw * cg <= STEM_MAX_RUN:
+        return (*first, "stem")
+    if (group == 1 and not branched and n * oh * ow <= PATCH_T_MAX_PIXELS
+            and kh * kw * cg * m >= PATCH_T_MIN_WEIGHTS):
+        return (*first, "few_pixels")
+    return (*first, "patch")
+
+
+def _band_rows(total: int, budget: int, row_bytes: int) -> int:
+    """Rows per band as the kernels size them: about `budget` bytes, at least one row."""
+    return max(1, min(total, budget // max(1, row_bytes)))
+
+
+def _phase_planes_floats(x_shape, s, d, khw, oh, ow) -> int:
+    """Floats of _phase_planes' buffer for one image."""
+    c = x_shape[3]
+    kh, kw = khw
+    hq = oh + ((kh - 1) * d[0]) // s[0] + 1
+    wq = ow + ((kw - 1) * d[1]) // s[1]
+    phases = (len({(a * d[0]) % s[0] for a in range(kh)})
+              * len({(b * d[1]) % s[1] for b in range(kw)}))
+    return phases * hq * wq * c
+
+
+def nhwc_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                   kernel_shape=None, pads=None, strides=None, input_shuffle=0, branches=None,
+                   activation="", activation_params=None, **_) -> int:
+    """Workspace bytes of conv_nhwc (X and Z in NHWC): the scratch buffers of the path it takes
+    for these shapes (the larger of the two where Winograd may decline), per-call packed
+    weights (weights that are not initializers are packed on every call; an initializer's
+    packing is cached with it, weight memory) and the residual's copy where the path writes Y
+    before it reads Z (in place over Z). The `opwarden check` workspace check measures each
+    path against this. Unknown shapes: 0."""
+    if len(x) != 4 or len(w) != 4 or not all(isinstance(v, int) for v in (*x, *w)):
+        return 0
+    group = int(group or 1)
+    try:
+        s, d, begin, end, (oh, ow) = geometry(x[1:3], w[2:4], strides, dilations, pads,
+                                               auto_pad or "NOTSET")
+    except KernelError:
+        return 0
+    n, h, wd, c = x
+    m, cg, kh, kw = w
+    if group < 1 or m % group or cg * group != c:
+        return 0
+    bplan = _branch_plan(tuple(w), branches) if branches and group == 1 else None
+    routes = _routes_nhwc(tuple(x), tuple(w), group, s, d, begin, end, oh, ow,
+                          bplan is not None)
+    y_floats = n * oh * ow * m
+    k = kh * kw * cg
+    kb = k + (b is not None)
+    zcopy = y_floats if z is not None else 0
+    shuffled = (n * h * wd * c if int(input_shuffle or 0) > 1 and routes[0] != "depthwise"
+                else 0)
+    padded = n * (h + max(begin[0], 0) + max(end[0], 0)) * (wd + max(begin[1], 0)
+                                                            + max(end[1], 0)) * c
+
+    def floats(route: str) -> int:
+        if route == "empty":
+            return 0
+        if route == "depthwise":
+            return zcopy + padded + kh * kw * c
+        if route == "pointwise":
+            pixels = n * oh * ow
+            if group == 1 and pixels <= PW_T_MAX_PIXELS:
+                return zcopy + m * pixels
+            return (y_floats if group > 1 and z is not None else 0) + (m * cg if group > 1
+                                                                     else 0)
+        if route == "winograd":
+            t = wino_tile(c, m, oh, ow)
+            a2 = (t + 2) ** 2
+            th, tw = -(-oh // t), -(-ow // t)
+            rows = _band_rows(th, WINO_BAND_BYTES, a2 * tw * max(m, c) * 4)
+            tiles = rows * tw
+            return (th * t + 2) * (tw * t + 2) * c + tiles * (2 * a2 * c + a2 * m + t * t * m)
+        if route == "shifted":
+            planes = _phase_planes_floats(x, s, d, (kh, kw), oh, ow)
+            wq = ow + ((kw - 1) * d[1]) // s[1]
+            rows = _band_rows(oh, WIDE_BAND_BYTES, wq * m * 4)
+            return zcopy + planes + (rows * wq * m if wq != ow else 0) + k * m
+        if route == "rowtap":
+            rows = _band_rows(oh, ROWTAP_BAND_BYTES, ow * (kw * c + m) * 4)
+            band = (rows + (kh - 1) * d[0]) * ow * kw * c
+            return padded + band + k * m + (c * m if bplan else 0)
+        if route == "stem":
+            direct = kh * kw <= STEM_DIRECT_MAX_TAPS
+            budget = STEM_BAND_BYTES if direct else STEM_PLANES_BAND_BYTES
+            rows = _band_rows(oh, budget, ow * kb * 4)
+            planes = 0 if direct else _phase_planes_floats(x, s, d, (kh, kw), oh, ow)
+            return zcopy + k * m + (kb * m if b is not None else 0) + planes + kb * rows * ow
+        pad = padded if any(begin) or any(end) else n * h * wd * c
+        if route == "few_pixels":
+            pixels = n * oh * ow
+            return zcopy + pad + pixels * kb + m * pixels + m * kb
+        rows = _band_rows(oh, BAND_BYTES, ow * kb * group * 4)
+        return zcopy + pad + rows * ow * (kb if group == 1 else group * k) + kb * m
+
+    return (4 * (shuffled + max(floats(r) for r in routes))
+            + activation_workspace(activation, activation_params, y_floats))
 
 
 def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bplan) -> None:
@@ -983,9 +1106,10 @@ def _depthwise_nhwc(x, W, s, d, begin, end, y, bias, shuffle: int = 0) -> None:
 
 
 def _pack_nchw(w: np.ndarray, group: int) -> np.ndarray:
-    """W (M, Cg, kh, kw) -> (group, M/group, Cg*kh*kw): rows of the left GEMM operand."""
+    """W (M, Cg, kh, kw) -> (group, M/group, Cg*kh*kw): rows of the left GEMM operand; a view of
+    a C-contiguous float32 W (its rows already are those), else one copy."""
     m = w.shape[0]
-    return np.ascontiguousarray(w.astype(F32).reshape(group, m // group, -1))
+    return np.ascontiguousarray(w, dtype=F32).reshape(group, m // group, -1)
 
 
 def conv_nchw(
@@ -1007,7 +1131,7 @@ def conv_nchw(
         return y
     p = oh * ow
     if cg == 1 and m == group:
-        pw = packed(W, "dw_nchw", lambda w: np.ascontiguousarray(w.astype(F32)[:, 0]))
+        pw = packed(W, "dw_nchw", lambda w: np.ascontiguousarray(np.asarray(w, F32)[:, 0]))
         for i in range(n):
             xp = _pad_nchw(x[i], begin, end)
             acc = y[i]
@@ -1060,6 +1184,37 @@ def conv_nchw(
     return y
 
 
+def nchw_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                   kernel_shape=None, pads=None, strides=None, activation="",
+                   activation_params=None, **_) -> int:
+    """Workspace bytes of conv_nchw: a contiguous copy of X when it is a strided view, one
+    image's padded copy, the patch band (or the depthwise tap product), per-call packed weights
+    (see nhwc_workspace) and the residual's copy when Y is written over Z. Unknown shapes: 0."""
+    if len(x) != 4 or len(w) != 4 or not all(isinstance(v, int) for v in (*x, *w)):
+        return 0
+    group = int(group or 1)
+    try:
+        s, d, begin, end, (oh, ow) = geometry(x[2:4], w[2:4], strides, dilations, pads,
+                                               auto_pad or "NOTSET")
+    except KernelError:
+        return 0
+    n, c, h, wd = x
+    m, cg, kh, kw = w
+    if n == 0 or oh * ow * m == 0:
+        return 0
+    act = activation_workspace(activation, activation_params, n * m * oh * ow)
+    zcopy = n * m * oh * ow if z is not None else 0
+    zcopy += n * c * h * wd  # (X's contiguous copy, counted with the residual's)
+    padded = c * (h + max(begin[0], 0) + max(end[0], 0)) * (wd + max(begin[1], 0)
+                                                            + max(end[1], 0))
+    if cg == 1 and m == group:
+        return act + 4 * (zcopy + padded + m * oh * ow + m * kh * kw)
+    if (kh, kw) == (1, 1) and s == [1, 1] and not any(begin) and not any(end):
+        return act + 4 * (zcopy + m * cg)
+    rows = _band_rows(oh, BAND_BYTES, ow * cg * kh * kw * group * 4)
+    return act + 4 * (zcopy + padded + c * kh * kw * rows * ow + m * cg * kh * kw)
+
+
 # ---------------------------------------------------------------------------------------------
 # Registration
 
@@ -1087,6 +1242,8 @@ def register() -> None:
 
     for opdef in REGISTRY.versions("Conv"):
         opdef.kernel("cpu", dtypes=["float32"], layout="NHWC", priority=10, when=_conv_ok,
-                     name="conv.cpu.nhwc", accepts_out=True)(_conv_nhwc_kernel)
+                     name="conv.cpu.nhwc", accepts_out=True,
+                     workspace_bytes=nhwc_workspace)(_conv_nhwc_kernel)
         opdef.kernel("cpu", dtypes=["float32"], layout="NCHW", priority=10, when=_conv_ok,
-                     name="conv.cpu.nchw", accepts_out=True)(_conv_nchw_kernel)
+                     name="conv.cpu.nchw", accepts_out=True,
+                     workspace_bytes=nchw_workspace)(_conv_nchw_kernel)

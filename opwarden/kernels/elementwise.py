@@ -43,8 +43,9 @@ def tanh(X, *, out=None):
 def sigmoid(X, *, out=None):
     """1 / (1 + e^-X) into the planned buffer (exp overflow gives an exact 0)."""
     with np.errstate(over="ignore"):
-        # np.array: a rank-0 input gives a NumPy scalar, which cannot be written into
-        t = np.negative(X, out=out) if out is not None else np.array(np.negative(X))
+        # An array of X's own for out: a rank-0 result would otherwise be a NumPy scalar, which
+        # cannot be written into (and np.array of a fresh result would copy it once more).
+        t = np.negative(X, out=out if out is not None else np.empty_like(X))
         np.exp(t, out=t)
         t += _ONE
         return np.reciprocal(t, out=t)
@@ -66,7 +67,7 @@ def clip_11(X, min=None, max=None, *, out=None):  # noqa: A002 - the ONNX input 
     lo = -np.inf if min is None else np.float32(min)
     hi = np.inf if max is None else np.float32(max)
     # max then min: when min > max every value becomes max, as ONNX says.
-    y = np.maximum(X, lo, out=out) if out is not None else np.array(np.maximum(X, lo))
+    y = np.maximum(X, lo, out=out if out is not None else np.empty_like(X))
     return np.minimum(y, hi, out=y)
 
 
@@ -92,6 +93,10 @@ def sum_(*Xs, out=None):
     return np.asarray(y)
 
 
+def _mask_workspace(x, *_, **__) -> int:
+    return int(np.prod(x, dtype=np.int64)) if all(isinstance(d, int) for d in x) else 0
+
+
 def register() -> None:
     """Register the elementwise variants (layout-agnostic) on the versions they implement."""
     # Every kernel here writes through ufunc out= only, so a strided out (a slice of a Concat's
@@ -100,8 +105,10 @@ def register() -> None:
           "strided_out": True}
     unary = {"Relu": relu, "Tanh": tanh, "Sigmoid": sigmoid, "LeakyRelu": leaky_relu}
     for op_type, fn in unary.items():
+        # LeakyRelu's mask of the negative inputs: one byte an element.
+        ws = _mask_workspace if op_type == "LeakyRelu" else None
         for opdef in REGISTRY.versions(op_type):
-            opdef.kernel(name=f"{op_type.lower()}.cpu.out", **kw)(fn)
+            opdef.kernel(name=f"{op_type.lower()}.cpu.out", workspace_bytes=ws, **kw)(fn)
     for opdef in REGISTRY.versions("Clip"):
         opdef.kernel(name="clip.cpu.out", **kw)(clip_11 if opdef.since >= 11 else clip_6)
     for op_type, fn in (("Add", _binary(np.add)), ("Sub", _binary(np.subtract)),

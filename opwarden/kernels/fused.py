@@ -9,8 +9,24 @@ from ..errors import KernelError
 from ..ops.base import REGISTRY
 from ..ops.fused import branch_convs, branch_windows, shuffle_channels
 from ._util import apply_activation, output, packed
-from .conv import _conv_ok, _finite, _own, conv_nchw, conv_nhwc
-from .linalg import _gemm_ok, _matmul_ok, fused_matmul, gemm
+from .conv import (
+    _conv_ok,
+    _finite,
+    _own,
+    conv_nchw,
+    conv_nhwc,
+    geometry,
+    nchw_workspace,
+    nhwc_workspace,
+)
+from .linalg import (
+    _gemm_ok,
+    _matmul_ok,
+    fused_matmul,
+    fused_matmul_workspace,
+    gemm,
+    gemm_workspace,
+)
 
 DOMAIN = "opwarden"
 
@@ -96,6 +112,39 @@ def fused_conv_nchw(X, W, B=None, Z=None, *, activation="", activation_params=No
                      activation_params=activation_params or (), out=out, **attrs)
 
 
+def _fused_workspace(conv_workspace, axis: int):
+    """FusedConv's workspace rule over a conv kernel's (kernels.conv.nhwc_workspace or
+    nchw_workspace; `axis`: the channel axis): with branches, the larger of the one-convolution
+    path and the branch-by-branch one (each branch's own convolution, their outputs, which
+    are Y's size in all, and the residual's copy); the NCHW kernel's input shuffle is a copy
+    of X."""
+
+    def workspace(x, w, b=None, z=None, *, branches=None, input_shuffle=0, **attrs) -> int:
+        nhwc = axis == 3
+        extra = 0
+        if not nhwc and int(input_shuffle or 0) > 1 and all(isinstance(v, int) for v in x):
+            extra = 4 * int(np.prod(x))
+        whole = conv_workspace(x, w, b, z, branches=branches,
+                               input_shuffle=input_shuffle if nhwc else 0, **attrs)
+        if not branches or len(x) != 4 or len(w) != 4:
+            return extra + whole
+        try:
+            parts = branch_convs(tuple(x), np.broadcast_to(np.float32(0), tuple(w)), None,
+                                 branches, attrs, channel_axis=axis)
+        except (KernelError, ValueError, TypeError):
+            return extra + whole
+        each = max(conv_workspace(x, wb.shape, None if b is None else (wb.shape[0],), None,
+                                  **ab) for wb, _bb, ab in parts)
+        hw = x[1:3] if nhwc else x[2:4]
+        oh, ow = geometry(hw, w[2:4], attrs.get("strides"), attrs.get("dilations"),
+                          attrs.get("pads"), attrs.get("auto_pad") or "NOTSET")[4]
+        y = 4 * x[0] * oh * ow * int(w[0])
+        by_branch = each + y + (y if z is not None else 0)
+        return extra + max(whole, by_branch)
+
+    return workspace
+
+
 def fused_gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation="",
                activation_params=None, out=None):
     """act(alpha * A'B' + beta * C) into the planned buffer."""
@@ -130,11 +179,16 @@ def register() -> bool:
     kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True}
     for opdef in convs:
         opdef.kernel(layout="NHWC", when=_conv_ok, name="fusedconv.cpu.nhwc",
-                     in_place_when=_in_place_nhwc, **kw)(fused_conv_nhwc)
+                     in_place_when=_in_place_nhwc,
+                     workspace_bytes=_fused_workspace(nhwc_workspace, 3),
+                     **kw)(fused_conv_nhwc)
         opdef.kernel(layout="NCHW", when=_conv_ok, name="fusedconv.cpu.nchw",
-                     in_place_when=_never, **kw)(fused_conv_nchw)
+                     in_place_when=_never, workspace_bytes=_fused_workspace(nchw_workspace, 1),
+                     **kw)(fused_conv_nchw)
     for opdef in gemms:
-        opdef.kernel(when=_gemm_ok, name="fusedgemm.cpu.blas", **kw)(fused_gemm)
+        opdef.kernel(when=_gemm_ok, name="fusedgemm.cpu.blas", workspace_bytes=gemm_workspace,
+                     **kw)(fused_gemm)
     for opdef in matmuls:
-        opdef.kernel(when=_matmul_ok, name="fusedmatmul.cpu.blas", **kw)(fused_matmul_kernel)
+        opdef.kernel(when=_matmul_ok, name="fusedmatmul.cpu.blas",
+                     workspace_bytes=fused_matmul_workspace, **kw)(fused_matmul_kernel)
     return bool(convs or gemms or matmuls)

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import KernelError
 from ..ops.base import REGISTRY
-from ._util import apply_activation, output
+from ._util import activation_workspace, apply_activation, output
 
 
 def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=1,
@@ -79,8 +79,12 @@ def _softmax_rows(x: np.ndarray, axis: int, y: np.ndarray, log: bool) -> np.ndar
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         np.subtract(x, m, out=y)
         if log:
-            s = np.sum(np.exp(y), axis=axis, keepdims=True)
-            y -= np.log(s)
+            # exp into y for the sum, then y = (x - m) - log(sum) afresh: no temporary of x's
+            # size. (x - m first: m + log(sum) would round to m's precision.)
+            np.exp(y, out=y)
+            s = np.log(np.sum(y, axis=axis, keepdims=True))
+            np.subtract(x, m, out=y)
+            y -= s
         else:
             np.exp(y, out=y)
             y /= np.sum(y, axis=axis, keepdims=True)
@@ -129,6 +133,53 @@ def log_softmax_1(input, *, axis=1, out=None):
     return _softmax1(input, axis, out, True)
 
 
+def _reduced(x, ax: int, coerced: bool) -> int:
+    """Elements of a softmax's per-row reductions (max, sum) for input shape x."""
+    if not all(isinstance(d, int) for d in x) or not x:
+        return 0
+    ax = ax + len(x) if ax < 0 else ax
+    if coerced:  # opset 1/11: rows are the axes before `axis`
+        return int(np.prod(x[:ax], dtype=np.int64))
+    if not 0 <= ax < len(x) or x[ax] == 0:
+        return 0
+    return int(np.prod(x, dtype=np.int64)) // x[ax]
+
+
+def _softmax_workspace(coerced: bool, default_axis: int):
+    """Softmax/LogSoftmax's workspace: its row maxima and sums (and the log of the sums), one
+    float per row each; a strided input's contiguous copy for the coerced (opset 1/11) form."""
+
+    def workspace(x, *, axis=default_axis, **_) -> int:
+        rows = _reduced(x, int(axis), coerced)
+        copy = int(np.prod(x, dtype=np.int64)) if coerced and x else 0
+        return 4 * (3 * rows + copy)
+
+    return workspace
+
+
+def gemm_workspace(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
+                   activation="", activation_params=None, **_) -> int:
+    """gemm's workspace: beta * C when beta is neither 0 nor 1, the activation's temporaries."""
+    if len(a) != 2 or len(b) != 2 or not all(isinstance(d, int) for d in (*a, *b)):
+        return 0
+    rows, cols = a[1] if transA else a[0], b[0] if transB else b[1]
+    ws = activation_workspace(activation, activation_params, rows * cols)
+    if c is not None and float(beta) not in (0.0, 1.0) and all(isinstance(d, int) for d in c):
+        ws += 4 * int(np.prod(c, dtype=np.int64))
+    return ws
+
+
+def fused_matmul_workspace(a, b, c=None, *, activation="", activation_params=None, **_) -> int:
+    """fused_matmul's workspace: the activation's temporaries over the product."""
+    try:
+        shape = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])) + (
+            (a[-2],) if len(a) > 1 else ()) + ((b[-1],) if len(b) > 1 else ())
+        n = int(np.prod(shape, dtype=np.int64))
+    except (ValueError, TypeError, IndexError):
+        return 0
+    return activation_workspace(activation, activation_params, n)
+
+
 def _ranked(x, *rest, **attrs) -> bool:
     return x.shape is not None and len(x.shape) >= 1
 
@@ -146,11 +197,14 @@ def register() -> None:
     """Register Gemm, MatMul and Softmax-family variants on every version."""
     kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True}
     for opdef in REGISTRY.versions("Gemm"):
-        opdef.kernel(when=_gemm_ok, name="gemm.cpu.blas", **kw)(_gemm_kernel)
+        opdef.kernel(when=_gemm_ok, name="gemm.cpu.blas", workspace_bytes=gemm_workspace,
+                     **kw)(_gemm_kernel)
     for opdef in REGISTRY.versions("MatMul"):
         opdef.kernel(when=_matmul_ok, name="matmul.cpu.blas", **kw)(matmul)
     for op_type, v13, v1 in (("Softmax", softmax_13, softmax_1),
                              ("LogSoftmax", log_softmax_13, log_softmax_1)):
         for opdef in REGISTRY.versions(op_type):
             fn = v13 if opdef.since >= 13 else v1
-            opdef.kernel(when=_ranked, name=f"{op_type.lower()}.cpu.fast", **kw)(fn)
+            ws = _softmax_workspace(opdef.since < 13, -1 if opdef.since >= 13 else 1)
+            opdef.kernel(when=_ranked, name=f"{op_type.lower()}.cpu.fast", workspace_bytes=ws,
+                         **kw)(fn)

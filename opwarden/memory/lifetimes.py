@@ -266,7 +266,7 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
             shapes.append(shp)
         else:
             try:
-                ws = st.placement.variant.op.contract.workspace(shapes, st.kwargs)
+                ws = st.placement.variant.workspace(shapes, st.kwargs)
             except Exception:  # noqa: BLE001 - a rule that cannot evaluate gives no workspace
                 ws = 0
             if ws > 0:

@@ -60,6 +60,18 @@ class Variant:
     # None: always. Allowing an alias is the contract's (correctness); using it is the
     # kernel's call (speed): some kernels run slower in place for some attributes.
     in_place_when: Callable[[Mapping[str, Any]], bool] | None = None
+    # Scratch this variant needs beyond its outputs, a constant or f(*input_shapes, **attrs)
+    # -> bytes, as Contract.workspace_bytes; None: the operator contract's. A fast kernel whose
+    # paths (bands, transformed tiles, padded copies) need more than the reference declares
+    # says so here, and `opwarden check` measures every variant against its own declaration.
+    workspace_bytes: int | Callable[..., int] | None = None
+
+    def workspace(self, shapes: list[tuple[int, ...]], attrs: Mapping[str, Any]) -> int:
+        """Workspace bytes this variant declares for these input shapes."""
+        ws = self.workspace_bytes
+        if ws is None:
+            return self.op.contract.workspace(shapes, attrs)
+        return int(ws(*shapes, **attrs)) if callable(ws) else int(ws)
 
     def describe(self) -> dict[str, Any]:
         if isinstance(self.dtypes, Mapping):
@@ -75,6 +87,8 @@ class Variant:
             "when": self.when is not None,
             "reference": self.reference,
             "in_place_when": self.in_place_when is not None,
+            "workspace_bytes": "contract" if self.workspace_bytes is None
+            else "f(shapes)" if callable(self.workspace_bytes) else self.workspace_bytes,
         }
 
 
@@ -154,8 +168,10 @@ class OpDef:
         accepts_out: bool = False,
         strided_out: bool = False,
         in_place_when: Callable[[Mapping[str, Any]], bool] | None = None,
+        workspace_bytes: int | Callable[..., int] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator registering a variant of this operator."""
+        """Decorator registering a variant of this operator (`workspace_bytes`: see
+        Variant.workspace_bytes)."""
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             vname = name or f"{self.op_type.lower()}.{device}.{fn.__name__.strip('_') or 'v'}"
@@ -176,6 +192,7 @@ class OpDef:
                     wants_noutputs=_wants_noutputs(fn),
                     strided_out=strided_out and accepts_out,
                     in_place_when=in_place_when,
+                    workspace_bytes=workspace_bytes,
                 )
             )
             return fn
@@ -348,6 +365,7 @@ def kernel(
     accepts_out: bool = False,
     strided_out: bool = False,
     in_place_when: Callable[[Mapping[str, Any]], bool] | None = None,
+    workspace_bytes: int | Callable[..., int] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a kernel variant for an existing operator (its latest version unless `since`)."""
     versions = REGISTRY.versions(op_type, domain)
@@ -371,6 +389,7 @@ def kernel(
         accepts_out=accepts_out,
         strided_out=strided_out,
         in_place_when=in_place_when,
+        workspace_bytes=workspace_bytes,
     )
 
 
