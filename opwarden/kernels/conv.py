@@ -488,6 +488,17 @@ def _routes_nhwc(x_shape, w_shape, group, s, d, begin, end, oh, ow, branched) ->
     return (*first, "patch")
 
 
+def _static_geometry(x, w, hw, strides, dilations, pads, auto_pad):
+    """geometry() for a workspace rule: None unless X and W are known 4-D shapes with a valid
+    convolution between them."""
+    if len(x) != 4 or len(w) != 4 or not all(isinstance(v, int) for v in (*x, *w)):
+        return None
+    try:
+        return geometry(hw, w[2:4], strides, dilations, pads, auto_pad or "NOTSET")
+    except KernelError:
+        return None
+
+
 def _band_rows(total: int, budget: int, row_bytes: int) -> int:
     """Rows per band as the kernels size them: about `budget` bytes, at least one row."""
     return max(1, min(total, budget // max(1, row_bytes)))
@@ -513,14 +524,11 @@ def nhwc_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, g
     packing is cached with it, weight memory) and the residual's copy where the path writes Y
     before it reads Z (in place over Z). The `opwarden check` workspace check measures each
     path against this. Unknown shapes: 0."""
-    if len(x) != 4 or len(w) != 4 or not all(isinstance(v, int) for v in (*x, *w)):
+    geom = _static_geometry(x, w, x[1:3], strides, dilations, pads, auto_pad)
+    if geom is None:
         return 0
+    s, d, begin, end, (oh, ow) = geom
     group = int(group or 1)
-    try:
-        s, d, begin, end, (oh, ow) = geometry(x[1:3], w[2:4], strides, dilations, pads,
-                                               auto_pad or "NOTSET")
-    except KernelError:
-        return 0
     n, h, wd, c = x
     m, cg, kh, kw = w
     if group < 1 or m % group or cg * group != c:
@@ -1190,14 +1198,11 @@ def nchw_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, g
     """Workspace bytes of conv_nchw: a contiguous copy of X when it is a strided view, one
     image's padded copy, the patch band (or the depthwise tap product), per-call packed weights
     (see nhwc_workspace) and the residual's copy when Y is written over Z. Unknown shapes: 0."""
-    if len(x) != 4 or len(w) != 4 or not all(isinstance(v, int) for v in (*x, *w)):
+    geom = _static_geometry(x, w, x[2:4], strides, dilations, pads, auto_pad)
+    if geom is None:
         return 0
+    s, d, begin, end, (oh, ow) = geom
     group = int(group or 1)
-    try:
-        s, d, begin, end, (oh, ow) = geometry(x[2:4], w[2:4], strides, dilations, pads,
-                                               auto_pad or "NOTSET")
-    except KernelError:
-        return 0
     n, c, h, wd = x
     m, cg, kh, kw = w
     if n == 0 or oh * ow * m == 0:
