@@ -538,8 +538,8 @@ def nhwc_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, g
                           bplan is not None)
     y_floats = n * oh * ow * m
     k = kh * kw * cg
-    kb = k + (b is not None)
-    zcopy = y_floats if z is not None else 0
+    kb = k + bool(b)  # (an omitted optional input comes as None or as the empty shape ())
+    zcopy = y_floats if z else 0
     shuffled = (n * h * wd * c if int(input_shuffle or 0) > 1 and routes[0] != "depthwise"
                 else 0)
     padded = n * (h + max(begin[0], 0) + max(end[0], 0)) * (wd + max(begin[1], 0)
@@ -554,7 +554,7 @@ def nhwc_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, g
             pixels = n * oh * ow
             if group == 1 and pixels <= PW_T_MAX_PIXELS:
                 return zcopy + m * pixels
-            return (y_floats if group > 1 and z is not None else 0) + (m * cg if group > 1
+            return (y_floats if group > 1 and z else 0) + (m * cg if group > 1
                                                                      else 0)
         if route == "winograd":
             t = wino_tile(c, m, oh, ow)
@@ -577,7 +577,7 @@ def nhwc_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, g
             budget = STEM_BAND_BYTES if direct else STEM_PLANES_BAND_BYTES
             rows = _band_rows(oh, budget, ow * kb * 4)
             planes = 0 if direct else _phase_planes_floats(x, s, d, (kh, kw), oh, ow)
-            return zcopy + k * m + (kb * m if b is not None else 0) + planes + kb * rows * ow
+            return zcopy + k * m + (kb * m if b else 0) + planes + kb * rows * ow
         pad = padded if any(begin) or any(end) else n * h * wd * c
         if route == "few_pixels":
             pixels = n * oh * ow
@@ -1208,7 +1208,7 @@ def nchw_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, g
     if n == 0 or oh * ow * m == 0:
         return 0
     act = activation_workspace(activation, activation_params, n * m * oh * ow)
-    zcopy = n * m * oh * ow if z is not None else 0
+    zcopy = n * m * oh * ow if z else 0  # (omitted: None or ())
     zcopy += n * c * h * wd  # (X's contiguous copy, counted with the residual's)
     padded = c * (h + max(begin[0], 0) + max(end[0], 0)) * (wd + max(begin[1], 0)
                                                             + max(end[1], 0))

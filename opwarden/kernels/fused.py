@@ -133,13 +133,13 @@ def _fused_workspace(conv_workspace, axis: int):
                                  branches, attrs, channel_axis=axis)
         except (KernelError, ValueError, TypeError):
             return extra + whole
-        each = max(conv_workspace(x, wb.shape, None if b is None else (wb.shape[0],), None,
+        each = max(conv_workspace(x, wb.shape, (wb.shape[0],) if b else None, None,
                                   **ab) for wb, _bb, ab in parts)
         hw = x[1:3] if nhwc else x[2:4]
         oh, ow = geometry(hw, w[2:4], attrs.get("strides"), attrs.get("dilations"),
                           attrs.get("pads"), attrs.get("auto_pad") or "NOTSET")[4]
         y = 4 * x[0] * oh * ow * int(w[0])
-        by_branch = each + y + (y if z is not None else 0)
+        by_branch = each + y + (y if z else 0)  # (omitted inputs: None or ())
         return extra + max(whole, by_branch)
 
     return workspace

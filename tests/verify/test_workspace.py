@@ -219,3 +219,12 @@ def test_the_planner_and_the_trace_use_the_variants_declaration():
     var = next(v for v in op.variants if v.name == rec.variant)
     shapes = [tuple(s) for s in rec.input_shapes]
     assert rec.workspace_bytes == var.workspace(shapes, {"pads": [1, 1, 1, 1]}) > 0
+
+
+def test_an_omitted_optional_input_counts_as_absent():
+    # The planner and the guard pass () for an omitted input, the check too.
+    attrs = dict(pads=[1, 1, 1, 1])
+    for rule, x in ((C.nhwc_workspace, (1, 56, 56, 64)), (C.nchw_workspace, (1, 64, 56, 56))):
+        assert rule(x, (64, 64, 3, 3), (), (), **attrs) == rule(x, (64, 64, 3, 3), **attrs)
+        assert rule(x, (64, 64, 3, 3), (64,), (1, 56, 56, 64), **attrs) > rule(
+            x, (64, 64, 3, 3), (), (), **attrs)
