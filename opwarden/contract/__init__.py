@@ -15,6 +15,12 @@ LAYOUTS = ("any", "NCHW", "NHWC")
 TOLERANCES = ("elementwise", "normwise")
 
 
+def workspace_of(rule: int | Callable[..., int], shapes: list[tuple[int, ...]],
+                 attrs: Mapping[str, Any]) -> int:
+    """Bytes a workspace declaration (a constant or f(*input_shapes, **attrs)) gives."""
+    return int(rule(*shapes, **attrs)) if callable(rule) else int(rule)
+
+
 @dataclass(frozen=True)
 class Allowed:
     """Allowed values of one attribute: a set of values, or a predicate with a description."""
@@ -121,8 +127,7 @@ class Contract:
 
     def workspace(self, shapes: list[tuple[int, ...]], attrs: Mapping[str, Any]) -> int:
         """Workspace bytes for these input shapes."""
-        ws = self.workspace_bytes
-        return int(ws(*shapes, **attrs)) if callable(ws) else int(ws)
+        return workspace_of(self.workspace_bytes, shapes, attrs)
 
     def describe(self) -> dict[str, Any]:
         """JSON-friendly summary (for `opwarden ops --json`)."""

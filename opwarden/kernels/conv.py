@@ -430,7 +430,7 @@ def conv_nhwc(
     wb = None if bias is None or group > 1 else _bias_row(W, B, bias)
     pw = None if wb is not None else _packed_nhwc(W, group)
     kb = k + (wb is not None)
-    rows = max(1, min(oh, BAND_BYTES // max(1, ow * kb * group * 4)))
+    rows = _band_rows(oh, BAND_BYTES, ow * kb * group * 4)
     for i in range(n):
         for r0 in range(0, oh, rows):
             r1 = min(oh, r0 + rows)
@@ -504,15 +504,21 @@ def _band_rows(total: int, budget: int, row_bytes: int) -> int:
     return max(1, min(total, budget // max(1, row_bytes)))
 
 
+def _plane_geometry(s, d, khw, oh, ow) -> tuple[list[int], list[int], int, int]:
+    """_phase_planes' layout: (row phases, column phases, plane rows hq, plane columns wq).
+    wq >= ow + the last tap's column offset keeps every valid output's reads inside its plane
+    row; one spare row takes the overrun of the last wide row (its columns past ow are
+    discarded)."""
+    kh, kw = khw
+    pas = sorted({(a * d[0]) % s[0] for a in range(kh)})
+    pbs = sorted({(b * d[1]) % s[1] for b in range(kw)})
+    return pas, pbs, oh + ((kh - 1) * d[0]) // s[0] + 1, ow + ((kw - 1) * d[1]) // s[1]
+
+
 def _phase_planes_floats(x_shape, s, d, khw, oh, ow) -> int:
     """Floats of _phase_planes' buffer for one image."""
-    c = x_shape[3]
-    kh, kw = khw
-    hq = oh + ((kh - 1) * d[0]) // s[0] + 1
-    wq = ow + ((kw - 1) * d[1]) // s[1]
-    phases = (len({(a * d[0]) % s[0] for a in range(kh)})
-              * len({(b * d[1]) % s[1] for b in range(kw)}))
-    return phases * hq * wq * c
+    pas, pbs, hq, wq = _plane_geometry(s, d, khw, oh, ow)
+    return len(pas) * len(pbs) * hq * wq * x_shape[3]
 
 
 def nhwc_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1,
@@ -565,7 +571,7 @@ def nhwc_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, g
             return (th * t + 2) * (tw * t + 2) * c + tiles * (2 * a2 * c + a2 * m + t * t * m)
         if route == "shifted":
             planes = _phase_planes_floats(x, s, d, (kh, kw), oh, ow)
-            wq = ow + ((kw - 1) * d[1]) // s[1]
+            wq = _plane_geometry(s, d, (kh, kw), oh, ow)[3]
             rows = _band_rows(oh, WIDE_BAND_BYTES, wq * m * 4)
             return zcopy + planes + (rows * wq * m if wq != ow else 0) + k * m
         if route == "rowtap":
@@ -609,7 +615,7 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
     pw = _packed_nhwc_c(W, 1)[0]  # (kh*kw*C, M) rows ordered (kh, kw, c): block a = kernel row a
     xp = _pad_nhwc(x, begin, end)
     sn, sh, sw, sc = xp.strides
-    rows = max(1, min(oh, ROWTAP_BAND_BYTES // max(1, ow * (kc + m) * e)))
+    rows = _band_rows(oh, ROWTAP_BAND_BYTES, ow * (kc + m) * e)
     spec = bplan or [(0, m, -1)]
     wholes = [(m0, mb) for m0, mb, tap in spec if tap < 0]
     ones = [(m0, mb, tap) for m0, mb, tap in spec if tap >= 0]
@@ -790,7 +796,7 @@ def _stem_nhwc(x, pw, s, d, begin, end, khw, y, bias, z, activation, params) -> 
         wb[k] = bias
     direct = kh * kw <= STEM_DIRECT_MAX_TAPS
     band = STEM_BAND_BYTES if direct else STEM_PLANES_BAND_BYTES
-    rows = max(1, min(oh, band // max(1, ow * kb * 4)))
+    rows = _band_rows(oh, band, ow * kb * 4)
     for i in range(n):
         if not direct:
             planes, _wq, taps = _phase_planes(x, i, s, d, begin, khw, oh, ow, "conv.planes",
@@ -859,13 +865,7 @@ def _phase_planes(x, i, s, d, begin, khw, oh, ow, tag, chw=False):
     output (r, j) of tap (a, b) reads planes[phase, :, qa + r, qb + j]."""
     n, h, w, c = x.shape
     kh, kw = khw
-    qa_max, qb_max = ((kh - 1) * d[0]) // s[0], ((kw - 1) * d[1]) // s[1]
-    # wq >= ow + qb_max keeps every valid output's reads inside its plane row; one spare row
-    # takes the overrun of the last wide row (its columns past ow are discarded).
-    wq = ow + qb_max
-    hq = oh + qa_max + 1
-    pas = sorted({(a * d[0]) % s[0] for a in range(kh)})
-    pbs = sorted({(b * d[1]) % s[1] for b in range(kw)})
+    pas, pbs, hq, wq = _plane_geometry(s, d, khw, oh, ow)
     if chw:  # filled through an (hq, wq, C) view, as the channel-last planes are
         planes = scratch(tag, (len(pas) * len(pbs), c, hq, wq)).transpose(0, 2, 3, 1)
     else:
@@ -915,7 +915,7 @@ def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params
     for i in range(n):
         planes, wq, taps = _phase_planes(x, i, s, d, begin, khw, oh, ow, "conv.planes")
         base = planes.ctypes.data
-        rows = max(1, min(oh, WIDE_BAND_BYTES // max(1, wq * m * 4)))
+        rows = _band_rows(oh, WIDE_BAND_BYTES, wq * m * 4)
         direct = wq == ow
         for r0 in range(0, oh, rows):
             r1 = min(oh, r0 + rows)
@@ -1037,7 +1037,7 @@ def _winograd_nhwc(x, u, t, begin, y, bias, z, activation, params) -> None:
     bt, bl = begin
     h1, w1 = min(h, hp - bt), min(w, wp - bl)
     e = 4
-    rows = max(1, min(th, WINO_BAND_BYTES // (a2 * tw * max(m, c) * e)))
+    rows = _band_rows(th, WINO_BAND_BYTES, a2 * tw * max(m, c) * e)
     for i in range(n):
         xp = scratch("conv.wpad", (hp, wp, c))
         xp[:bt] = 0
@@ -1162,7 +1162,7 @@ def conv_nchw(
     k = cg * kh * kw
     pointwise = (kh, kw) == (1, 1) and s == [1, 1] and not any(begin) and not any(end)
     cols_per_row = ow * k * group * 4
-    rows = max(1, min(oh, BAND_BYTES // max(1, cols_per_row)))
+    rows = _band_rows(oh, BAND_BYTES, cols_per_row)
     for i in range(n):
         y2 = y[i].reshape(m, p)
         if pointwise:

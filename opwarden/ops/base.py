@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract import DEFAULT, Contract
+from ..contract import DEFAULT, Contract, workspace_of
 from ..errors import ContractError, ModelError, UnsupportedOpError
 from . import schema as _schema
 from .schema import Schema, canonical_domain
@@ -68,10 +68,9 @@ class Variant:
 
     def workspace(self, shapes: list[tuple[int, ...]], attrs: Mapping[str, Any]) -> int:
         """Workspace bytes this variant declares for these input shapes."""
-        ws = self.workspace_bytes
-        if ws is None:
+        if self.workspace_bytes is None:
             return self.op.contract.workspace(shapes, attrs)
-        return int(ws(*shapes, **attrs)) if callable(ws) else int(ws)
+        return workspace_of(self.workspace_bytes, shapes, attrs)
 
     def describe(self) -> dict[str, Any]:
         if isinstance(self.dtypes, Mapping):

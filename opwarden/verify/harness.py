@@ -157,6 +157,18 @@ def _from_nhwc(x: np.ndarray) -> np.ndarray:
     return np.moveaxis(x, -1, 1) if x.ndim >= 3 else x
 
 
+def _to_layout(variant: Variant, args: list[Any], ready: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """Move the inputs in `args` (in place) to the variant's layout, except those in `ready`;
+    the indices moved (NHWC variants' activation inputs)."""
+    if variant.layout != "NHWC":
+        return ()
+    moved = tuple(i for i in _nhwc_inputs(variant)
+                  if i < len(args) and _is_arr(args[i]) and i not in ready)
+    for i in moved:
+        args[i] = _to_nhwc(args[i])
+    return moved
+
+
 def call(variant: Variant, case: I.Case, inputs: list[Any] | None = None,
          ready: tuple[int, ...] = (), nhwc_out: bool = True, **extra: Any) -> list:
     """Run `variant` on the case's inputs (the case's own arrays unless `inputs` is given);
@@ -168,10 +180,7 @@ def call(variant: Variant, case: I.Case, inputs: list[Any] | None = None,
         kw["noutputs"] = case.noutputs
     kw.update(extra)
     nhwc = variant.layout == "NHWC"
-    if nhwc:
-        for i in _nhwc_inputs(variant):
-            if i < len(args) and _is_arr(args[i]) and i not in ready:
-                args[i] = _to_nhwc(args[i])
+    _to_layout(variant, args, ready)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         res = variant.fn(*args, **kw)
@@ -184,7 +193,7 @@ def call(variant: Variant, case: I.Case, inputs: list[Any] | None = None,
 
 
 def _scratch_note(pool: dict[str, int]) -> str:
-    """'; of which scratch buffers: tag 123, ...' for a workspace failure, largest first."""
+    """'; of which kernel scratch tag 123, ...' for a workspace failure, largest first."""
     if not pool:
         return ""
     top = sorted(pool.items(), key=lambda kv: -kv[1])
@@ -795,12 +804,7 @@ class _Checker:
             args = c.fresh_inputs()
             # In the variant's layout before the measurement (the harness's copy is not the
             # kernel's), and the rule sees the shapes the kernel gets, as the planner does.
-            moved = ()
-            if self.var.layout == "NHWC":
-                moved = tuple(i for i in _nhwc_inputs(self.var)
-                              if i < len(args) and _is_arr(args[i]) and args[i].ndim >= 3)
-                for i in moved:
-                    args[i] = _to_nhwc(args[i])
+            moved = _to_layout(self.var, args)
             shapes = [tuple(x.shape) if _is_arr(x) else () for x in args]
             try:
                 declared = self.var.workspace(shapes, c.attrs)
