@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.base import REGISTRY
-from ._util import RELU_SMALL
+from ._util import (
+    RELU_SMALL,
+    _gelu_chunk,
+    _gelu_tanh_chunk,
+    chunked,
+    chunked_workspace,
+    erf_f32,
+    leaky_chunk,
+)
 from ._util import relu as _relu
 
 _ZERO = np.float32(0.0)
@@ -52,14 +60,41 @@ def sigmoid(X, *, out=None):
 
 
 def leaky_relu(X, *, alpha=0.01, out=None):
-    """X where X >= 0, alpha * X below, into the planned buffer."""
-    neg = X < 0
-    if out is None:
-        out = np.array(X, copy=True)
-    elif out is not X:
-        np.copyto(out, X)
-    np.multiply(out, np.float32(alpha), out=out, where=neg)
-    return out
+    """X where X >= 0, alpha * X below, into the planned buffer, chunked (see
+    _util.leaky_chunk; the masked multiply it replaces took 3.1 ms on 128x3072 floats against
+    ORT's 0.22)."""
+    x = np.asarray(X)
+    y = out if out is not None else np.empty_like(x)
+    if x.dtype != np.float32 or x.shape != y.shape:
+        neg = x < 0
+        np.copyto(y, x)
+        np.multiply(y, np.float32(alpha), out=y, where=neg)
+        return y
+    with np.errstate(invalid="ignore"):  # alpha = 0 and -inf: NaN, as the reference
+        return chunked(leaky_chunk(np.float32(alpha)), x, y, 1)
+
+
+def erf(X, *, out=None):
+    """erf(X) for float32 into the planned buffer (see _util._erf_chunk: a rational
+    approximation within 8 float32 ulp)."""
+    return erf_f32(np.asarray(X), out)
+
+
+def gelu(X, *, approximate="none", out=None):
+    """Gelu-20 for float32 into the planned buffer: x/2 (1 + erf(x/sqrt 2)), or its tanh form."""
+    x = np.asarray(X)
+    y = out if out is not None else np.empty_like(x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return chunked(_gelu_tanh_chunk if approximate == "tanh" else _gelu_chunk, x, y, 3)
+
+
+def _chunk_workspace(ntemps: int):
+    def rule(x, *_, **__) -> int:
+        if not all(isinstance(d, int) for d in x):
+            return 0
+        return chunked_workspace(ntemps, int(np.prod(x, dtype=np.int64)))
+
+    return rule
 
 
 def clip_11(X, min=None, max=None, *, out=None):  # noqa: A002 - the ONNX input names
@@ -93,20 +128,18 @@ def sum_(*Xs, out=None):
     return np.asarray(y)
 
 
-def _mask_workspace(x, *_, **__) -> int:
-    return int(np.prod(x, dtype=np.int64)) if all(isinstance(d, int) for d in x) else 0
-
-
 def register() -> None:
     """Register the elementwise variants (layout-agnostic) on the versions they implement."""
     # Every kernel here writes through ufunc out= only, so a strided out (a slice of a Concat's
     # output, see opwarden/memory/lifetimes.py) is as good as a contiguous one.
     kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True,
           "strided_out": True}
-    unary = {"Relu": relu, "Tanh": tanh, "Sigmoid": sigmoid, "LeakyRelu": leaky_relu}
+    unary = {"Relu": relu, "Tanh": tanh, "Sigmoid": sigmoid, "LeakyRelu": leaky_relu,
+             "Erf": erf, "Gelu": gelu}
+    # Chunked kernels: float32 temporaries of one chunk each (_util.chunked).
+    temps = {"LeakyRelu": 1, "Erf": 3, "Gelu": 3}
     for op_type, fn in unary.items():
-        # LeakyRelu's mask of the negative inputs: one byte an element.
-        ws = _mask_workspace if op_type == "LeakyRelu" else None
+        ws = _chunk_workspace(temps[op_type]) if op_type in temps else None
         for opdef in REGISTRY.versions(op_type):
             opdef.kernel(name=f"{op_type.lower()}.cpu.out", workspace_bytes=ws, **kw)(fn)
     for opdef in REGISTRY.versions("Clip"):
