@@ -322,10 +322,11 @@ def _horner(coef: tuple, t: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 # erf(x) ~ x P(x^2) / Q(x^2) on |x| <= ERF_CLAMP (float32 erf rounds to +-1 beyond ~3.87), the
 # output clipped to [-1, 1]. Coefficients: our own weighted least-squares fit (Loeb iterations
-# towards minimax, tools/fit_erf.py) of erf(x)/x on t = x^2 in [0, 3.9^2], relative fit error 1.8e-9, with P
-# scaled by 1 + 2^-23 so that float32 rounding brings erf(+-3.9) (hence erf(+-inf)) to exactly
-# +-1. Evaluated in float32 the result is within 8 units in the last place of the correctly
-# rounded erf (absolute error < 5e-7; tests/kernels/test_math.py checks it on a dense grid).
+# towards minimax; tools/fit_erf.py) of erf(x)/x on t = x^2 in [0, 3.9^2], relative fit error
+# 1.8e-9, with P scaled by 1 + 2^-23 so that float32 rounding brings erf(+-3.9) (hence
+# erf(+-inf)) to exactly +-1. Evaluated in float32 the result is within 8 units in the last
+# place of the correctly rounded erf (absolute error < 5e-7; tests/kernels/test_math.py checks
+# it on a dense grid).
 # Rational rather than piecewise: every pass is a plain multiply-add (a masked select costs
 # ~6 ns an element in NumPy): 1.4 ms on 128x3072 floats against 48 ms through math.erf.
 ERF_CLAMP = np.float32(3.9)
