@@ -1,4 +1,4 @@
-"""Fast float32 BatchNormalization (inference) and LRN for the CPU, NHWC and NCHW."""
+"""Fast float32 BatchNormalization (inference), LayerNormalization and LRN for the CPU."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import KernelError
 from ..ops.base import REGISTRY
-from ._util import F32, output, scratch
+from ._util import EW_CHUNK, F32, output, scratch
 
 
 def _affine(scale, B, mean, var, epsilon, c: int):
@@ -69,6 +69,97 @@ def _reference(X, *params, noutputs=1, **kw):
     else:
         fn = [v for v in versions if v.since == 7][0].reference
     return fn(X, *params, noutputs=noutputs, **kw)
+
+
+def layernorm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None):
+    """LayerNormalization-17 in float32 (stash float32): (Y, Mean, InvStdDev).
+
+    Row blocks of about EW_CHUNK floats: the row sums are one matrix-vector product with ones
+    (BLAS; 4 us a block against 15 for np.add.reduce), the squared deviations one einsum (no
+    temporary), and Y is written once and rescaled in cache (two-pass variance, as the
+    reference). Scale and B that broadcast over the leading axes too go to the reference."""
+    x = np.asarray(X)
+    if x.ndim == 0:
+        raise KernelError("LayerNormalization needs an input of rank >= 1")
+    if not -x.ndim <= axis < x.ndim:
+        raise KernelError(f"axis {axis} is out of range for a tensor of rank {x.ndim}")
+    ax = axis + x.ndim if axis < 0 else axis
+    tail = x.shape[ax:]
+    cols = int(np.prod(tail, dtype=np.int64))
+    rows = x.size // cols if cols else int(np.prod(x.shape[:ax], dtype=np.int64))
+    params = []
+    for p in (Scale, B):
+        if p is None:
+            params.append(None)
+            continue
+        p = np.asarray(p)
+        if p.ndim > len(tail) or p.dtype != F32:
+            return _layernorm_reference(X, Scale, B, axis, epsilon, stash_type)
+        try:
+            params.append(np.ascontiguousarray(np.broadcast_to(p, tail)).reshape(cols))
+        except ValueError:
+            return _layernorm_reference(X, Scale, B, axis, epsilon, stash_type)
+    scale, bias = params
+    y = output(out, x.shape)
+    stat_shape = x.shape[:ax] + (1,) * len(tail)
+    mean = np.empty(rows, F32)
+    inv = np.empty(rows, F32)
+    if x.size == 0:  # an empty row's mean is NaN, as np.mean's
+        mean.fill(np.nan)
+        inv.fill(np.nan)
+        return y, mean.reshape(stat_shape), inv.reshape(stat_shape)
+    x2 = np.ascontiguousarray(x).reshape(rows, cols)
+    y2 = y.reshape(rows, cols)
+    step = max(1, EW_CHUNK // cols)
+    ones = _ones(cols)
+    n = np.float32(cols)
+    eps = np.float32(epsilon)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for a in range(0, rows, step):
+            b = min(rows, a + step)
+            xc, yc = x2[a:b], y2[a:b]
+            m = mean[a:b]
+            np.matmul(xc, ones, out=m)
+            m /= n
+            np.subtract(xc, m[:, None], out=yc)
+            v = inv[a:b]
+            np.einsum("ij,ij->i", yc, yc, out=v)
+            v /= n
+            v += eps
+            np.sqrt(v, out=v)
+            np.reciprocal(v, out=v)
+            yc *= v[:, None]
+            if scale is not None:
+                yc *= scale
+            if bias is not None:
+                yc += bias
+    return y, mean.reshape(stat_shape), inv.reshape(stat_shape)
+
+
+def _ones(n: int) -> np.ndarray:
+    ones = scratch("ln.ones", (n,))
+    ones.fill(1.0)
+    return ones
+
+
+def _layernorm_reference(X, Scale, B, axis, epsilon, stash_type):
+    return REGISTRY.versions("LayerNormalization")[-1].reference(
+        X, Scale, B, axis=axis, epsilon=epsilon, stash_type=stash_type)
+
+
+def _layernorm_ok(x, *params, stash_type=1, **attrs) -> bool:
+    return int(stash_type) == 1 and all(p is None or p.dtype in (None, "float32")
+                                        for p in params)
+
+
+def _layernorm_workspace(x, *_, axis=-1, **__) -> int:
+    if not x or not all(isinstance(d, int) for d in x):
+        return 0
+    ax = axis + len(x) if axis < 0 else axis
+    cols = int(np.prod(x[ax:], dtype=np.int64))
+    rows = int(np.prod(x[:ax], dtype=np.int64))
+    del rows
+    return 4 * 3 * cols  # a row of ones, contiguous copies of Scale and B
 
 
 def lrn(X, *, alpha=0.0001, beta=0.75, bias=1.0, size=None, axis_last=False, out=None):
@@ -140,6 +231,9 @@ def register() -> None:
                      **kw)(batchnorm_nhwc)
         opdef.kernel(layout="NCHW", when=_bn_ok, name="batchnormalization.cpu.nchw",
                      **kw)(batchnorm_nchw)
+    for opdef in REGISTRY.versions("LayerNormalization"):
+        opdef.kernel(when=_layernorm_ok, name="layernormalization.cpu.fast",
+                     workspace_bytes=_layernorm_workspace, **kw)(layernorm)
     for opdef in REGISTRY.versions("LRN"):
         opdef.kernel(layout="NHWC", when=_lrn_nhwc_ok, name="lrn.cpu.nhwc", **kw)(lrn_nhwc)
         opdef.kernel(layout="NCHW", when=_lrn_ok, name="lrn.cpu.nchw", **kw)(lrn_nchw)
