@@ -7,9 +7,11 @@ reference kernel in tests/kernels/. NHWC variants are chosen by the layout pass.
 
 from __future__ import annotations
 
-from . import conv, elementwise, fused, linalg, norm, pool, shape, shuffle
+from . import conv, elementwise, fused, linalg, norm, pool, select, shape, shuffle
 
-for _module in (conv, pool, norm, linalg, elementwise, fused, shape, shuffle):
+for _module in (conv, pool, norm, linalg, elementwise, fused, select, shape, shuffle):
     _module.register()
 
-__all__ = ["conv", "elementwise", "fused", "linalg", "norm", "pool", "shape", "shuffle"]
+__all__ = [
+    "conv", "elementwise", "fused", "linalg", "norm", "pool", "select", "shape", "shuffle",
+]

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..contract import Contract, one_of
 from ..errors import KernelError
-from .base import op
+from .base import Sample, op
 
 # Low-precision floats accumulate in float32 and round once at the end.
 _WIDEN = {np.dtype(np.float16): np.dtype(np.float32)}
@@ -325,6 +325,42 @@ def TopK(X, K, *, axis=-1, largest=1, sorted=1):
     Unsorted output order is unspecified by the spec, so sorted order is returned either way.
     """
     return _topk(X, _k_value(K), axis, bool(largest))
+
+
+def _topk_rows(rng):
+    """Inputs reaching every path of the TopK kernels: a few of many (selection), ties across
+    the k-th place, NaN, integers, k above a quarter of the row, another axis."""
+    wide = rng.standard_normal((6, 400)).astype(np.float32)
+    ties = rng.integers(0, 5, (5, 64)).astype(np.float32)  # many equal values
+    nan = rng.standard_normal((3, 50)).astype(np.float32)
+    nan[1, 7] = np.nan
+    ints = rng.integers(-1000, 1000, (4, 200)).astype(np.int64)
+    small = rng.standard_normal((3, 4, 9)).astype(np.float64)
+    return [(wide, 7, -1, "a few of many"), (ties, 6, -1, "ties at the k-th place"),
+            (nan, 3, -1, "NaN"), (ints, 5, -1, "int64"), (small, 7, -1, "k above n/4"),
+            (small, 2, 1, "middle axis"), (wide, 0, -1, "k = 0")]
+
+
+@TopK_1.samples
+def _topk_1_samples(rng):
+    for x, k, axis, label in _topk_rows(rng):
+        if x.dtype == np.float32 or x.dtype == np.float64:
+            yield Sample([x], {"k": k, "axis": axis}, label=label, noutputs=2)
+
+
+@TopK_10.samples
+def _topk_10_samples(rng):
+    for x, k, axis, label in _topk_rows(rng):
+        if x.dtype.kind == "f":
+            yield Sample([x, np.array([k], np.int64)], {"axis": axis}, label=label, noutputs=2)
+
+
+@TopK.samples
+def _topk_samples(rng):
+    for x, k, axis, label in _topk_rows(rng):
+        for largest in (1, 0):
+            yield Sample([x, np.array([k], np.int64)], {"axis": axis, "largest": largest},
+                         label=f"{label}, largest={largest}", noutputs=2)
 
 
 # ---------------------------------------------------------------- CumSum / CumProd
