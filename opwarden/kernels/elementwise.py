@@ -97,6 +97,42 @@ def _chunk_workspace(ntemps: int):
     return rule
 
 
+def pow_(X, Y, *, out=None):
+    """X ** Y for float32 X and a one-element exponent 2, 1 or -1 (x*x, x, 1/x: each the
+    correctly rounded result the reference gets by rounding float64 power once); any other
+    exponent, a broadcasting exponent or a planned buffer of another shape goes to the
+    reference (float64 power, 16x slower than x*x)."""
+    x, e = np.asarray(X), np.asarray(Y)
+    if e.size == 1 and e.ndim <= x.ndim and (out is None or out.shape == x.shape):
+        v = e.reshape(-1)[0]
+        y = out if out is not None else np.empty_like(x)
+        if v == 2:
+            return np.multiply(x, x, out=y)
+        if v == 1:
+            np.copyto(y, x)
+            return y
+        if v == -1:
+            with np.errstate(divide="ignore"):
+                return np.divide(_ONE, x, out=y)
+    y = _POW_REF[0](x, e)
+    if out is not None and out.shape == y.shape:
+        np.copyto(out, y)
+        return out
+    return y
+
+
+_POW_REF: list = []
+
+
+def _pow_workspace(x, e, *_, **__) -> int:
+    """Other exponents: the reference's float64 copies of X and Y, its float64 power and the
+    float32 result copied into the planned buffer."""
+    if not all(isinstance(d, int) for d in (*x, *e)):
+        return 0
+    n = int(np.prod(np.broadcast_shapes(tuple(x), tuple(e)), dtype=np.int64))
+    return 8 * (int(np.prod(x, dtype=np.int64)) + int(np.prod(e, dtype=np.int64)) + n) + 4 * n
+
+
 def clip_11(X, min=None, max=None, *, out=None):  # noqa: A002 - the ONNX input names
     """Clip with optional min/max inputs (opset 11+) into the planned buffer."""
     lo = -np.inf if min is None else np.float32(min)
@@ -149,5 +185,10 @@ def register() -> None:
         for opdef in REGISTRY.versions(op_type):
             if opdef.since >= 7:  # version 6's legacy broadcast/axis stays on the reference
                 opdef.kernel(name=f"{op_type.lower()}.cpu.out", **kw)(fn)
+    for opdef in REGISTRY.versions("Pow"):
+        if opdef.since >= 7:  # (version 1's legacy broadcast stays on the reference)
+            _POW_REF[:] = [opdef.reference]
+            opdef.kernel(name="pow.cpu.out", workspace_bytes=_pow_workspace,
+                         **dict(kw, dtypes={"T": ["float32"]}))(pow_)
     for opdef in REGISTRY.versions("Sum"):
         opdef.kernel(name="sum.cpu.out", **kw)(sum_)

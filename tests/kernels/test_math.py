@@ -131,3 +131,24 @@ def test_chunked_scratch_stays_within_the_declaration():
             _util.apply_activation(x.copy(), activation, params)
         assert sum(got.values()) <= _util.activation_workspace(activation, params, x.size)
         assert _util.activation_workspace(activation, params, x.size) <= 3 * 4 * CHUNK
+
+
+@pytest.mark.parametrize("e", [2.0, 1.0, -1.0, 0.5, 3.0, -2.0])
+@pytest.mark.parametrize("edtype", [np.float32, np.int64, np.float64])
+def test_pow_special_exponents_equal_the_reference_exactly(e, edtype):
+    x = (np.random.default_rng(7).standard_normal((64, 33)) * 5).astype(F32)
+    x[0, :6] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30]
+    exp = np.array(e).astype(edtype)
+    if edtype is np.int64 and e != int(e):
+        return
+    want = ref_ew.Pow(x, exp)
+    got = ew.pow_(x, exp, out=np.empty_like(x))
+    np.testing.assert_array_equal(got, want)  # equal bit for bit (NaN where NaN)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_pow_broadcasting_exponent_takes_the_reference():
+    x = np.arange(6, dtype=F32).reshape(2, 3)
+    e = np.full((4, 1, 1), 2.0, F32)
+    np.testing.assert_array_equal(ew.pow_(x, e), ref_ew.Pow(x, e))
+    assert ew.pow_(x, e).shape == (4, 2, 3)
