@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops import elementwise as _reference
 from ..ops.base import REGISTRY
 from ._util import (
     RELU_SMALL,
@@ -114,14 +115,11 @@ def pow_(X, Y, *, out=None):
         if v == -1:
             with np.errstate(divide="ignore"):
                 return np.divide(_ONE, x, out=y)
-    y = _POW_REF[0](x, e)
+    y = _reference.Pow(x, e)
     if out is not None and out.shape == y.shape:
         np.copyto(out, y)
         return out
     return y
-
-
-_POW_REF: list = []
 
 
 def _pow_workspace(x, e, *_, **__) -> int:
@@ -187,7 +185,6 @@ def register() -> None:
                 opdef.kernel(name=f"{op_type.lower()}.cpu.out", **kw)(fn)
     for opdef in REGISTRY.versions("Pow"):
         if opdef.since >= 7:  # (version 1's legacy broadcast stays on the reference)
-            _POW_REF[:] = [opdef.reference]
             opdef.kernel(name="pow.cpu.out", workspace_bytes=_pow_workspace,
                          **dict(kw, dtypes={"T": ["float32"]}))(pow_)
     for opdef in REGISTRY.versions("Sum"):
