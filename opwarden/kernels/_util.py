@@ -204,6 +204,8 @@ def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 def activation_workspace(activation: str, params: Sequence[float] | None, n: int) -> int:
     """Workspace bytes of apply_activation on n elements: the chunked activations' float32
     scratch (see `chunked`); the others run in place."""
+    if activation == "Gelu" and params and float(params[0]):
+        return chunked_workspace(1, n)  # the tanh form
     return chunked_workspace(_ACTIVATION_TEMPS.get(activation or "", 0), n)
 
 
@@ -237,7 +239,7 @@ def apply_activation(y: np.ndarray, activation: str, params: Sequence[float] = (
 
 
 # float32 temporaries (of one chunk each) the chunked activations take.
-_ACTIVATION_TEMPS = {"LeakyRelu": 1, "HardSwish": 1, "Gelu": 3}
+_ACTIVATION_TEMPS = {"LeakyRelu": 1, "HardSwish": 1, "Gelu": 4}
 
 
 def leaky_chunk(alpha: np.float32) -> Callable[..., None]:
@@ -267,7 +269,7 @@ def _hardswish_chunk(x, y, t) -> None:
 
 def _gelu_inplace(y: np.ndarray, tanh: bool) -> None:
     # params [1] selects the tanh approximation (the fused operators' convention).
-    chunked(_gelu_tanh_chunk if tanh else _gelu_chunk, y, y, 3)
+    chunked(_gelu_tanh_chunk, y, y, 1) if tanh else chunked(_gelu_chunk, y, y, 4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,10 +341,10 @@ _ERF_Q = tuple(np.float32(c) for c in (
 _ONE = np.float32(1.0)
 
 
-def _erf_chunk(x: np.ndarray, y: np.ndarray, t: np.ndarray, p: np.ndarray,
-               q: np.ndarray) -> None:
-    """y = erf(x) for float32 chunks (y may be x). NaN stays NaN."""
-    np.clip(x, -ERF_CLAMP, ERF_CLAMP, out=y)
+def _erf_into(u: np.ndarray, y: np.ndarray, t: np.ndarray, p: np.ndarray,
+              q: np.ndarray) -> None:
+    """y = erf(u) (y may be u; t, p, q are scratch of the same shape). NaN stays NaN."""
+    np.clip(u, -ERF_CLAMP, ERF_CLAMP, out=y)
     np.multiply(y, y, out=t)
     _horner(_ERF_P, t, p)
     p *= y
@@ -351,8 +353,11 @@ def _erf_chunk(x: np.ndarray, y: np.ndarray, t: np.ndarray, p: np.ndarray,
     np.clip(y, -_ONE, _ONE, out=y)
 
 
+_erf_chunk = _erf_into  # chunked's signature: (x chunk, y chunk, 3 temporaries)
+
+
 def erf_f32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """erf of a float32 array into `out` (default: a new array); see _erf_chunk."""
+    """erf of a float32 array into `out` (default: a new array); see _erf_into."""
     y = np.empty_like(x) if out is None else out
     return chunked(_erf_chunk, x, y, 3)
 
@@ -361,28 +366,21 @@ _RSQRT2 = np.float32(1.0 / math.sqrt(2.0))
 _HALF = np.float32(0.5)
 
 
-def _gelu_chunk(x: np.ndarray, y: np.ndarray, t: np.ndarray, p: np.ndarray,
+def _gelu_chunk(x: np.ndarray, y: np.ndarray, e: np.ndarray, t: np.ndarray, p: np.ndarray,
                 q: np.ndarray) -> None:
-    """y = x/2 (1 + erf(x / sqrt 2)) (y may be x)."""
-    np.multiply(x, _RSQRT2, out=t)
-    np.clip(t, -ERF_CLAMP, ERF_CLAMP, out=t)  # u = x / sqrt 2, clamped
-    np.multiply(t, t, out=q)
-    _horner(_ERF_P, q, p)
-    p *= t
-    _horner(_ERF_Q, q, t)
-    np.divide(p, t, out=p)
-    np.clip(p, -_ONE, _ONE, out=p)
-    p += _ONE
-    p *= _HALF
-    np.multiply(x, p, out=y)
+    """y = x/2 (1 + erf(x / sqrt 2)) (y may be x: x is read again at the end)."""
+    np.multiply(x, _RSQRT2, out=e)
+    _erf_into(e, e, t, p, q)
+    e += _ONE
+    e *= _HALF
+    np.multiply(x, e, out=y)
 
 
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 _GELU_K = np.float32(0.044715)
 
 
-def _gelu_tanh_chunk(x: np.ndarray, y: np.ndarray, t: np.ndarray, p: np.ndarray,
-                     q: np.ndarray) -> None:
+def _gelu_tanh_chunk(x: np.ndarray, y: np.ndarray, t: np.ndarray) -> None:
     """y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (y may be x)."""
     np.multiply(x, x, out=t)
     t *= _GELU_K

@@ -86,14 +86,17 @@ def gelu(X, *, approximate="none", out=None):
     x = np.asarray(X)
     y = out if out is not None else np.empty_like(x)
     with np.errstate(invalid="ignore", over="ignore"):
-        return chunked(_gelu_tanh_chunk if approximate == "tanh" else _gelu_chunk, x, y, 3)
+        if approximate == "tanh":
+            return chunked(_gelu_tanh_chunk, x, y, 1)
+        return chunked(_gelu_chunk, x, y, 4)
 
 
 def _chunk_workspace(ntemps: int):
-    def rule(x, *_, **__) -> int:
+    def rule(x, *_, approximate="none", **__) -> int:
         if not all(isinstance(d, int) for d in x):
             return 0
-        return chunked_workspace(ntemps, int(np.prod(x, dtype=np.int64)))
+        k = 1 if approximate == "tanh" else ntemps  # (Gelu's tanh form takes one)
+        return chunked_workspace(k, int(np.prod(x, dtype=np.int64)))
 
     return rule
 
@@ -171,7 +174,7 @@ def register() -> None:
     unary = {"Relu": relu, "Tanh": tanh, "Sigmoid": sigmoid, "LeakyRelu": leaky_relu,
              "Erf": erf, "Gelu": gelu}
     # Chunked kernels: float32 temporaries of one chunk each (_util.chunked).
-    temps = {"LeakyRelu": 1, "Erf": 3, "Gelu": 3}
+    temps = {"LeakyRelu": 1, "Erf": 3, "Gelu": 4}
     for op_type, fn in unary.items():
         ws = _chunk_workspace(temps[op_type]) if op_type in temps else None
         for opdef in REGISTRY.versions(op_type):
