@@ -205,7 +205,7 @@ class InferenceSession:
         finally:
             if token is not None:
                 token.release()
-        return [outs[i] for i in picks]
+        return _unaliased([outs[i] for i in picks], feeds)
 
     def _run_lean(self, fn: Any, feeds: list[Any], calls: list, contract: bool) -> list[Any]:
         if fn is None:  # a private arena (concurrent run): the generic loop
@@ -368,3 +368,17 @@ class InferenceSession:
 
 
 __all__ = ["InferenceSession", "NodeArg", "SessionOptions", "describe_value"]
+
+
+def _unaliased(outs: list[Any], feeds: list[Any]) -> list[Any]:
+    """The outputs, each copied where it is (a view of) one of the caller's feed arrays: an
+    Identity, Reshape or Transpose output would otherwise change when the caller next writes
+    into its input (ONNX Runtime's outputs never share the inputs' memory). NumPy collapses
+    view chains, so an array's `base` is the array owning the memory."""
+    roots = {id(f if f.base is None else f.base) for f in feeds if type(f) is np.ndarray}
+    if not roots:
+        return outs
+    return [
+        o.copy() if type(o) is np.ndarray and id(o if o.base is None else o.base) in roots else o
+        for o in outs
+    ]

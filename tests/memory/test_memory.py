@@ -345,3 +345,25 @@ def test_fused_conv_writes_over_its_residual_where_its_kernel_says_it_pays(group
     for _ in range(2):  # the second run reads the arena the first one left
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op,attrs,shape", [
+    ("Transpose", {"perm": [1, 0]}, [3, 2]), ("Identity", {}, [2, 3]),
+    ("Flatten", {"axis": 0}, [1, 6]),
+])
+def test_outputs_never_alias_the_callers_feeds(op, attrs, shape):
+    """A view of a feed handed back as an output would change when the caller next writes
+    into its input array."""
+    node = helper.make_node(op, ["x"], ["y"], **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 9
+    sess = opwarden.InferenceSession(model.SerializeToString())
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    y = sess.run(None, {"x": x})[0]
+    want = y.copy()
+    assert not np.shares_memory(x, y)
+    x[...] = -1
+    np.testing.assert_array_equal(y, want)
