@@ -312,6 +312,13 @@ def _chunks(fn, x, y, bufs) -> None:
                     bufs)
 
 
+def ones_row(n: int) -> np.ndarray:
+    """n float32 ones in scratch: row sums as one BLAS matrix-vector product (x @ ones)."""
+    ones = scratch("ones", (n,))
+    ones.fill(1.0)
+    return ones
+
+
 def _horner(coef: tuple, t: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out = sum coef[k] t^k (out must not be t)."""
     np.multiply(t, coef[-1], out=out)

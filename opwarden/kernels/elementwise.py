@@ -66,11 +66,6 @@ def leaky_relu(X, *, alpha=0.01, out=None):
     ORT's 0.22)."""
     x = np.asarray(X)
     y = out if out is not None else np.empty_like(x)
-    if x.dtype != np.float32 or x.shape != y.shape:
-        neg = x < 0
-        np.copyto(y, x)
-        np.multiply(y, np.float32(alpha), out=y, where=neg)
-        return y
     with np.errstate(invalid="ignore"):  # alpha = 0 and -inf: NaN, as the reference
         return chunked(leaky_chunk(np.float32(alpha)), x, y, 1)
 

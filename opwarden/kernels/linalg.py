@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import KernelError
 from ..ops.base import REGISTRY
-from ._util import EW_CHUNK, activation_workspace, apply_activation, output, scratch
+from ._util import EW_CHUNK, activation_workspace, apply_activation, ones_row, output, scratch
 
 
 def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=1,
@@ -102,8 +102,7 @@ def _softmax_last(x: np.ndarray, y: np.ndarray, log: bool) -> np.ndarray:
     reciprocals. LogSoftmax exponentiates into a block of scratch."""
     rows, cols = x.shape
     step = max(1, EW_CHUNK // cols)
-    ones = scratch("softmax.ones", (cols,))
-    ones.fill(1.0)
+    ones = ones_row(cols)
     m = scratch("softmax.m", (min(rows, step),))
     t = scratch("softmax.t", (min(rows, step), cols)) if log else None
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import KernelError
 from ..ops.base import REGISTRY
-from ._util import EW_CHUNK, F32, output, scratch
+from ._util import EW_CHUNK, F32, ones_row, output, scratch
 
 
 def _affine(scale, B, mean, var, epsilon, c: int):
@@ -111,7 +111,7 @@ def layernorm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
     x2 = np.ascontiguousarray(x).reshape(rows, cols)
     y2 = y.reshape(rows, cols)
     step = max(1, EW_CHUNK // cols)
-    ones = _ones(cols)
+    ones = ones_row(cols)
     n = np.float32(cols)
     eps = np.float32(epsilon)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -136,12 +136,6 @@ def layernorm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
     return y, mean.reshape(stat_shape), inv.reshape(stat_shape)
 
 
-def _ones(n: int) -> np.ndarray:
-    ones = scratch("ln.ones", (n,))
-    ones.fill(1.0)
-    return ones
-
-
 def _layernorm_reference(X, Scale, B, axis, epsilon, stash_type):
     return REGISTRY.versions("LayerNormalization")[-1].reference(
         X, Scale, B, axis=axis, epsilon=epsilon, stash_type=stash_type)
@@ -156,10 +150,7 @@ def _layernorm_workspace(x, *_, axis=-1, **__) -> int:
     if not x or not all(isinstance(d, int) for d in x):
         return 0
     ax = axis + len(x) if axis < 0 else axis
-    cols = int(np.prod(x[ax:], dtype=np.int64))
-    rows = int(np.prod(x[:ax], dtype=np.int64))
-    del rows
-    return 4 * 3 * cols  # a row of ones, contiguous copies of Scale and B
+    return 4 * 3 * int(np.prod(x[ax:], dtype=np.int64))  # ones, contiguous Scale and B rows
 
 
 def lrn(X, *, alpha=0.0001, beta=0.75, bias=1.0, size=None, axis_last=False, out=None):

@@ -12,16 +12,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.base import REGISTRY
+from ..ops.reduce import _k_value
+from ..ops.reduce import _topk as _sorted
 
 # Above this share of the row the selection saves little over sorting everything.
 MAX_K_SHARE = 0.25
 
 
-def _select(x2: np.ndarray, k: int, largest: bool, reference) -> tuple[np.ndarray, np.ndarray]:
+def _select(x2: np.ndarray, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
     """(values, int64 indices) of the k largest (smallest) of each row of a 2-D x2, ordered by
     value, ties by ascending index."""
-    rows, n = x2.shape
-    kth = n - k if largest else k - 1
+    kth = x2.shape[1] - k if largest else k - 1
     part = np.argpartition(x2, kth, axis=1)
     idx = part[:, kth:] if largest else part[:, :k]
     vals = np.take_along_axis(x2, idx, axis=1)
@@ -34,24 +35,14 @@ def _select(x2: np.ndarray, k: int, largest: bool, reference) -> tuple[np.ndarra
     if np.count_nonzero(eq) != np.count_nonzero(chosen):
         ties = np.flatnonzero(np.add.reduce(eq, axis=1, dtype=np.int32)
                               != np.add.reduce(chosen, axis=1, dtype=np.int32))
-    # Within the chosen: ascending index first, so the stable sort by value breaks ties by it.
-    pos = np.argsort(idx, axis=1)
-    idx = np.take_along_axis(idx, pos, axis=1)
-    vals = np.take_along_axis(vals, pos, axis=1)
-    order = _desc_stable(vals) if largest else np.argsort(vals, axis=1, kind="stable")
-    vals = np.take_along_axis(vals, order, axis=1)
+    # The chosen in ascending index order, then the reference's stable sort of those k: equal
+    # values keep that order, as the spec's tie rule wants.
+    idx = np.sort(idx, axis=1)
+    vals, order = _sorted(np.take_along_axis(x2, idx, axis=1), k, 1, largest)
     idx = np.take_along_axis(idx, order, axis=1).astype(np.int64, copy=False)
-    if ties.size:  # an equal value left out of the row: the spec's lowest indices decide
-        v, i = reference(x2[ties], k, largest)
-        vals[ties], idx[ties] = v, i
+    if ties.size:  # an equal value left out of the row: the reference sorts it in full
+        vals[ties], idx[ties] = _sorted(x2[ties], k, 1, largest)
     return vals, idx
-
-
-def _desc_stable(vals: np.ndarray) -> np.ndarray:
-    """Per row, the order of vals by descending value, equal values by ascending position."""
-    n = vals.shape[1]
-    rev = np.argsort(vals[:, ::-1], axis=1, kind="stable")
-    return (n - 1) - rev[:, ::-1]
 
 
 def _topk(X, k: int, axis: int, largest: bool):
@@ -62,23 +53,9 @@ def _topk(X, k: int, axis: int, largest: bool):
             or (x.dtype.kind == "f" and np.isnan(x).any())):
         return None
     x2 = np.ascontiguousarray(x).reshape(-1, n)
-    vals, idx = _select(x2, k, largest, _sorted_rows)
+    vals, idx = _select(x2, k, largest)
     shape = x.shape[:-1] + (k,)
     return vals.reshape(shape), idx.reshape(shape)
-
-
-def _sorted_rows(x2: np.ndarray, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The reference's full stable sort, for the rows where ties straddle the k-th place."""
-    order = _desc_stable(x2) if largest else np.argsort(x2, axis=1, kind="stable")
-    idx = order[:, :k].astype(np.int64)
-    return np.take_along_axis(x2, idx, axis=1), idx
-
-
-def _k(K) -> int | None:
-    K = np.asarray(K)
-    if K.size != 1 or K.dtype.kind not in "iu":
-        return None
-    return int(K.reshape(-1)[0])
 
 
 def register() -> None:
@@ -92,13 +69,11 @@ def register() -> None:
                 return got if got is not None else _ref(X, axis=axis, k=k)
         elif opdef.since == 10:
             def topk(X, K, *, axis=-1, _ref=ref):
-                kv = _k(K)
-                got = None if kv is None else _topk(X, kv, axis, True)
+                got = _topk(X, _k_value(K), axis, True)
                 return got if got is not None else _ref(X, K, axis=axis)
         else:
             def topk(X, K, *, axis=-1, largest=1, sorted=1, _ref=ref):  # noqa: A002 - spec name
-                kv = _k(K)
-                got = None if kv is None else _topk(X, kv, axis, bool(largest))
+                got = _topk(X, _k_value(K), axis, bool(largest))
                 return got if got is not None else _ref(X, K, axis=axis, largest=largest,
                                                         sorted=sorted)
         opdef.kernel(name="topk.cpu.select", **kw)(topk)
