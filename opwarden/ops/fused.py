@@ -688,7 +688,11 @@ def _generate(plan, nregs: int):
     env: dict[str, Any] = {}
     for k, (fn, ntensor, srcs, dst) in enumerate(plan):
         env[f"f{k}"] = fn
-        args = [name(a) for a in srcs[:ntensor]] + [repr(float(p)) for p in srcs[ntensor:]]
+        # Numbers by name: repr() of inf / nan is no Python literal (Clip without a bound).
+        args = [name(a) for a in srcs[:ntensor]]
+        for j, p in enumerate(srcs[ntensor:]):
+            env[f"c{k}_{j}"] = float(p)
+            args.append(f"c{k}_{j}")
         lines.append(f"    f{k}({', '.join(args)}, out={name(dst)})")
     exec("\n".join(lines), env)  # noqa: S102 - source built from a parsed, whitelisted program
     return env["run"]

@@ -58,6 +58,14 @@ def _ro(x: Any) -> Any:
     return x
 
 
+def _ro_out(x: Any, o: np.ndarray, r: np.ndarray) -> Any:
+    """Output 0 of a step with a planned buffer `o`, made read-only for the steps after: `r`
+    (o's read-only view) when the kernel returned o, also inside a tuple, so that o itself
+    stays writable for the next run; else the result, marked read-only."""
+    x = _one(x)
+    return r if x is o else _ro(x)
+
+
 def _feed(x: Any) -> Any:
     if type(x) is np.ndarray and x.flags.writeable:
         v = x.view()
@@ -78,6 +86,7 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         "_one": _one,
         "_many": _many,
         "_ro": _ro,
+        "_ro_out": _ro_out,
         "_feed": _feed,
         "_alias": _alias,
         "_ndarray": np.ndarray,
@@ -143,7 +152,8 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
                 ro.flags.writeable = False
                 ns[f"o{i}"], ns[f"r{i}"] = out_buf, ro
                 body.append(f"{target} = {call}")
-                body.append(f"{target} = r{i} if {target} is o{i} else _ro(_one({target}))")
+                body.append(
+                    f"{target} = r{i} if {target} is o{i} else _ro_out({target}, o{i}, r{i})")
             else:
                 body.append(f"{target} = {call}")
                 body.append(
@@ -157,15 +167,24 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
             body.append(f"_r = _many({call}, {len(outs)}, {needed!r})")
             out_names = []
             for k, s in enumerate(outs):
-                if s >= 0:
+                if s < 0:
+                    continue
+                if k == 0 and out_buf is not None and contract:
+                    # As above: the planned buffer itself stays writable for the next run;
+                    # later steps get its read-only view.
+                    ro = out_buf.view()
+                    ro.flags.writeable = False
+                    ns[f"o{i}"], ns[f"r{i}"] = out_buf, ro
+                    body.append(f"s{s} = _ro_out(_r[0], o{i}, r{i})")
+                else:
                     body.append(f"s{s} = _r[{k}]" + (f"; _ro(s{s})" if contract else ""))
-                    out_names.append(f"s{s}")
+                out_names.append(f"s{s}")
         if hook is not None:
             ns[f"h{i}"] = hook
             for k, s in enumerate(outs):
                 if s < 0:
                     continue
-                if k == 0 and out_buf is not None and contract and len(outs) == 1:
+                if k == 0 and out_buf is not None and contract:
                     body.append(f"if s{s} is not r{i}: s{s} = h{i}.fix(s{s}, {k})")
                 elif k == 0 and out_buf is not None:
                     body.append(f"if s{s} is not o{i}: s{s} = h{i}.fix(s{s}, {k})")

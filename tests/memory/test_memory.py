@@ -367,3 +367,35 @@ def test_outputs_never_alias_the_callers_feeds(op, attrs, shape):
     assert not np.shares_memory(x, y)
     x[...] = -1
     np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize("consumer", ["Relu", None])
+def test_planned_buffer_of_a_tuple_returning_kernel_stays_writable(consumer):
+    """LayerNormalization's fast kernel writes Y into its planned buffer and returns (Y, Mean,
+    InvStdDev). The lean loop made the returned Y read-only for later steps in place, i.e.
+    the planned buffer itself: the next run's kernel then faulted on it and the guard
+    quietly reran the node on the reference kernel, every run."""
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["n"], axis=-1)]
+    if consumer:
+        nodes.append(helper.make_node(consumer, ["n"], ["y"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["n"], ["y"]))
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(64).astype(np.float32), "g"),
+             numpy_helper.from_array(rng.standard_normal(64).astype(np.float32), "b")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    sess = opwarden.InferenceSession(model.SerializeToString())
+    ref = opwarden.InferenceSession(model.SerializeToString(), optimization_level=0,
+                                    fallback="allow", checks=[])
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    want = ref.run(None, {"x": x})[0]
+    variants = {p.node.name or p.node.op_type: p.variant.name for p in sess.placements}
+    assert "layernormalization.cpu.fast" in variants.values(), variants
+    for _ in range(3):
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    assert not sess.faults, [(f.node, f.check, f.detail) for f in sess.faults]

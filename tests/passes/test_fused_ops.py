@@ -79,6 +79,9 @@ PROGRAMS = [
      lambda a, b, c: act.Clip(ew.Div(ew.Add(a, b), ew.Sub(a, c)), np.float32(-1), np.float32(1))),
     ("t0=leakyrelu(x0,0.1);t1=hardswish(t0);t2=hardsigmoid(t1,0.2,0.5);t3=max(t2,x1)",
      lambda a, b, c: ew.Max(act.HardSigmoid(act.HardSwish(act.LeakyRelu(a, alpha=0.1))), b)),
+    # One-sided clips (Clip without min or max): infinite bounds in the program text.
+    ("t0=exp(x0);t1=clip(t0,-inf,1.5);t2=clip(t1,0.5,inf);t3=add(t2,x1)",
+     lambda a, b, c: ew.Add(act.Clip(ew.Exp(a), np.float32(0.5), np.float32(1.5)), b)),
     ("t0=abs(x0);t1=sqrt(t0);t2=log(t1);t3=exp(t2);t4=neg(t3);t5=tanh(t4);t6=reciprocal(t5);"
      "t7=min(t6,x2)",
      lambda a, b, c: ew.Min(ew.Reciprocal(act.Tanh(ew.Neg(ew.Exp(ew.Log(ew.Sqrt(ew.Abs(a))))))),
