@@ -206,3 +206,23 @@ def test_zoo_table_markdown():
     md = z.markdown(res)
     assert "| squeezenet |" in md and "geomean" in md
     assert z.geomean([2.0, 8.0]) == pytest.approx(4.0) and z.geomean([]) is None
+
+
+def test_transformer_encoder_matches_onnxruntime_without_faults(capsys):
+    t = _script("bench_transformer.py")
+    import onnxruntime as ort
+
+    import opwarden
+
+    for opset in (13, 17):  # LayerNormalization decomposed, and the operator
+        m = t.build_encoder(layers=2, hidden=32, heads=4, seq=8, batch=2, opset=opset)
+        data = m.SerializeToString()
+        feeds = t.feeds(2, 8, 32)
+        want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        sess = opwarden.InferenceSession(data)
+        for _ in range(2):
+            np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+        assert not sess.faults, [(f.node, f.check, f.detail) for f in sess.faults]
+    assert t.main(["--layers", "1", "--hidden", "32", "--heads", "2", "--seq", "8",
+                   "--runs", "2", "--warmup", "1"]) == 0
+    assert "ours/ORT" in capsys.readouterr().out
