@@ -36,7 +36,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from opwarden.bench import interleave, max_abs_diff, ours_session, peer_runner, summarize  # noqa: E402,I001
+from opwarden.bench import (  # noqa: E402
+    fault_summary,
+    interleave,
+    max_abs_diff,
+    ours_session,
+    peer_runner,
+    summarize,
+)
 
 
 class _Builder:
@@ -173,10 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ours {so['median_ms']:.2f} ms (IQR {so['iqr_ms']:.2f}), ONNX Runtime "
           f"{sp['median_ms']:.2f} ms (IQR {sp['iqr_ms']:.2f}), ours/ORT {ratio:.2f}, "
           f"max |ours - ORT| {diff:.2e}")
+    faults = fault_summary(sess)
+    for f in faults:  # the guard reran these nodes on the reference kernel: a bug to report
+        print(f"FAULT x{f['count']}: {f['node']} ({f['variant']}) {f['check']}: {f['detail']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"config": vars(a), "ours": so, "ort": sp, "ratio": ratio,
-                       "max_abs_diff": diff}, f, indent=1)
+                       "max_abs_diff": diff, "faults": faults}, f, indent=1)
     return 0
 
 

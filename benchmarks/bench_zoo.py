@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from opwarden import zoo  # noqa: E402
 from opwarden.bench import (  # noqa: E402
+    fault_summary,
     interleave,
     make_feeds,
     max_abs_diff,
@@ -89,6 +90,7 @@ def bench_model(
         "ort": summarize(times["ort"]),
         "max_abs_diff": max_abs_diff(sess.run(None, feeds), ort(feeds)),
         "ref": None,
+        "faults": fault_summary(sess),  # guard fallbacks during the timed runs (none expected)
     }
     row["ours_over_ort"] = round(row["ours"]["median_ms"] / row["ort"]["median_ms"], 4)
     if ref_runs > 0:
@@ -195,7 +197,9 @@ def main() -> None:
             f"{name}: ours {row['ours']['median_ms']:.1f} ms, ort {row['ort']['median_ms']:.1f} "
             f"ms, ratio {row['ours_over_ort']:.2f}"
             + (f", reference {row['ref']['median_ms']:.0f} ms" if row["ref"] else "")
-            + f" ({time.perf_counter() - t0:.0f} s)",
+            + f" ({time.perf_counter() - t0:.0f} s)"
+            + "".join(f"\n  FAULT x{f['count']}: {f['node']} ({f['variant']}) {f['check']}: "
+                      f"{f['detail']}" for f in row["faults"]),
             file=sys.stderr,
         )
     res = {

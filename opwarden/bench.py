@@ -230,6 +230,18 @@ def flops_bytes(rec: Any) -> tuple[float, float]:
     return float(flops), float(nbytes)
 
 
+def fault_summary(sess: Any) -> list[dict[str, Any]]:
+    """The session's faults, one entry per (node, variant, check) with a count."""
+    seen: dict[tuple, dict[str, Any]] = {}
+    for f in sess.faults:
+        key = (f.node, f.variant, f.check)
+        if key not in seen:
+            seen[key] = {"node": f.node, "op_type": f.op_type, "variant": f.variant,
+                         "check": f.check, "detail": f.detail, "action": f.action, "count": 0}
+        seen[key]["count"] += 1
+    return list(seen.values())
+
+
 def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
@@ -320,6 +332,9 @@ def benchmark(
         result["peer"] = {"name": vs, **summarize(times["peer"])}
         result["ratio"] = round(result["ours"]["median_ms"] / result["peer"]["median_ms"], 4)
         result["max_abs_diff"] = max_abs_diff(sess.run(None, feeds), peer(feeds))
+    # A timing of a session whose guard reran nodes on the reference kernel is not the fast
+    # path's: every fault (fallback) during the timed runs is reported with its reason.
+    result["faults"] = fault_summary(sess)
     result["op_types"] = []
     if trace_runs:
         traced = ours_session(data, threads, providers, **{**opts, "trace": True})
@@ -396,6 +411,7 @@ def print_report(result: dict[str, Any]) -> None:
     """The human report: timing summary and the per-op-type roofline table."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     con = Console()
     if not con.is_terminal:
@@ -428,6 +444,11 @@ def print_report(result: dict[str, Any]) -> None:
     con.print(t)
     if p is not None and result.get("max_abs_diff") is not None:
         con.print(f"outputs: max |ours - {p['name']}| = {result['max_abs_diff']:.3g}")
+    for f in result.get("faults", []):
+        con.print(Text.assemble(
+            ("fault", "bold red"),
+            f" x{f['count']}: node {f['node']} ({f['op_type']}, {f['variant']}) {f['check']}: "
+            f"{f['detail']} -> {f['action']}; the times above include those reruns"))
     if not result["op_types"]:
         return
     pk = result["peaks"]

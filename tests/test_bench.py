@@ -58,6 +58,7 @@ def test_json_shape_vs_onnxruntime(model_path, capsys):
         assert {"median_ms", "iqr_ms", "min_ms", "mean_ms"} <= set(side)
         assert len(side["times_ms"]) == 3 and side["median_ms"] > 0 and side["iqr_ms"] >= 0
     assert out["peer"]["name"] == "onnxruntime"
+    assert out["faults"] == []  # guard fallbacks during the timed runs would be listed
     assert out["ratio"] == pytest.approx(out["ours"]["median_ms"] / out["peer"]["median_ms"], 1e-3)
     assert out["max_abs_diff"] < 1e-4
     ops = {r["op_type"]: r for r in out["op_types"]}
@@ -190,6 +191,7 @@ def test_zoo_table_markdown():
         session_options={},
     )
     assert row["ref"] is None and row["ours_over_ort"] > 0 and row["max_abs_diff"] < 1e-3
+    assert row["faults"] == []
     res = {
         "threads": 2,
         "providers": ["cpu"],
@@ -226,3 +228,20 @@ def test_transformer_encoder_matches_onnxruntime_without_faults(capsys):
     assert t.main(["--layers", "1", "--hidden", "32", "--heads", "2", "--seq", "8",
                    "--runs", "2", "--warmup", "1"]) == 0
     assert "ours/ORT" in capsys.readouterr().out
+
+
+def test_faults_during_the_timed_runs_are_reported(model_path, capsys, monkeypatch):
+    """A kernel that faults is rerun on the reference by the guard: the bench must say so
+    (its times are not the fast path's)."""
+    from opwarden.ops.base import REGISTRY
+
+    fast = next(v for v in REGISTRY.latest("Relu").variants if not v.reference and
+                v.device == "cpu")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(fast, "fn", broken)
+    out = _bench_json(capsys, model_path, "--runs", "2", "--warmup", "0", "--trace-runs", "0")
+    assert out["faults"] and out["faults"][0]["op_type"] == "Relu"
+    assert out["faults"][0]["detail"].endswith("injected") and out["faults"][0]["count"] >= 1
