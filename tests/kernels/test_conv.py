@@ -649,3 +649,25 @@ def test_few_pixels_takes_the_transposed_product_and_matches(ks, strides, pads, 
     # Below the weight floor (the cached small weights), the usual orientation.
     conv_nhwc(nhwc(x), w, b, **attrs)
     assert len(calls) == 4
+
+
+@pytest.mark.parametrize("strides,dilations", [([1, 1], [1, 1]), ([2, 1], [2, 1]),
+                                               ([1, 2], [1, 1]), ([1, 1], [1, 2])])
+@pytest.mark.parametrize("bias", [False, True])
+def test_depthwise_merged_rows_equal_per_channel_einsum(monkeypatch, strides, dilations, bias):
+    """Depthwise with unit W stride runs (OW, C) as one axis against tiled weights; the sums
+    are the per-tap products in the same order, so the result is bit-identical to the
+    per-channel einsum (the other rows here take that one)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 9, 11, 24)).astype(np.float32)
+    w = rng.standard_normal((24, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32) if bias else None
+    attrs = dict(group=24, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=strides,
+                 dilations=dilations)
+    got = {}
+    for merge in (0, 1 << 20):
+        monkeypatch.setattr(kconv, "DW_TILED_MAX_BYTES", merge)
+        got[merge] = conv_nhwc(x, w, b, **attrs)
+    np.testing.assert_array_equal(got[1 << 20], got[0])
+    want = nhwc(Conv(x.transpose(0, 3, 1, 2), w, b, **attrs))
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
