@@ -4,7 +4,8 @@ Levels (``SessionOptions(optimization_level=...)``): 0 none; 1 shape folding, co
 identity elimination, dead-code elimination (repeated until nothing changes); 2 adds
 Conv+BatchNormalization folding, BatchNormalization as Mul/Add (a positive scale before a Relu
 moves into the convolutions reading it), Conv/Gemm/MatMul + bias +
-activation fusion, a Concat of sibling convolutions of one input as one FusedConv with
+activation fusion (the activation also the exact Gelu exporters spell out in Div/Erf/Add/Mul
+nodes), a Concat of sibling convolutions of one input as one FusedConv with
 branches, merging sibling 1x1 convolutions of one input (then a Split), an AveragePool and a
 1x1 convolution swapped when the other order costs less, a non-decreasing
 activation moved after the MaxPool that reads it (it then runs on the smaller tensor), transpose

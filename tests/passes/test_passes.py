@@ -478,3 +478,76 @@ def test_bn_scale_stays_where_it_cannot_move(scale, consumers, group):
     data = _bn_relu_convs_model(scale, consumers, group)
     s3 = check_same(data, {"x": _r(1, 4, 6, 6)}, rtol=1e-5)
     assert changes(s3, "scale_into_conv") == 0
+
+
+def _gelu_nodes(x, y, order, scale="div"):
+    """x * 0.5 * (1 + erf(x / sqrt 2)) as exporters write it, ending in y."""
+    first = (helper.make_node("Div", [x, "sqrt2"], ["u"]) if scale == "div"
+             else helper.make_node("Mul", ["inv_sqrt2", x], ["u"]))
+    nodes = [first, helper.make_node("Erf", ["u"], ["e"]),
+             helper.make_node("Add", ["one", "e"], ["t"])]
+    if order == "x_then_half":
+        nodes += [helper.make_node("Mul", [x, "t"], ["m"]),
+                  helper.make_node("Mul", ["m", "half"], [y])]
+    elif order == "half_then_x":
+        nodes += [helper.make_node("Mul", ["t", "half"], ["m"]),
+                  helper.make_node("Mul", [x, "m"], [y])]
+    else:  # (x * 0.5) * (1 + erf)
+        nodes += [helper.make_node("Mul", [x, "half"], ["h"]),
+                  helper.make_node("Mul", ["h", "t"], [y])]
+    return nodes
+
+
+_GELU_CONSTS = [("sqrt2", np.float32(np.sqrt(2.0))), ("inv_sqrt2", np.float32(np.sqrt(0.5))),
+                ("one", np.float32(1.0)), ("half", np.float32(0.5))]
+
+
+@pytest.mark.parametrize("order", ["x_then_half", "half_then_x", "half_first"])
+@pytest.mark.parametrize("scale", ["div", "mul"])
+def test_exported_erf_gelu_fuses_into_the_matmul(order, scale):
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["g"]), *_gelu_nodes("g", "y", order, scale)]
+    inits = [("w", _r(8, 16)), ("b", _r(16)), *_GELU_CONSTS]
+    data = model(nodes, [("a", [2, 5, 8])], [("y", [2, 5, 16])], inits)
+    m, report = optimized(data)
+    assert types_of(m) == ["FusedMatMul"]
+    assert m.graph.nodes[0].attrs["activation"] == "Gelu"
+    assert m.graph.nodes[0].attrs["activation_params"] == [0.0]
+    check_same(data, {"a": _r(2, 5, 8, scale=2.0)}, rtol=1e-5)
+
+
+def test_exported_erf_gelu_fuses_into_the_conv():
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             *_gelu_nodes("c", "y", "x_then_half")]
+    data = model(nodes, [("x", [1, 3, 6, 6])], [("y", [1, 4, 6, 6])],
+                 [("w", _r(4, 3, 3, 3)), ("b", _r(4)), *_GELU_CONSTS])
+    m, _ = optimized(data)
+    assert types_of(m) == ["FusedConv"] and m.graph.nodes[0].attrs["activation"] == "Gelu"
+    check_same(data, {"x": _r(1, 3, 6, 6)}, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spoil", ["constant", "erf_output", "extra_reader", "approx"])
+def test_erf_gelu_lookalikes_stay_unfused(spoil):
+    """Not a Gelu (another constant, 0.7 for 1/sqrt 2), or one whose intermediates or input
+    something else reads: the MatMul + bias still fuse, the chain stays."""
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["g"]),
+             *_gelu_nodes("g", "y", "x_then_half", "mul" if spoil == "approx" else "div")]
+    consts = dict(_GELU_CONSTS)
+    outputs = [("y", [2, 16])]
+    if spoil == "constant":
+        consts["half"] = np.float32(0.6)
+    elif spoil == "approx":
+        consts["inv_sqrt2"] = np.float32(0.7)
+    elif spoil == "erf_output":
+        outputs.append(("e", [2, 16]))
+    else:
+        nodes.append(helper.make_node("Neg", ["g"], ["z"]))
+        outputs.append(("z", [2, 16]))
+    data = model(nodes, [("a", [2, 8])], outputs, [("w", _r(8, 16)), ("b", _r(16)),
+                                                    *consts.items()])
+    m, _ = optimized(data)
+    assert "Erf" in types_of(m)
+    assert all(n.attrs.get("activation", "") == "" for n in m.graph.nodes
+               if n.op_type in ("FusedGemm", "FusedMatMul"))
+    check_same(data, {"a": _r(2, 8)}, rtol=1e-6)
