@@ -37,6 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from opwarden.bench import (  # noqa: E402
+    fault_line,
     fault_summary,
     interleave,
     max_abs_diff,
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
           f"max |ours - ORT| {diff:.2e}")
     faults = fault_summary(sess)
     for f in faults:  # the guard reran these nodes on the reference kernel: a bug to report
-        print(f"FAULT x{f['count']}: {f['node']} ({f['variant']}) {f['check']}: {f['detail']}")
+        print(f"FAULT {fault_line(f)}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"config": vars(a), "ours": so, "ort": sp, "ratio": ratio,

@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from opwarden import zoo  # noqa: E402
 from opwarden.bench import (  # noqa: E402
+    fault_line,
     fault_summary,
     interleave,
     make_feeds,
@@ -198,8 +199,7 @@ def main() -> None:
             f"ms, ratio {row['ours_over_ort']:.2f}"
             + (f", reference {row['ref']['median_ms']:.0f} ms" if row["ref"] else "")
             + f" ({time.perf_counter() - t0:.0f} s)"
-            + "".join(f"\n  FAULT x{f['count']}: {f['node']} ({f['variant']}) {f['check']}: "
-                      f"{f['detail']}" for f in row["faults"]),
+            + "".join(f"\n  FAULT {fault_line(f)}" for f in row["faults"]),
             file=sys.stderr,
         )
     res = {

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="", help="also write the rows here")
     a = p.parse_args(argv)
 
-    from opwarden.bench import fault_summary, interleave, ours_session, peer_runner
+    from opwarden.bench import fault_line, fault_summary, interleave, ours_session, peer_runner
 
     rng = np.random.default_rng(0)
     only = {s.strip() for s in a.only.split(",") if s.strip()}
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"case": name, "ours_ms": t_ours, "ort_ms": t_ort,
                      "ratio": t_ours / t_ort, "rel_err": err, "faults": faults})
         print(f"  {name:32s} {t_ours:9.3f} {t_ort:9.3f} {t_ours / t_ort:8.2f}"
-              + "".join(f"  FAULT {f['variant']} {f['check']}: {f['detail']}" for f in faults),
+              + "".join(f"  FAULT {fault_line(f)}" for f in faults),
               file=sys.stderr)
     rows.sort(key=lambda r: -r["ratio"])
     print(f"{a.runs} alternated runs, {a.threads} threads each, float32, medians in ms")

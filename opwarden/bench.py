@@ -242,6 +242,12 @@ def fault_summary(sess: Any) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
+def fault_line(f: dict[str, Any]) -> str:
+    """One fault_summary entry as one line of text."""
+    return (f"x{f['count']}: node {f['node']} ({f['op_type']}, {f['variant']}) {f['check']}: "
+            f"{f['detail']} -> {f['action']}")
+
+
 def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
@@ -445,10 +451,8 @@ def print_report(result: dict[str, Any]) -> None:
     if p is not None and result.get("max_abs_diff") is not None:
         con.print(f"outputs: max |ours - {p['name']}| = {result['max_abs_diff']:.3g}")
     for f in result.get("faults", []):
-        con.print(Text.assemble(
-            ("fault", "bold red"),
-            f" x{f['count']}: node {f['node']} ({f['op_type']}, {f['variant']}) {f['check']}: "
-            f"{f['detail']} -> {f['action']}; the times above include those reruns"))
+        con.print(Text.assemble(("fault", "bold red"),
+                                f" {fault_line(f)}; the times above include those reruns"))
     if not result["op_types"]:
         return
     pk = result["peaks"]

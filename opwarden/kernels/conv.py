@@ -102,8 +102,10 @@ WINO_MIN_TILES = 49
 WINO_MIN_CM = 1 << 15
 WINO_WIDE_TILES = 784
 WINO_WIDE_MIN_CM = 1 << 12  # (VGG-19's 224x224x64->64: 0.94x in-model, twice)
-# Depthwise convolutions with unit W stride merge (OW, C) into one axis against weights tiled
-# OW times (see _depthwise_nhwc) while those take at most this many bytes.
+# Depthwise convolutions with unit W stride and at most DW_MERGE_MAX_C channels merge (OW, C)
+# into one axis against weights tiled OW times (see _depthwise_nhwc), while those take at most
+# DW_TILED_MAX_BYTES. (ShuffleNet in-model: C = 136 gains; C = 272 and 544, whose inner loops
+# are long already, measured no gain, and their tiled weights cost cache.)
 DW_TILED_MAX_BYTES = 1 << 20
 DW_MERGE_MAX_C = 192
 # Bands of about this many bytes per transformed buffer.
@@ -1095,8 +1097,8 @@ def _winograd_nhwc(x, u, t, begin, y, bias, z, activation, params) -> None:
 
 def _dw_merged(s, d, kh: int, kw: int, ow: int, c: int) -> bool:
     """Whether a depthwise convolution runs with (OW, C) merged into one axis (see
-    _depthwise_nhwc): unit stride and dilation along W, and tiled weights of at most
-    DW_TILED_MAX_BYTES."""
+    _depthwise_nhwc): unit stride and dilation along W, at most DW_MERGE_MAX_C channels and
+    tiled weights of at most DW_TILED_MAX_BYTES."""
     return (s[1] == 1 and d[1] == 1 and c <= DW_MERGE_MAX_C
             and kh * kw * ow * c * 4 <= DW_TILED_MAX_BYTES)
 
@@ -1136,13 +1138,15 @@ def _depthwise_nhwc(x, W, s, d, begin, end, y, bias, shuffle: int = 0) -> None:
               and (ow == 1 or y.strides[2] == 4 * c))
     if merged:
         wt = packed(W, ("dw_tiled", ow), _tile_taps(ow))  # (kh, kw, OW*C)
+        row_bias = None if bias is None else packed(bias, ("dw_bias", ow),
+                                                    partial(np.tile, reps=ow))  # (OW*C,)
         shape, strides = (oh, kh, kw, ow * c), (s[0] * sh, d[0] * sh, sw, sc)
         for i in range(n):
             v = np.ndarray(shape, xp.dtype, xp, i * sn, strides)
             yi = y[i].reshape(oh, ow * c)  # (a view: checked unit-stride (OW, C) rows)
             np.einsum("habk,abk->hk", v, wt, out=yi)
-            if bias is not None:
-                yi += packed(bias, ("dw_bias", ow), partial(np.tile, reps=ow))  # (OW*C,)
+            if row_bias is not None:
+                yi += row_bias
         return
     wt = packed(W, "dw_taps", _pack_depthwise)  # (kh, kw, C)
     shape, strides = (oh, ow, kh, kw, c), (s[0] * sh, s[1] * sw, d[0] * sh, d[1] * sw, sc)

@@ -832,7 +832,7 @@ def _erf_gelu(rw: Rewriter, erf: Node) -> tuple[Value, list[Node]] | None:
     else:  # (x * 0.5) * (1 + erf)
         h = other.producer
         if (h is None or id(h) in rw.removed or rw.single_use(other) is not m1
-                or _binary(h, "Mul", x) is None or not _scalar(rw, _other(h, x), 0.5)):
+                or not _scalar(rw, _binary(h, "Mul", x), 0.5)):
             return None
         nodes.insert(0, h)
     y = nodes[-1].outputs[0]

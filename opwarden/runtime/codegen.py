@@ -144,13 +144,16 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         body.append(f"i = {i}")
         outs = st.outs
         out_buf = kw.get("out") if isinstance(kw, dict) else None
+        if out_buf is not None and contract:
+            # Later steps get the planned buffer's read-only view (r), never the buffer (o)
+            # itself made read-only: the next run hands it to the kernel again (_ro_out).
+            ro = out_buf.view()
+            ro.flags.writeable = False
+            ns[f"o{i}"], ns[f"r{i}"] = out_buf, ro
         if len(outs) == 1:
             o = outs[0]
             target = f"s{o}" if o >= 0 else "_"
             if out_buf is not None and contract:
-                ro = out_buf.view()
-                ro.flags.writeable = False
-                ns[f"o{i}"], ns[f"r{i}"] = out_buf, ro
                 body.append(f"{target} = {call}")
                 body.append(
                     f"{target} = r{i} if {target} is o{i} else _ro_out({target}, o{i}, r{i})")
@@ -170,11 +173,6 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
                 if s < 0:
                     continue
                 if k == 0 and out_buf is not None and contract:
-                    # As above: the planned buffer itself stays writable for the next run;
-                    # later steps get its read-only view.
-                    ro = out_buf.view()
-                    ro.flags.writeable = False
-                    ns[f"o{i}"], ns[f"r{i}"] = out_buf, ro
                     body.append(f"s{s} = _ro_out(_r[0], o{i}, r{i})")
                 else:
                     body.append(f"s{s} = _r[{k}]" + (f"; _ro(s{s})" if contract else ""))
