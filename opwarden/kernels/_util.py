@@ -106,7 +106,7 @@ def output(
 # (memory.constants: a program's initializers) are cached; the entry dies with the array, so an
 # id is never reused stale.
 
-_PACKED: dict[tuple, tuple[tuple[weakref.ref, ...], np.ndarray]] = {}
+_PACKED: dict[tuple, tuple[tuple[weakref.ref, ...], np.ndarray, tuple]] = {}
 _PACK_LOCK = threading.Lock()
 
 
@@ -114,23 +114,28 @@ def packed(
     w: np.ndarray, tag: Any, pack: Callable[[np.ndarray], np.ndarray],
     deps: tuple[np.ndarray, ...] = (),
 ) -> np.ndarray:
-    """pack(w), cached for a constant `w` (memory.constants) under (id, data pointer, shape,
-    strides, tag). `deps`: other constant arrays the packing reads (e.g. a bias); the entry is
-    keyed on them too and dies with any of them. Other arrays, read-only or not, are packed on
-    every call: their values may differ from the last call's."""
+    """pack(w), cached for a constant `w` (memory.constants) under (id, tag) and the ids of
+    `deps`: other constant arrays the packing reads (e.g. a bias); the entry dies with any of
+    them. A hit also checks that the arrays are the same objects (weak references) with the
+    same shape, strides and dtype as when packed. Other arrays, read-only or not, are packed on
+    every call: their values may differ from the last call's.
+
+    (Called for every convolution of every run, so a hit stays cheap: no data pointer in the
+    key, whose ctypes lookup alone cost ~1 us. A constant's buffer and values are fixed for its
+    life by declaration, see memory.constants.mark.)"""
     if not is_constant(w):
         return pack(w)
-    # (Called on every convolution of every run: the common no-deps lookup stays minimal.)
-    key = (id(w), w.ctypes.data, w.shape, w.strides, w.dtype.str, tag)
-    arrays = (w,)
     if deps:
         if not all(is_constant(a) for a in deps):
             return pack(w)
-        arrays += tuple(deps)
-        key += tuple((id(a), a.ctypes.data, a.shape, a.strides, a.dtype.str) for a in deps)
+        key: tuple = (id(w), tag, *map(id, deps))
+        arrays: tuple = (w, *deps)
+    else:
+        key, arrays = (id(w), tag), (w,)
+    sig = tuple((a.shape, a.strides, a.dtype) for a in arrays)
     hit = _PACKED.get(key)
-    if hit is not None and hit[0][0]() is w and (
-        not deps or all(r() is a for r, a in zip(hit[0], arrays, strict=True))
+    if hit is not None and hit[2] == sig and all(
+        r() is a for r, a in zip(hit[0], arrays, strict=True)
     ):
         return hit[1]
     p = pack(w)
@@ -153,7 +158,29 @@ def packed(
     except TypeError:  # not weak-referenceable: do not cache
         return p
     with _PACK_LOCK:
-        _PACKED[key] = (refs, p)
+        _PACKED[key] = (refs, p, sig)
+    return p
+
+
+_PTRS: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def ptr(a: np.ndarray) -> int:
+    """The address of a's data, for raw BLAS calls; remembered for constants (packed weights,
+    biases: memory.constants), whose buffer is fixed for life, since a.ctypes.data costs ~1 us
+    and the GEMM loops ask for the same weights on every call."""
+    key = id(a)
+    hit = _PTRS.get(key)
+    if hit is not None and hit[0]() is a:
+        return hit[1]
+    p = a.ctypes.data
+    if is_constant(a):
+
+        def _drop(_ref, key=key, cache=_PTRS):
+            if cache.get(key, (None,))[0] is _ref:
+                del cache[key]
+
+        _PTRS[key] = (weakref.ref(a, _drop), p)
     return p
 
 
@@ -535,7 +562,7 @@ def matmul_acc(a: np.ndarray, b: np.ndarray, y: np.ndarray, accumulate: bool) ->
     m, k = a.shape
     n = b.shape[1]
     ldc = y.strides[0] // y.itemsize if m > 1 else n
-    gemm(m, n, k, a.ctypes.data, ta[1], b.ctypes.data, tb[1], 1.0 if accumulate else 0.0,
+    gemm(m, n, k, ptr(a), ta[1], ptr(b), tb[1], 1.0 if accumulate else 0.0,
          y.ctypes.data, max(ldc, n), ta[0], tb[0])
 
 
@@ -585,7 +612,7 @@ def _ones(n: int) -> np.ndarray:
     ones = _ONES[0]
     if ones.size < n:
         ones = np.ones(max(n, 2 * ones.size), F32)
-        ones.flags.writeable = False
+        mark_constant(ones)  # (read-only, never written: its address is remembered, see ptr)
         _ONES[0] = ones  # (a racing thread at worst makes its own: same values)
     return ones
 
@@ -604,7 +631,7 @@ def add_rows(y: np.ndarray, v: np.ndarray, threaded: bool = True) -> None:
                 and y2.strides[0] >= 4 * m and np.may_share_memory(y2, y)
                 and not np.may_share_memory(y, v)):  # (a reshape that copied shares nothing)
             rows = y2.shape[0]
-            ger(101, rows, m, 1.0, _ones(rows).ctypes.data, 1, v.ctypes.data,
+            ger(101, rows, m, 1.0, ptr(_ones(rows)), 1, ptr(v),
                 v.strides[0] // 4, y2.ctypes.data, y2.strides[0] // 4)
             return
     y += v

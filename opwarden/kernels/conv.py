@@ -33,6 +33,7 @@ from ._util import (
     matmul_acc,
     output,
     packed,
+    ptr,
     scratch,
     sgemm,
     tap_range,
@@ -320,6 +321,7 @@ def _prologue(x, W, B, Z, group, kernel_shape, strides, dilations, pads, auto_pa
     y = output(out, (n, oh, ow, m) if nhwc else (n, m, oh, ow))
     z = None if Z is None else _f32(Z)
     if z is not None and z.shape != y.shape:
+        tag = " (NHWC)" if nhwc else ""
         raise KernelError(f"FusedConv{tag}: residual Z {z.shape} must match the output {y.shape}")
     bias = None if B is None else _f32(B)
     return s, d, begin, end, y, z, bias
@@ -628,7 +630,8 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
     spec = bplan or [(0, m, -1)]
     wholes = [(m0, mb) for m0, mb, tap in spec if tap < 0]
     ones = [(m0, mb, tap) for m0, mb, tap in spec if tap >= 0]
-    w1s = [_branch1x1_weights(W, m0, mb, tap, c) for m0, mb, tap in ones]
+    w1s = [ptr(_branch1x1_weights(W, m0, mb, tap, c)) for m0, mb, tap in ones]
+    pwp = ptr(pw)
     for i in range(n):
         for r0 in range(0, oh, rows):
             r1 = min(oh, r0 + rows)
@@ -645,12 +648,12 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
             for m0, mb in wholes:
                 for a in range(kh):
                     gemm(rr * ow, mb, kc, base + a * d[0] * ow * kc * e, kc,
-                         pw.ctypes.data + (a * kc * m + m0) * e, m,
+                         pwp + (a * kc * m + m0) * e, m,
                          1.0 if acc or a else 0.0, yb + m0 * e, m)
             for (m0, mb, tap), w1 in zip(ones, w1s):
                 a, b = divmod(tap, kw)
                 gemm(rr * ow, mb, c, base + (a * d[0] * ow * kc + b * c) * e, kc,
-                     w1.ctypes.data, mb, 1.0 if acc else 0.0, yb + m0 * e, m)
+                     w1, mb, 1.0 if acc else 0.0, yb + m0 * e, m)
             _epilogue(y2, None if acc else bias, None if acc or z is None
                       else z[i, r0:r1].reshape(y2.shape), activation, params, hot)
 
@@ -683,15 +686,14 @@ def _branch_gemms(cols, wb, W, bias, plan, cg, y2) -> None:
     rows, kb = cols.shape
     m = y2.shape[1]
     e = 4
+    cp, yp = cols.ctypes.data, y2.ctypes.data
     for m0, mb, tap in plan:
         if tap < 0:
-            gemm(rows, mb, kb, cols.ctypes.data, kb, wb.ctypes.data + m0 * e, m, 0.0,
-                 y2.ctypes.data + m0 * e, m)
+            gemm(rows, mb, kb, cp, kb, ptr(wb) + m0 * e, m, 0.0, yp + m0 * e, m)
             continue
         w1 = _branch1x1_weights(W, m0, mb, tap, cg)
         np.copyto(y2[:, m0:m0 + mb], bias[m0:m0 + mb])
-        gemm(rows, mb, cg, cols.ctypes.data + tap * cg * e, kb, w1.ctypes.data, mb, 1.0,
-             y2.ctypes.data + m0 * e, m)
+        gemm(rows, mb, cg, cp + tap * cg * e, kb, ptr(w1), mb, 1.0, yp + m0 * e, m)
 
 
 def _packed_nhwc(W, group: int) -> np.ndarray:
@@ -921,6 +923,7 @@ def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params
     c = x.shape[3]
     cg, mg = c // group, m // group
     e = 4
+    pwp = ptr(pw)  # (pw: C-contiguous, group-major)
     for i in range(n):
         planes, wq, taps = _phase_planes(x, i, s, d, begin, khw, oh, ow, "conv.planes")
         base = planes.ctypes.data
@@ -931,13 +934,13 @@ def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params
             rr = r1 - r0
             yb = y[i, r0:r1]
             yw = yb if direct else scratch("conv.wide", (rr, wq, m))
+            ywp = yw.ctypes.data
             for g in range(group):
-                wg = pw[g]
-                bptr = wg.ctypes.data
+                bptr = pwp + g * pw.strides[0]
                 for t, off in enumerate(taps):
                     gemm(rr * wq, mg, cg, base + (off + r0 * wq * c + g * cg) * e, c,
                          bptr + t * cg * mg * e, mg, 0.0 if t == 0 else 1.0,
-                         yw.ctypes.data + g * mg * e, m)
+                         ywp + g * mg * e, m)
             hot = group == 1 and _hot(rr * wq, mg, cg)
             if not direct:
                 if bias is not None:

@@ -280,6 +280,50 @@ def test_packed_weights_cached_only_for_declared_constants():
     assert len(calls) == 5
 
 
+def test_packed_cache_keys_on_deps_and_on_the_arrays_shape():
+    w = mark_constant(np.arange(12, dtype=np.float32).reshape(3, 4))
+    b1 = mark_constant(np.ones(4, np.float32))
+    b2 = mark_constant(np.ones(4, np.float32))
+    calls = []
+
+    def pack(a):
+        calls.append(1)
+        return a.T.copy()
+
+    p1 = packed(w, "t", pack, deps=(b1,))
+    assert packed(w, "t", pack, deps=(b1,)) is p1 and len(calls) == 1
+    packed(w, "t", pack, deps=(b2,))  # another bias: another entry
+    packed(w, "t", pack)  # no deps: another entry too
+    assert len(calls) == 3
+    packed(w, "t", pack, deps=(np.ones(4, np.float32),))  # a dep that is not constant
+    assert len(calls) == 4
+    w.shape = (4, 3)  # the same object reshaped in place is packed again
+    assert packed(w, "t", pack).shape == (3, 4) and len(calls) == 5
+    key = (id(w), "t", id(b2))
+    assert key in kutil._PACKED
+    del b2
+    assert key not in kutil._PACKED  # the entry dies with any array it was packed from
+
+
+def test_ptr_remembers_constants_only():
+    a = np.zeros(8, np.float32)
+    assert kutil.ptr(a) == a.ctypes.data and id(a) not in kutil._PTRS
+    c = mark_constant(np.zeros(8, np.float32))
+    assert kutil.ptr(c) == c.ctypes.data and id(c) in kutil._PTRS
+    key = id(c)
+    del c
+    assert key not in kutil._PTRS  # the entry dies with the array
+
+
+def test_a_residual_of_the_wrong_shape_is_named_on_every_call():
+    x = np.ones((1, 4, 4, 8), np.float32)
+    w = np.ones((8, 8, 1, 1), np.float32)
+    conv_nhwc(x, w, kernel_shape=[1, 1])  # geometry now cached for these shapes
+    for _ in range(2):
+        with pytest.raises(KernelError, match=r"residual Z \(1, 4, 4, 7\) must match"):
+            conv_nhwc(x, w, None, np.ones((1, 4, 4, 7), np.float32), kernel_shape=[1, 1])
+
+
 def test_weights_changed_between_calls_are_seen():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, 3, 5, 5), dtype=np.float32)
