@@ -340,10 +340,9 @@ def _chunks(fn, x, y, bufs) -> None:
 
 
 def ones_row(n: int) -> np.ndarray:
-    """n float32 ones in scratch: row sums as one BLAS matrix-vector product (x @ ones)."""
-    ones = scratch("ones", (n,))
-    ones.fill(1.0)
-    return ones
+    """n float32 ones, read-only (shared, filled once: see _ones): row sums as one BLAS
+    matrix-vector product (x @ ones)."""
+    return _ones(n)[:n]
 
 
 def _horner(coef: tuple, t: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import KernelError
@@ -138,7 +140,7 @@ def _softmax1(x, axis, out, log):
     if not 0 <= ax <= x.ndim:
         raise KernelError(f"axis {axis} is out of range for a tensor of rank {x.ndim}")
     y = output(out, x.shape)
-    rows = int(np.prod(x.shape[:ax], dtype=np.int64))
+    rows = math.prod(x.shape[:ax])  # (np.prod: ~8 us a call)
     if y.size == 0:
         return y
     _softmax_rows(np.ascontiguousarray(x).reshape(rows, -1), 1, y.reshape(rows, -1), log)
