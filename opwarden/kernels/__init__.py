@@ -7,11 +7,12 @@ reference kernel in tests/kernels/. NHWC variants are chosen by the layout pass.
 
 from __future__ import annotations
 
-from . import conv, elementwise, fused, linalg, norm, pool, select, shape, shuffle
+from . import activation, conv, elementwise, fused, linalg, norm, pool, select, shape, shuffle
 
-for _module in (conv, pool, norm, linalg, elementwise, fused, select, shape, shuffle):
+for _module in (conv, pool, norm, linalg, elementwise, activation, fused, select, shape, shuffle):
     _module.register()
 
 __all__ = [
-    "conv", "elementwise", "fused", "linalg", "norm", "pool", "select", "shape", "shuffle",
+    "activation", "conv", "elementwise", "fused", "linalg", "norm", "pool", "select", "shape",
+    "shuffle",
 ]

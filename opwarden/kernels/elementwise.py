@@ -49,17 +49,6 @@ def tanh(X, *, out=None):
     return np.tanh(X, out=out) if out is not None else np.asarray(np.tanh(X))
 
 
-def sigmoid(X, *, out=None):
-    """1 / (1 + e^-X) into the planned buffer (exp overflow gives an exact 0)."""
-    with np.errstate(over="ignore"):
-        # An array of X's own for out: a rank-0 result would otherwise be a NumPy scalar, which
-        # cannot be written into (and np.array of a fresh result would copy it once more).
-        t = np.negative(X, out=out if out is not None else np.empty_like(X))
-        np.exp(t, out=t)
-        t += _ONE
-        return np.reciprocal(t, out=t)
-
-
 def leaky_relu(X, *, alpha=0.01, out=None):
     """X where X >= 0, alpha * X below, into the planned buffer, chunked (see
     _util.leaky_chunk; the masked multiply it replaces took 3.1 ms on 128x3072 floats against
@@ -166,7 +155,7 @@ def register() -> None:
     # output, see opwarden/memory/lifetimes.py) is as good as a contiguous one.
     kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True,
           "strided_out": True}
-    unary = {"Relu": relu, "Tanh": tanh, "Sigmoid": sigmoid, "LeakyRelu": leaky_relu,
+    unary = {"Relu": relu, "Tanh": tanh, "LeakyRelu": leaky_relu,
              "Erf": erf, "Gelu": gelu}
     # Chunked kernels: float32 temporaries of one chunk each (_util.chunked).
     temps = {"LeakyRelu": 1, "Erf": 3, "Gelu": 4}
