@@ -1,6 +1,9 @@
-"""Fast float32 BatchNormalization (inference), LayerNormalization and LRN for the CPU."""
+"""Fast float32 BatchNormalization (inference), LayerNormalization, InstanceNormalization and
+LRN for the CPU."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -71,13 +74,51 @@ def _reference(X, *params, noutputs=1, **kw):
     return fn(X, *params, noutputs=noutputs, **kw)
 
 
-def layernorm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None):
-    """LayerNormalization-17 in float32 (stash float32): (Y, Mean, InvStdDev).
+def _normalize_rows(x2, y2, epsilon, mean, inv, scale=None, bias=None, row_scale=None,
+                    row_bias=None) -> None:
+    """y2 = (x2 - mean) * inv per row (two-pass variance, as the references), then * scale +
+    bias along the rows (LayerNorm's) or * row_scale + row_bias per row (InstanceNorm's
+    channels: folded into inv, which then holds inv * row_scale). x2, y2: (rows, cols) with
+    a contiguous last axis; mean, inv: (rows,) float32, filled.
 
     Row blocks of about EW_CHUNK floats: the row sums are one matrix-vector product with ones
     (BLAS; 4 us a block against 15 for np.add.reduce), the squared deviations one einsum (no
-    temporary), and Y is written once and rescaled in cache (two-pass variance, as the
-    reference). Scale and B that broadcast over the leading axes too go to the reference."""
+    temporary), and Y is written once and rescaled in cache."""
+    rows, cols = x2.shape
+    step = max(1, EW_CHUNK // cols)
+    ones = ones_row(cols)
+    n = np.float32(cols)
+    eps = np.float32(epsilon)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for a in range(0, rows, step):
+            b = min(rows, a + step)
+            xc, yc = x2[a:b], y2[a:b]
+            m = mean[a:b]
+            np.matmul(xc, ones, out=m)
+            m /= n
+            np.subtract(xc, m[:, None], out=yc)
+            v = inv[a:b]
+            np.einsum("ij,ij->i", yc, yc, out=v)
+            v /= n
+            v += eps
+            np.sqrt(v, out=v)
+            np.reciprocal(v, out=v)
+            if row_scale is not None:
+                v *= row_scale[a:b]
+            yc *= v[:, None]
+            if row_bias is not None:
+                yc += row_bias[a:b, None]
+            if scale is not None:
+                yc *= scale
+            if bias is not None:
+                yc += bias
+
+
+def layernorm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None):
+    """LayerNormalization-17 in float32 (stash float32): (Y, Mean, InvStdDev).
+
+    Row by row (see _normalize_rows). Scale and B that broadcast over the leading axes too go
+    to the reference."""
     x = np.asarray(X)
     if x.ndim == 0:
         raise KernelError("LayerNormalization needs an input of rank >= 1")
@@ -108,32 +149,51 @@ def layernorm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
         mean.fill(np.nan)
         inv.fill(np.nan)
         return y, mean.reshape(stat_shape), inv.reshape(stat_shape)
-    x2 = np.ascontiguousarray(x).reshape(rows, cols)
-    y2 = y.reshape(rows, cols)
-    step = max(1, EW_CHUNK // cols)
-    ones = ones_row(cols)
-    n = np.float32(cols)
-    eps = np.float32(epsilon)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        for a in range(0, rows, step):
-            b = min(rows, a + step)
-            xc, yc = x2[a:b], y2[a:b]
-            m = mean[a:b]
-            np.matmul(xc, ones, out=m)
-            m /= n
-            np.subtract(xc, m[:, None], out=yc)
-            v = inv[a:b]
-            np.einsum("ij,ij->i", yc, yc, out=v)
-            v /= n
-            v += eps
-            np.sqrt(v, out=v)
-            np.reciprocal(v, out=v)
-            yc *= v[:, None]
-            if scale is not None:
-                yc *= scale
-            if bias is not None:
-                yc += bias
+    _normalize_rows(np.ascontiguousarray(x).reshape(rows, cols), y.reshape(rows, cols),
+                    epsilon, mean, inv, scale, bias)
     return y, mean.reshape(stat_shape), inv.reshape(stat_shape)
+
+
+def instancenorm(input, scale, B, *, epsilon=1e-5, out=None, **_legacy):
+    """InstanceNormalization in float32, channels on axis 1: each (instance, channel) row of
+    the spatial axes normalised as LayerNorm's rows (see _normalize_rows), the per-channel
+    scale folded into the row's 1/std and the shift added in the same block. (The reference
+    divides by the std: results differ from it by an ulp or two.)"""
+    x = np.asarray(input)
+    if x.ndim < 3:
+        raise KernelError(f"InstanceNormalization needs X of rank >= 3 (N, C, D1, ...), got "
+                          f"shape {x.shape}")
+    n, c = x.shape[:2]
+    cols = math.prod(x.shape[2:])
+    params = []
+    for name, p in (("scale", scale), ("B", B)):
+        p = np.asarray(p)
+        if p.shape != (c,):
+            raise KernelError(f"InstanceNormalization: {name} has shape {p.shape}, expected "
+                              f"({c},)")
+        params.append(np.ascontiguousarray(np.broadcast_to(p.astype(F32, copy=False), (n, c)))
+                      .reshape(n * c))
+    y = output(out, x.shape)
+    if x.size == 0:
+        return y
+    rows = n * c
+    mean = scratch("norm.mean", (rows,))
+    inv = scratch("norm.inv", (rows,))
+    _normalize_rows(np.ascontiguousarray(x).reshape(rows, cols), y.reshape(rows, cols),
+                    epsilon, mean, inv, row_scale=params[0], row_bias=params[1])
+    return y
+
+
+def _instancenorm_ok(x, *params, **attrs) -> bool:
+    return (x.shape is not None and len(x.shape) >= 3
+            and all(p is None or p.dtype in (None, "float32") for p in params))
+
+
+def _instancenorm_workspace(x, *_, **__) -> int:
+    if not x or len(x) < 2 or not all(isinstance(d, int) for d in x):
+        return 0
+    rows, cols = x[0] * x[1], math.prod(x[2:])
+    return 4 * (2 * rows + cols + 2 * rows)  # mean, inv, ones, per-row scale and shift
 
 
 def _layernorm_reference(X, Scale, B, axis, epsilon, stash_type):
@@ -215,7 +275,8 @@ def _lrn_nhwc_ok(x, **attrs) -> bool:
 
 
 def register() -> None:
-    """Register BatchNormalization and LRN variants on every version."""
+    """Register BatchNormalization, LayerNormalization, InstanceNormalization and LRN variants
+    on every version."""
     kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True}
     for opdef in REGISTRY.versions("BatchNormalization"):
         opdef.kernel(layout="NHWC", when=_bn_nhwc_ok, name="batchnormalization.cpu.nhwc",
@@ -225,6 +286,9 @@ def register() -> None:
     for opdef in REGISTRY.versions("LayerNormalization"):
         opdef.kernel(when=_layernorm_ok, name="layernormalization.cpu.fast",
                      workspace_bytes=_layernorm_workspace, **kw)(layernorm)
+    for opdef in REGISTRY.versions("InstanceNormalization"):
+        opdef.kernel(layout="NCHW", when=_instancenorm_ok, name="instancenormalization.cpu.nchw",
+                     workspace_bytes=_instancenorm_workspace, **kw)(instancenorm)
     for opdef in REGISTRY.versions("LRN"):
         opdef.kernel(layout="NHWC", when=_lrn_nhwc_ok, name="lrn.cpu.nhwc", **kw)(lrn_nhwc)
         opdef.kernel(layout="NCHW", when=_lrn_ok, name="lrn.cpu.nchw", **kw)(lrn_nchw)

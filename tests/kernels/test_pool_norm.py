@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from opwarden.errors import KernelError
 from opwarden.kernels import norm as knorm
 from opwarden.kernels import pool as kpool
 from opwarden.ops.base import REGISTRY
@@ -120,3 +122,39 @@ def test_lrn_matches_reference():
         np.testing.assert_allclose(knorm.lrn_nchw(x, **attrs), want, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(nchw(knorm.lrn_nhwc(nhwc(x), **attrs)), want, rtol=1e-5,
                                    atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 3), c=st.integers(1, 5),
+    spatial=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    eps=st.sampled_from([1e-5, 1e-2, 0.0]),
+)
+def test_instancenorm_matches_reference(n, c, spatial, eps):
+    rng = np.random.default_rng(n * 100 + c)
+    x = (rng.standard_normal((n, c, *spatial)) * 3 + 1).astype(np.float32)
+    scale = rng.standard_normal(c).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):  # (eps 0 on a constant row: 0/0)
+        want = ref("InstanceNormalization", x, scale, b, epsilon=eps)
+    out = np.empty_like(x)
+    got = knorm.instancenorm(x, scale, b, epsilon=eps, out=out)
+    assert got is out
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_instancenorm_rows_longer_than_a_block_nan_and_errors():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 300, 400)).astype(np.float32)  # rows of 120000 floats
+    x[1, 2, 5, 5] = np.nan
+    scale, b = np.ones(3, np.float32) * 2, np.arange(3, dtype=np.float32)
+    want = ref("InstanceNormalization", x, scale, b)
+    got = knorm.instancenorm(x, scale, b)
+    assert np.array_equal(np.isnan(got), np.isnan(want))  # the NaN row only
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    with pytest.raises(KernelError, match=r"scale has shape \(2,\), expected \(3,\)"):
+        knorm.instancenorm(x, scale[:2], b)
+    with pytest.raises(KernelError, match="rank >= 3"):
+        knorm.instancenorm(x[0, 0], scale, b)
+    empty = np.zeros((1, 3, 0, 4), np.float32)
+    assert knorm.instancenorm(empty, scale, b).shape == empty.shape
