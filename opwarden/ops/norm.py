@@ -325,16 +325,18 @@ def LRN(X, *, alpha=0.0001, beta=0.75, bias=1.0, size=None):
     x = _wide(X)
     c = x.shape[1]
     lo, hi = (size - 1) // 2, size // 2  # floor((size-1)/2) before c, ceil((size-1)/2) after
-    # square_sum over the window [c - lo, c + hi] clipped to [0, C-1], from a prefix sum.
+    # square_sum over the window [c - lo, c + hi] clipped to [0, C-1], as shifted-slice sums:
+    # a prefix sum's differences would spread a NaN (or an inf) to every later channel's
+    # window and cancel digits over many channels.
     sq = x * x
-    zeros = np.zeros_like(sq[:, :1])
-    prefix = np.concatenate([zeros, np.cumsum(sq, axis=1)], axis=1)  # prefix[:, k] = sum[:k]
-    idx = np.arange(c)
-    start = np.clip(idx - lo, 0, c)
-    stop = np.clip(idx + hi + 1, 0, c)
-    square_sum = np.take(prefix, stop, axis=1) - np.take(prefix, start, axis=1)
+    square_sum = sq.copy()
+    for k in range(1, min(lo, c - 1) + 1):
+        square_sum[:, k:] += sq[:, :c - k]
+    for k in range(1, min(hi, c - 1) + 1):
+        square_sum[:, :c - k] += sq[:, k:]
     t = x.dtype.type
-    y = x / (t(bias) + t(alpha) / t(size) * square_sum) ** t(beta)
+    with np.errstate(all="ignore"):  # (inf / inf: NaN, as IEEE says, quietly)
+        y = x / (t(bias) + t(alpha) / t(size) * square_sum) ** t(beta)
     return _out(y, X.dtype)
 
 

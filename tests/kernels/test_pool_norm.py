@@ -113,15 +113,26 @@ def test_batchnorm_training_falls_back_to_reference():
     np.testing.assert_allclose(nchw(got[0]), want[0], rtol=1e-5, atol=1e-6)
 
 
-def test_lrn_matches_reference():
+@pytest.mark.parametrize("beta", [0.75, 0.5, 1.0, 0.6, 0.0])
+@pytest.mark.parametrize("shape", [(2, 7, 3, 4), (1, 96, 40, 30), (2, 5, 3000), (1, 3, 2, 2, 2)])
+def test_lrn_matches_reference(beta, shape):
+    """Every size (up to beyond C), the betas with their own root forms and pow, shapes of
+    several blocks either layout (channels-first: rank 3 and 5 too), a NaN staying in its
+    window, into the planned buffer."""
     rng = np.random.default_rng(5)
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    x.reshape(-1)[x.size // 2] = np.nan
     for size in (1, 2, 3, 5, 9):
-        x = rng.standard_normal((2, 7, 3, 4), dtype=np.float32)
-        attrs = dict(alpha=1e-2, beta=0.75, bias=2.0, size=size)
+        attrs = dict(alpha=1e-2, beta=beta, bias=2.0, size=size)
         want = ref("LRN", x, **attrs)
-        np.testing.assert_allclose(knorm.lrn_nchw(x, **attrs), want, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(nchw(knorm.lrn_nhwc(nhwc(x), **attrs)), want, rtol=1e-5,
-                                   atol=1e-6)
+        got = knorm.lrn_nchw(x, **attrs)
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        if x.ndim == 4:
+            xl = nhwc(x)
+            out = np.empty_like(xl)
+            assert knorm.lrn_nhwc(xl, out=out, **attrs) is out
+            np.testing.assert_allclose(nchw(out), want, rtol=1e-5, atol=1e-6)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

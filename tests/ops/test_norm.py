@@ -132,3 +132,17 @@ def test_group_normalization_bad_groups_raises():
     x = np.zeros((1, 4, 2), np.float32)
     with pytest.raises(KernelError, match="num_groups"):
         op(x, np.ones(4, np.float32), np.zeros(4, np.float32), num_groups=3)
+
+
+def test_lrn_nan_stays_in_its_window():
+    """A NaN (or inf) in channel k reaches only the windows that hold k (ONNX: the sum over
+    the window); a prefix-sum difference spread it to every later channel."""
+    from opwarden.ops.norm import LRN
+
+    x = np.ones((1, 9, 2, 2), np.float32)
+    x[0, 2, 0, 0] = np.nan
+    x[0, 6, 1, 1] = np.inf
+    y = LRN(x, size=3)
+    assert np.isnan(y[0, 1:4, 0, 0]).all() and not np.isnan(y[0, 4:, 0, 0]).any()
+    assert not np.isnan(y[0, :1, 0, 0]).any()
+    assert np.isfinite(y[0, :5, 1, 1]).all() and np.isfinite(y[0, 8:, 1, 1]).all()
