@@ -66,13 +66,11 @@ def _finite(*values: float) -> bool:
 # -- Elu, Selu, Celu -------------------------------------------------------------------------
 
 
-def _expm1_tail(scale: np.float32, inner: np.float32 | None = None):
-    """Chunk function: y = max(x, 0) + scale * expm1(min(x, 0) [/ inner])."""
+def _expm1_tail(scale: np.float32):
+    """Chunk function: y = max(x, 0) + scale * expm1(min(x, 0))."""
 
     def run(x, y, t):
         np.minimum(x, _zero(x), out=t)
-        if inner is not None:
-            t /= inner
         np.expm1(t, out=t)
         t *= scale
         np.maximum(x, _zero(x), out=y)
