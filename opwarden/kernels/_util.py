@@ -197,6 +197,17 @@ _ZEROS = np.zeros(RELU_CHUNK, F32)
 _ZEROS.flags.writeable = False  # shared by every thread
 
 
+def zero_chunk(x: np.ndarray) -> np.ndarray:
+    """Read-only zeros of x's shape, x a chunk of at most EW_CHUNK (= RELU_CHUNK) floats: max
+    and min against an array take NumPy's fast loop, against a scalar a broadcasting one."""
+    return _ZEROS[:x.size].reshape(x.shape)
+
+
+def one_chunk(x: np.ndarray) -> np.ndarray:
+    """Read-only ones of x's shape (as zero_chunk)."""
+    return _ones(x.size)[:x.size].reshape(x.shape)
+
+
 def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """max(x, 0) into `out` (default: in place in x), against chunks of a zero array: NumPy's
     maximum with a scalar (or any broadcast) operand takes a slow loop, 1.5-2.5x slower than
@@ -251,7 +262,7 @@ def apply_activation(y: np.ndarray, activation: str, params: Sequence[float] = (
         elif activation == "LeakyRelu":
             chunked(leaky_chunk(np.float32(params[0] if params else 0.01)), y, y, 1)
         elif activation == "Sigmoid":
-            _sigmoid_inplace(y)
+            chunked(_sigmoid_chunk, y, y, 0)
         elif activation == "HardSwish":
             chunked(_hardswish_chunk, y, y, 1)
         elif activation == "Tanh":
@@ -287,10 +298,16 @@ def leaky_chunk(alpha: np.float32) -> Callable[..., None]:
     return run
 
 
+_SIX = np.float32(6.0)
+
+
 def _hardswish_chunk(x, y, t) -> None:
-    np.multiply(x, np.float32(1.0 / 6.0), out=t)
-    t += np.float32(0.5)
-    np.clip(t, 0.0, 1.0, out=t)
+    """y = x max(0, min(1, x/6 + 1/2)) (y may be x): divided by 6 as the reference does
+    (x * (1/6) may differ by an ulp)."""
+    np.divide(x, _SIX, out=t)
+    t += _HALF
+    np.minimum(t, one_chunk(t), out=t)
+    np.maximum(t, zero_chunk(t), out=t)
     np.multiply(x, t, out=y)
 
 
@@ -426,12 +443,13 @@ def _gelu_tanh_chunk(x: np.ndarray, y: np.ndarray, t: np.ndarray) -> None:
     np.multiply(x, t, out=y)
 
 
-def _sigmoid_inplace(y: np.ndarray) -> None:
-    # 1/(1+e^-x) in place: e^-x overflowing to inf (x < -88.7) gives an exact 0 where sigmoid
-    # is below 2^-127 (a masked select of the overflow-free form costs ~6 ns an element).
-    np.negative(y, out=y)
+def _sigmoid_chunk(x: np.ndarray, y: np.ndarray) -> None:
+    """y = 1/(1+e^-x) (y may be x): e^-x overflowing to inf (x < -88.7) gives an exact 0 where
+    sigmoid is below 2^-127 (a masked select of the overflow-free form costs ~6 ns an
+    element)."""
+    np.negative(x, out=y)
     np.exp(y, out=y)
-    y += np.float32(1.0)
+    y += _ONE
     np.reciprocal(y, out=y)
 
 

@@ -27,21 +27,8 @@ import numpy as np
 
 from ..ops import activation as _reference
 from ..ops.base import REGISTRY
-from ._util import EW_CHUNK, F32, _ones, chunked, chunked_workspace
-
-# Zero and one operands of a chunk's size: NumPy's max/min against a scalar take a slower
-# broadcasting loop (see _util.relu).
-_ZEROS = np.zeros(EW_CHUNK, F32)
-_ZEROS.flags.writeable = False
-_ONE = np.float32(1.0)
-
-
-def _zero(x: np.ndarray) -> np.ndarray:
-    return _ZEROS[:x.size].reshape(x.shape)
-
-
-def _one(x: np.ndarray) -> np.ndarray:
-    return _ones(EW_CHUNK)[:x.size].reshape(x.shape)
+from ._util import _ONE, _hardswish_chunk, _sigmoid_chunk, chunked, one_chunk, zero_chunk
+from .elementwise import _chunk_workspace
 
 
 def _run(chunk, X, out, ntemps: int) -> np.ndarray:
@@ -70,10 +57,10 @@ def _expm1_tail(scale: np.float32):
     """Chunk function: y = max(x, 0) + scale * expm1(min(x, 0))."""
 
     def run(x, y, t):
-        np.minimum(x, _zero(x), out=t)
+        np.minimum(x, zero_chunk(x), out=t)
         np.expm1(t, out=t)
         t *= scale
-        np.maximum(x, _zero(x), out=y)
+        np.maximum(x, zero_chunk(x), out=y)
         y += t
 
     return run
@@ -110,8 +97,8 @@ def celu(X, *, alpha=1.0, out=None):
         np.divide(x, a, out=t)
         np.expm1(t, out=t)
         t *= a
-        np.minimum(t, _zero(x), out=t)
-        np.maximum(x, _zero(x), out=y)
+        np.minimum(t, zero_chunk(x), out=t)
+        np.maximum(x, zero_chunk(x), out=y)
         y += t
 
     return _run(run, X, out, 1)
@@ -137,14 +124,14 @@ def _log1p_exp_neg_abs(x, w, u, d) -> None:
 def _softplus_chunk(x, y, w, u, d) -> None:
     """y = max(x, 0) + log1p(e^-|x|) (y may be x)."""
     _log1p_exp_neg_abs(x, w, u, d)
-    np.maximum(x, _zero(x), out=y)
+    np.maximum(x, zero_chunk(x), out=y)
     y += w
 
 
 def _mish_chunk(x, y, w, u, d) -> None:
     """y = x tanh(softplus(x)) (y may be x)."""
     _log1p_exp_neg_abs(x, w, u, d)
-    np.maximum(x, _zero(x), out=u)
+    np.maximum(x, zero_chunk(x), out=u)
     u += w
     np.tanh(u, out=u)
     np.multiply(x, u, out=y)
@@ -195,35 +182,16 @@ def hard_sigmoid(X, *, alpha=0.2, beta=0.5, out=None):
     def run(x, y):
         np.multiply(x, a, out=y)
         y += b
-        np.minimum(y, _one(y), out=y)
-        np.maximum(y, _zero(y), out=y)
+        np.minimum(y, one_chunk(y), out=y)
+        np.maximum(y, zero_chunk(y), out=y)
 
     return _run(run, X, out, 0)
 
 
-_SIX, _HALF = np.float32(6.0), np.float32(0.5)
-
-
-def _hard_swish_chunk(x, y, t) -> None:
-    np.divide(x, _SIX, out=t)  # (as the reference divides: x * (1/6) may differ by an ulp)
-    t += _HALF
-    np.minimum(t, _one(t), out=t)
-    np.maximum(t, _zero(t), out=t)
-    np.multiply(x, t, out=y)
-
-
 def hard_swish(X, *, out=None):
-    """X max(0, min(1, X/6 + 1/2)), chunked: the reference's own passes."""
-    return _run(_hard_swish_chunk, X, out, 1)
-
-
-def _sigmoid_chunk(x, y) -> None:
-    # 1/(1+e^-x): e^-x overflowing to inf (x < -88.7) gives an exact 0 where sigmoid is below
-    # 2^-127, as the reference's split form does.
-    np.negative(x, out=y)
-    np.exp(y, out=y)
-    y += _ONE
-    np.reciprocal(y, out=y)
+    """X max(0, min(1, X/6 + 1/2)), chunked: the reference's own passes (_util's chunk, the
+    FusedConv epilogue's too)."""
+    return _run(_hardswish_chunk, X, out, 1)
 
 
 def sigmoid(X, *, out=None):
@@ -242,15 +210,6 @@ KERNELS = {
 }
 
 
-def _workspace(ntemps: int):
-    def rule(x, *_, **__) -> int:
-        if not ntemps or not all(isinstance(d, int) for d in x):
-            return 0
-        return chunked_workspace(ntemps, math.prod(x))
-
-    return rule
-
-
 def register() -> None:
     """Register the variants on every version of each operator (float32, cpu, into `out`;
     a strided out, a slice of a Concat's output, is fine: chunked walks its rows)."""
@@ -258,5 +217,5 @@ def register() -> None:
           "strided_out": True}
     for op_type, (fn, ntemps) in KERNELS.items():
         for opdef in REGISTRY.versions(op_type):
-            opdef.kernel(name=f"{op_type.lower()}.cpu.out", workspace_bytes=_workspace(ntemps),
-                         **kw)(fn)
+            opdef.kernel(name=f"{op_type.lower()}.cpu.out",
+                         workspace_bytes=_chunk_workspace(ntemps), **kw)(fn)

@@ -218,9 +218,11 @@ def _layernorm_workspace(x, *_, axis=-1, **__) -> int:
 LRN_BLOCK = EW_CHUNK
 
 
-def _lrn_power(ss, tmp, beta) -> None:
-    """ss = ss ** beta in place (tmp: scratch of ss's shape); the caller divides by it, as the
-    reference does."""
+def _lrn_denominator(ss, tmp, scale, bias, beta) -> None:
+    """ss = (bias + scale * ss) ** beta in place, ss holding the window sums of squares (tmp:
+    scratch of ss's shape); the caller divides by it, as the reference does."""
+    ss *= scale
+    ss += bias
     if beta == 0.75:  # s^3/4 = sqrt(s) sqrt(sqrt(s)): correctly rounded roots, no pow
         np.sqrt(ss, out=tmp)
         np.sqrt(tmp, out=ss)
@@ -248,9 +250,7 @@ def _lrn_rows(xc, yc, sq, ss, tmp, lo: int, hi: int, scale, bias, beta) -> None:
         acc += s[lo - d:lo - d + n]
     for d in range(1, hi + 1):
         acc += s[lo + d:lo + d + n]
-    t *= scale
-    t += bias
-    _lrn_power(t, tmp.reshape(-1), beta)
+    _lrn_denominator(t, tmp.reshape(-1), scale, bias, beta)
     np.divide(xc, ss[:, lo:lo + c], out=yc)
 
 
@@ -264,9 +264,7 @@ def _lrn_cols(xc, yc, sq, ss, lo: int, hi: int, scale, bias, beta) -> None:
         ss[k:] += sq[:c - k]
     for k in range(1, min(hi, c - 1) + 1):
         ss[:c - k] += sq[k:]
-    ss *= scale
-    ss += bias
-    _lrn_power(ss, sq, beta)
+    _lrn_denominator(ss, sq, scale, bias, beta)
     np.divide(xc, ss, out=yc)
 
 
