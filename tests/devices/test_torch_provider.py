@@ -791,10 +791,12 @@ def test_mul_then_add_compiles_to_one_addcmul_only_when_the_product_dies():
 
 
 @pytest.mark.parametrize("const", [True, False])
-def test_grouped_pointwise_conv_is_one_batched_gemm(const):
+@pytest.mark.parametrize("hw", [(7, 6), (12, 13)])  # under / over _GROUPED_OUT_MIN_ROWS pixels
+def test_grouped_pointwise_conv_is_one_batched_gemm(const, hw):
     _fused_present("FusedConv")
-    x, w, b = rand(1, 24, 7, 6, seed=80), rand(32, 6, 1, 1, seed=81), rand(32, seed=82)
-    z = rand(1, 32, 7, 6, seed=83)
+    assert 7 * 6 < tp._GROUPED_OUT_MIN_ROWS <= 12 * 13  # both paths are covered
+    x, w, b = rand(1, 24, *hw, seed=80), rand(32, 6, 1, 1, seed=81), rand(32, seed=82)
+    z = rand(1, 32, *hw, seed=83)
     if const:
         mark_constant(w)
     plan = tp._conv_plan(nhwc(x), w, {"group": 4}, True)
