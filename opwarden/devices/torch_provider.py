@@ -900,11 +900,12 @@ def _fused_conv_kernel(ref: Callable[..., Any], nhwc: bool):
 
 
 # FusedConv branches from this many input channels run as one convolution each (no products
-# with W's structural zeros) and a channel concatenation; with fewer, oneDNN's per-call cost
-# makes one convolution over the whole W faster. SqueezeNet's fire modules, two threads, whole
-# vs apart: 27x27x32 -> 128+128 503 vs 432 us, 13x13x64 -> 256+256 453 vs 366, 13x13x48 alike,
-# 55x55x16 -> 64+64 556 vs 919.
-_BRANCH_SPLIT_MIN_C = 32
+# with W's structural zeros), each writing its channels of the NHWC result; with fewer, one
+# convolution over the whole W. SqueezeNet's fire modules, two threads, whole vs apart (a 1x1
+# GEMM into its channels, the 3x3 convolution copied into its): 55x55x16 -> 64+64 390 vs 317 us,
+# 27x27x32 -> 128+128 392 vs 278, 13x13x48 -> 192+192 206 vs 187, 13x13x64 -> 256+256 333 vs
+# 248. (Apart with a channel concatenation instead: 395, 290, 193, 256.)
+_BRANCH_SPLIT_MIN_C = 16
 
 
 def _branches_apart(X, W, B, branches, attrs, activation, params) -> np.ndarray | None:
@@ -917,14 +918,21 @@ def _branches_apart(X, W, B, branches, attrs, activation, params) -> np.ndarray 
         return None
     with _Mode(sum(plan.flops for _, _, plan in parts) < _SERIAL_FLOPS):
         x = _nchw_view(X)
-        ys = []
+        c, m = x.shape[1], np.shape(W)[0]
+        n, _mb, *sp = _conv_out_shape(x.shape, parts[0][0].shape, parts[0][2])
+        y = torch.empty((n, *sp, m), dtype=x.dtype, device=x.device)
+        y2 = y.view(-1, m)
         for wb, (m0, m1), plan in parts:
             bb = None if B is None else B[m0:m1]
-            if plan.gemm:
-                ys.append(_nchw_view(_conv_gemm(X, wb, bb, None, activation, params)))
+            if plan.gemm:  # straight into its columns (a strided view BLAS writes in place)
+                x2, wt = x.permute(0, 2, 3, 1).reshape(-1, c), _t(wb).reshape(m1 - m0, c).t()
+                if bb is None:
+                    torch.mm(x2, wt, out=y2[:, m0:m1])
+                else:
+                    torch.addmm(_t(bb), x2, wt, out=y2[:, m0:m1])
             else:
-                ys.append(_conv_run(x, wb, bb, plan, activation, params))
-        return _to_nhwc(torch.cat(ys, 1))
+                y[..., m0:m1].copy_(_conv_run(x, wb, bb, plan).permute(0, 2, 3, 1))
+        return _np(_activate_(y, activation, params))
 
 
 def _branch_parts(X, W, branches, attrs) -> list | None:
