@@ -531,11 +531,12 @@ def test_fused_conv_branches(layout, nonfinite, outside, cin, monkeypatch):
     b = rng.standard_normal(7).astype(np.float32)
     o, v = variant("FusedConv", f"fusedconv.torch.{layout.lower()}", domain="opwarden")
     kw = dict(pads=[1, 1, 1, 1], branches=[3, 1, 1, 4, 3, 3], activation="Relu")
-    want = o.reference(x, w, b, None, **kw)
-    got = v.fn(x, w, b, None, **kw) if layout == "NCHW" else nchw(v.fn(nhwc(x), w, b, None,
-                                                                          **kw))
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    close(np.nan_to_num(got), np.nan_to_num(want))
+    for bb in (b, None):
+        want = o.reference(x, w, bb, None, **kw)
+        got = v.fn(x, w, bb, None, **kw) if layout == "NCHW" else nchw(v.fn(nhwc(x), w, bb,
+                                                                              None, **kw))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        close(np.nan_to_num(got), np.nan_to_num(want))
 
 
 def test_fused_conv_rejects_a_wrong_residual():
