@@ -703,10 +703,13 @@ def _make_conv_plan(xs, ws, dtype, attrs: dict, nhwc: bool) -> _ConvPlan | None:
 
 
 _GEMM_MAX_FLOPS = 40e6
-# oneDNN's packed convolution on few input channels per group (a network's RGB stem) was
-# measured 1.7-4x slower than torch.convolution (224x224x3 -> 64, 3x3: 1046 vs 346 us on two
-# threads, 1046 vs 625 on one); from 16 channels on the packed one wins.
-_PACK_MIN_CIN = 8
+# Convolutions with at least this many input channels per group take oneDNN's packed kernel.
+# With torch 2.13 it wins from one channel on (two threads, packed vs torch.convolution, both
+# channels-last): RGB stems 224x224x3 -> 64 7x7/2 755 vs 895 us, -> 24 3x3/2 115 vs 130, -> 64
+# 3x3/1 680 vs 661; depthwise 3x3 56x56x112/2 44 vs 53, 28x28x136 48 vs 62, 7x7x544 35 vs 50.
+# Whole models on the torch path, A/B 8 vs 1 in one process: 0.973-0.997 on all nine of the
+# light zoo. (An older torch measured the packed stem 1.7-4x slower; hence the knob.)
+_PACK_MIN_CIN = 1
 
 
 def _conv_gemm(X, W, B, Z, activation="", params=(), groups: int = 1) -> np.ndarray:

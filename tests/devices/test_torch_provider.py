@@ -459,20 +459,32 @@ def test_transpose_paths_agree_with_the_reference_and_never_alias(shape, perm, g
     assert (tp._inner_gather(shape, perm) is not None) == gather
 
 
-def test_few_input_channels_skip_the_packed_convolution():
+@pytest.mark.parametrize("min_cin", [1, 8])
+def test_few_input_channels_and_the_packed_convolution(min_cin, monkeypatch):
+    # RGB stems and depthwise convolutions take the packed kernel from _PACK_MIN_CIN input
+    # channels per group on; either way the results match the reference.
+    monkeypatch.setattr(tp, "_PACK_MIN_CIN", min_cin)
+    monkeypatch.setattr(tp, "_CONV_PLANS", {})
+    pw = tp._POINTWISE is not None
     x3 = np.zeros((1, 32, 32, 3), np.float32)
     w3 = np.zeros((16, 3, 3, 3), np.float32)
-    assert not tp._conv_plan(x3, w3, {"pads": [1, 1, 1, 1]}, True).packed
+    assert tp._conv_plan(x3, w3, {"pads": [1, 1, 1, 1]}, True).packed == (pw and min_cin <= 3)
+    xd = np.zeros((1, 32, 32, 16), np.float32)
+    wd = np.zeros((16, 1, 3, 3), np.float32)
+    dw = {"pads": [1, 1, 1, 1], "group": 16}
+    assert tp._conv_plan(xd, wd, dw, True).packed == (pw and min_cin <= 1)
     x = np.zeros((1, 32, 32, 16), np.float32)
     w = np.zeros((16, 16, 3, 3), np.float32)
-    assert tp._conv_plan(x, w, {"pads": [1, 1, 1, 1]}, True).packed == (tp._POINTWISE is not None)
-    mark_constant(w), mark_constant(w3)
+    assert tp._conv_plan(x, w, {"pads": [1, 1, 1, 1]}, True).packed == pw
     b = rand(16, seed=5)
-    for xx, ww in ((rand(1, 3, 9, 9, seed=6), w3 + 1), (rand(1, 16, 9, 9, seed=7), w + 1)):
+    o, v = variant("Conv", "conv.torch.nhwc")
+    for xx, ww, attrs in (
+        (rand(1, 3, 9, 9, seed=6), w3 + rand(16, 3, 3, 3, seed=8), {"pads": [1, 1, 1, 1]}),
+        (rand(1, 16, 9, 9, seed=7), wd + rand(16, 1, 3, 3, seed=9), dict(dw, strides=[2, 2])),
+        (rand(1, 16, 9, 9, seed=7), w + 1, {"pads": [1, 1, 1, 1]}),
+    ):
         mark_constant(ww)
-        o, v = variant("Conv", "conv.torch.nhwc")
-        want = o.reference(xx, ww, b, pads=[1, 1, 1, 1])
-        close(nchw(v.fn(nhwc(xx), ww, b, pads=[1, 1, 1, 1])), want)
+        close(nchw(v.fn(nhwc(xx), ww, b, **attrs)), o.reference(xx, ww, b, **attrs))
 
 
 # ------------------------------------------------------------------------ fused ops
