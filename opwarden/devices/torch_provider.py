@@ -718,11 +718,7 @@ def _conv_gemm(X, W, B, Z, activation="", params=(), groups: int = 1) -> np.ndar
     x = _t(X)
     c, m = x.shape[-1], np.shape(W)[0]
     x2 = x.reshape(-1, c)
-    if groups > 1:
-        y = _grouped_gemm(x2, W, B, groups)
-    else:
-        w = _t(W).reshape(m, c).t()
-        y = torch.addmm(_t(B), x2, w) if B is not None else torch.mm(x2, w)
+    y = _grouped_gemm(x2, W, B, groups) if groups > 1 else _pointwise_mm(x2, W, B)
     if Z is not None:
         want = (*x.shape[:-1], m)
         if tuple(np.shape(Z)) != want:
@@ -733,6 +729,13 @@ def _conv_gemm(X, W, B, Z, activation="", params=(), groups: int = 1) -> np.ndar
         y.add_(_t(Z).reshape(-1, m))
     y = _activate_(y, activation, params)
     return _np(y).reshape(*x.shape[:-1], m)
+
+
+def _pointwise_mm(x2: torch.Tensor, W, B, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(P, C) pixels @ W(M, C, 1, ...)^T + B: (P, M), written into `out` when given (a column
+    block of a wider result is fine: its strides are BLAS-compatible)."""
+    w = _t(W).reshape(np.shape(W)[0], x2.shape[1]).t()
+    return torch.mm(x2, w, out=out) if B is None else torch.addmm(_t(B), x2, w, out=out)
 
 
 # Grouped GEMMs over at least this many pixels write each group's block of the result in place;
@@ -755,17 +758,18 @@ def _grouped_gemm(x2: torch.Tensor, W, B, g: int) -> torch.Tensor:
 
     wt = _CONSTS.get(W, ("grouped", g), make) if is_constant(W) else make(W)
     xg = x2.reshape(p, g, cg).transpose(0, 1)  # (g, P, C/g), a strided view
+
+    def bmm(out=None) -> torch.Tensor:
+        if B is None:
+            return torch.bmm(xg, wt, out=out)
+        return torch.baddbmm(_t(B).reshape(g, 1, mg), xg, wt, out=out)
+
     if p < _GROUPED_OUT_MIN_ROWS:
-        y = torch.baddbmm(_t(B).reshape(g, 1, mg), xg, wt) if B is not None else torch.bmm(xg, wt)
-        return y.transpose(0, 1).reshape(p, m)
+        return bmm().transpose(0, 1).reshape(p, m)
     # Each group's GEMM writes its column block of the (P, M) result in place (the (g, P, M/g)
     # view has BLAS-compatible strides), instead of a (g, P, M/g) result copied over.
     y = torch.empty((p, m), dtype=x2.dtype, device=x2.device)
-    yg = y.view(p, g, mg).transpose(0, 1)
-    if B is not None:
-        torch.baddbmm(_t(B).reshape(g, 1, mg), xg, wt, out=yg)
-    else:
-        torch.bmm(xg, wt, out=yg)
+    bmm(out=y.view(p, g, mg).transpose(0, 1))
     return y
 
 
@@ -921,18 +925,14 @@ def _branches_apart(X, W, B, branches, attrs, activation, params) -> np.ndarray 
         return None
     with _Mode(sum(plan.flops for _, _, plan in parts) < _SERIAL_FLOPS):
         x = _nchw_view(X)
-        c, m = x.shape[1], np.shape(W)[0]
+        m = np.shape(W)[0]
         n, _mb, *sp = _conv_out_shape(x.shape, parts[0][0].shape, parts[0][2])
         y = torch.empty((n, *sp, m), dtype=x.dtype, device=x.device)
         y2 = y.view(-1, m)
         for wb, (m0, m1), plan in parts:
             bb = None if B is None else B[m0:m1]
-            if plan.gemm:  # straight into its columns (a strided view BLAS writes in place)
-                x2, wt = x.permute(0, 2, 3, 1).reshape(-1, c), _t(wb).reshape(m1 - m0, c).t()
-                if bb is None:
-                    torch.mm(x2, wt, out=y2[:, m0:m1])
-                else:
-                    torch.addmm(_t(bb), x2, wt, out=y2[:, m0:m1])
+            if plan.gemm:  # straight into its columns
+                _pointwise_mm(_t(X).reshape(-1, x.shape[1]), wb, bb, out=y2[:, m0:m1])
             else:
                 y[..., m0:m1].copy_(_conv_run(x, wb, bb, plan).permute(0, 2, 3, 1))
         return _np(_activate_(y, activation, params))
