@@ -170,12 +170,14 @@ def test_pool_matches_reference(case, op_type, layout, cip):
     close(got, want)
 
 
+@pytest.mark.parametrize("separable", [True, False])
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.data())
-def test_max_pool_end_pads_as_ceil_mode_match_reference(data):
-    """Pads with more at the end than at the start (TF's SAME) run as torch's symmetric
-    padding plus ceil_mode where that gives the same windows (no padded copy), else through
-    the -inf padded copy: the reference's values and shape either way, NaN and -Inf included."""
+@given(data=st.data())
+def test_max_pool_end_pads_as_ceil_mode_match_reference(separable, data):
+    """NHWC 2-D max pools, separable (taps that would read padding left out) or through
+    F.max_pool2d: with pads with more at the end than at the start (TF's SAME) torch's
+    symmetric padding plus ceil_mode where that gives the same windows (no padded copy), else
+    the -inf padded copy. The reference's values and shape either way, NaN and -Inf included."""
     k = [data.draw(st.integers(1, 4)) for _ in range(2)]
     s = [data.draw(st.integers(1, 3)) for _ in range(2)]
     dil = [data.draw(st.integers(1, 2)) for _ in range(2)]
@@ -192,7 +194,11 @@ def test_max_pool_end_pads_as_ceil_mode_match_reference(data):
         want = o.reference(x, **attrs)
     except KernelError:
         return  # a geometry the operator rejects (e.g. a pad not smaller than the window)
-    got = nchw(v.fn(nhwc(x), **attrs))
+    saved, tp._SEPARABLE_MAXPOOL = tp._SEPARABLE_MAXPOOL, separable
+    try:
+        got = nchw(v.fn(nhwc(x), **attrs))
+    finally:
+        tp._SEPARABLE_MAXPOOL = saved
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
 
@@ -220,9 +226,44 @@ def test_max_pool_end_pads_take_the_ceil_path_for_tf_same():
     x = rand(1, 4, 112, 112, seed=6)
     attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])
     plan = tp._pool_plan(nhwc(x), attrs, True, "max")
-    assert plan[-1] == "ceil"
+    assert plan[7] == "ceil"
     o, v = variant("MaxPool", "maxpool.torch.nhwc")
-    np.testing.assert_array_equal(nchw(v.fn(nhwc(x), **attrs)), o.reference(x, **attrs))
+    saved, tp._SEPARABLE_MAXPOOL = tp._SEPARABLE_MAXPOOL, False
+    try:
+        np.testing.assert_array_equal(nchw(v.fn(nhwc(x), **attrs)), o.reference(x, **attrs))
+    finally:
+        tp._SEPARABLE_MAXPOOL = saved
+
+
+@pytest.mark.parametrize(
+    "shape,attrs",
+    [
+        ((1, 64, 111, 111), dict(kernel_shape=[3, 3], strides=[2, 2])),  # SqueezeNet
+        ((1, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+        ((2, 32, 28, 28), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),  # Inception, stride 1
+        ((1, 16, 12, 12), dict(kernel_shape=[2, 2], strides=[2, 2])),  # VGG
+        ((1, 8, 9, 9), dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+        ((1, 8, 9, 10), dict(kernel_shape=[1, 3], strides=[2, 1], pads=[0, 2, 0, 2])),
+        ((1, 8, 9, 10), dict(kernel_shape=[3, 2], strides=[1, 3], dilations=[2, 2])),
+    ],
+)
+def test_separable_max_pool_is_the_reference(shape, attrs):
+    """The separable NHWC max pool (folded along H, then W; no padded copy) against the
+    reference, NaN and -Inf included, and against torch's own pool."""
+    x = rand(*shape, seed=9)
+    x.reshape(-1)[::13] = np.nan
+    x.reshape(-1)[5::17] = -np.inf
+    plan = tp._pool_plan(nhwc(x), attrs, True, "max")
+    assert len(plan) == 9  # the separable plan is there
+    o, v = variant("MaxPool", "maxpool.torch.nhwc")
+    want = o.reference(x, **attrs)
+    got = nchw(v.fn(nhwc(x), **attrs))
+    np.testing.assert_array_equal(got, want)
+    saved, tp._SEPARABLE_MAXPOOL = tp._SEPARABLE_MAXPOOL, False
+    try:
+        np.testing.assert_array_equal(nchw(v.fn(nhwc(x), **attrs)), got)
+    finally:
+        tp._SEPARABLE_MAXPOOL = saved
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
