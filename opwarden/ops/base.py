@@ -65,6 +65,13 @@ class Variant:
     # paths (bands, transformed tiles, padded copies) need more than the reference declares
     # says so here, and `opwarden check` measures every variant against its own declaration.
     workspace_bytes: int | Callable[..., int] | None = None
+    # specialize(kwargs) -> fn: a kernel bound to one node, made once when a session compiles
+    # the node (kwargs: its attributes, fixed from then on). It takes the same arguments and
+    # must return the same results as `fn`; what it may add is a plan prepared from the
+    # attributes and from the first call's shapes and constant inputs, so that later calls skip
+    # the work that depends on nothing else (plan lookups, packed-weight caches, attribute
+    # parsing). None: the node calls `fn`.
+    specialize: Callable[[Mapping[str, Any]], Callable[..., Any]] | None = None
 
     def workspace(self, shapes: list[tuple[int, ...]], attrs: Mapping[str, Any]) -> int:
         """Workspace bytes this variant declares for these input shapes."""
@@ -86,6 +93,7 @@ class Variant:
             "when": self.when is not None,
             "reference": self.reference,
             "in_place_when": self.in_place_when is not None,
+            "specialize": self.specialize is not None,
             "workspace_bytes": "contract" if self.workspace_bytes is None
             else "f(shapes)" if callable(self.workspace_bytes) else self.workspace_bytes,
         }
@@ -168,9 +176,10 @@ class OpDef:
         strided_out: bool = False,
         in_place_when: Callable[[Mapping[str, Any]], bool] | None = None,
         workspace_bytes: int | Callable[..., int] | None = None,
+        specialize: Callable[[Mapping[str, Any]], Callable[..., Any]] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator registering a variant of this operator (`workspace_bytes`: see
-        Variant.workspace_bytes)."""
+        """Decorator registering a variant of this operator (`workspace_bytes`, `specialize`:
+        see Variant)."""
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             vname = name or f"{self.op_type.lower()}.{device}.{fn.__name__.strip('_') or 'v'}"
@@ -192,6 +201,7 @@ class OpDef:
                     strided_out=strided_out and accepts_out,
                     in_place_when=in_place_when,
                     workspace_bytes=workspace_bytes,
+                    specialize=specialize,
                 )
             )
             return fn
@@ -365,6 +375,7 @@ def kernel(
     strided_out: bool = False,
     in_place_when: Callable[[Mapping[str, Any]], bool] | None = None,
     workspace_bytes: int | Callable[..., int] | None = None,
+    specialize: Callable[[Mapping[str, Any]], Callable[..., Any]] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a kernel variant for an existing operator (its latest version unless `since`)."""
     versions = REGISTRY.versions(op_type, domain)
@@ -389,6 +400,7 @@ def kernel(
         strided_out=strided_out,
         in_place_when=in_place_when,
         workspace_bytes=workspace_bytes,
+        specialize=specialize,
     )
 
 

@@ -34,7 +34,7 @@ class Step:
 
     def __init__(self, placement: Placement, ins, outs, graphs) -> None:
         self.placement = placement
-        self.fn = placement.variant.fn
+        var = placement.variant
         # NHWC and emulated nodes fall back to a reference that takes their layout/numerics
         self.ref = placement.ref_variant or next(
             v for v in placement.variant.op.variants if v.reference
@@ -44,6 +44,8 @@ class Step:
         self.kwargs = dict(placement.kwargs)
         for k in graphs:
             self.kwargs.pop(k, None)
+        # A variant may bind its kernel to this node (Variant.specialize): attributes are fixed.
+        self.fn = var.fn if var.specialize is None else var.specialize(dict(self.kwargs))
         self.graphs = graphs
         self.frees: tuple[int, ...] = ()
         self.noutputs = len(outs) if placement.variant.wants_noutputs else 0

@@ -592,6 +592,100 @@ def test_fused_conv_branches(layout, nonfinite, outside, cin, monkeypatch):
         close(np.nan_to_num(got), np.nan_to_num(want))
 
 
+def _bound(op_type, kw, domain=""):
+    """The NHWC variant's kernel bound to a node with these attributes (Variant.specialize)."""
+    o, v = variant(op_type, f"{op_type.lower()}.torch.nhwc", domain=domain)
+    assert v.specialize is not None
+    return o, v, v.specialize(dict(kw))
+
+
+@pytest.mark.parametrize("act,params", ACTS)
+@pytest.mark.parametrize("case", [0, 1, 5], ids=["3x3", "asym-pads", "1x1"])
+def test_bound_fused_conv_is_the_generic_kernel(act, params, case):
+    """A node-bound FusedConv prepares on its first call and then runs the prepared plan: every
+    call (first, prepared, prepared again) gives the generic kernel's result bit for bit,
+    with and without the residual, NaN propagated through the activation."""
+    _fused_present("FusedConv")
+    x, w, b, attrs = _conv_inputs(CONV_CASES[case])
+    x = x.copy()
+    x.reshape(-1)[::17] = np.nan
+    mark_constant(w)
+    mark_constant(b)
+    conv = REGISTRY.versions("Conv")[-1].reference(x, w, b, **attrs)
+    z = nhwc(rand(*conv.shape, seed=30))
+    kw = dict(attrs, activation=act, activation_params=params)
+    for zz in (None, z):
+        o, v, bound = _bound("FusedConv", kw, domain="opwarden")
+        want = v.fn(nhwc(x), w, b, zz, **kw)
+        ref = nhwc(o.reference(x, w, b, None if zz is None else nchw(zz), **kw))
+        for _ in range(3):
+            got = bound(nhwc(x), w, b, zz, **kw)
+            assert got.flags.c_contiguous and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        close(np.nan_to_num(got), np.nan_to_num(ref))
+
+
+def test_bound_conv_leaves_other_calls_to_the_generic_kernel():
+    """Another input shape, other weights, a strided or read-only input, a missing residual:
+    each call's result is the generic kernel's (a new shape or weights prepare again)."""
+    x, w, b, attrs = _conv_inputs(CONV_CASES[0])
+    mark_constant(w)
+    mark_constant(b)
+    o, v, bound = _bound("Conv", attrs)
+    xs = nhwc(x)
+    np.testing.assert_array_equal(bound(xs, w, b, **attrs), v.fn(xs, w, b, **attrs))
+    wider = nhwc(rand(x.shape[0], x.shape[1], x.shape[2] + 2, x.shape[3] + 1, seed=3))
+    w2 = mark_constant(w + 1)
+    ro = xs.copy()
+    ro.flags.writeable = False
+    # a channel slice of a wider NHWC map (a Split's output): not C-contiguous
+    strided = np.concatenate([xs, xs[..., :1]], axis=-1)[..., : xs.shape[-1]]
+    for xx, ww in ((xs, w), (wider, w), (xs, w2), (xs, w), (ro, w), (strided, w), (xs, w)):
+        got = bound(xx, ww, b, **attrs)
+        np.testing.assert_array_equal(got, v.fn(xx, ww, b, **attrs))
+        close(nchw(got), o.reference(nchw(xx), ww, b, **attrs))
+    fo, fv, fused = _bound("FusedConv", dict(attrs, activation="Relu"), domain="opwarden")
+    z = np.ones((1, 3, 4, 5), np.float32)
+    want = fv.fn(xs, w, b, None, **attrs, activation="Relu")
+    fused(xs, w, b, None, **attrs, activation="Relu")  # prepared without a residual
+    with pytest.raises(KernelError, match="residual Z"):
+        fused(xs, w, b, z, **attrs, activation="Relu")  # the generic kernel's check
+    np.testing.assert_array_equal(fused(xs, w, b, None, **attrs, activation="Relu"), want)
+
+
+@pytest.mark.parametrize("kind", ["grouped-1x1", "depthwise-shuffled", "branches", "branches-1x1"])
+def test_bound_fused_conv_paths(kind):
+    """The prepared GEMM (grouped), the folded channel shuffle and the branches-apart paths
+    give the generic kernel's results on every call, and the reference's."""
+    _fused_present("FusedConv")
+    rng = np.random.default_rng(41)
+    c = tp._BRANCH_SPLIT_MIN_C
+    x = rng.standard_normal((1, 12, 12, 2 * c)).astype(np.float32)
+    if kind == "grouped-1x1":
+        w = rng.standard_normal((4 * c, c // 2, 1, 1)).astype(np.float32)
+        kw = dict(group=4, activation="Relu")
+    elif kind == "depthwise-shuffled":
+        w = rng.standard_normal((2 * c, 1, 3, 3)).astype(np.float32)
+        kw = dict(group=2 * c, pads=[1, 1, 1, 1], input_shuffle=4, activation="")
+    else:
+        w = np.zeros((24, 2 * c, 3, 3), np.float32)
+        w[:8, :, 1, 1] = rng.standard_normal((8, 2 * c))
+        w[8:] = rng.standard_normal((16, 2 * c, 3, 3))
+        kw = dict(pads=[1, 1, 1, 1], branches=[8, 1, 1, 16, 3, 3], activation="Relu")
+        if kind == "branches-1x1":
+            kw["branches"] = [8, 1, 1, 16, 1, 1]
+            w = np.ascontiguousarray(w[:, :, 1:2, 1:2])
+            kw["pads"] = [0, 0, 0, 0]
+    mark_constant(w)
+    b = mark_constant(rng.standard_normal(w.shape[0]).astype(np.float32))
+    o, v, bound = _bound("FusedConv", kw, domain="opwarden")
+    want = v.fn(x, w, b, None, **kw)
+    close(nchw(want), o.reference(nchw(x), w, b, None, **kw))
+    for _ in range(3):
+        np.testing.assert_array_equal(bound(x, w, b, None, **kw), want)
+
+
 def test_fused_conv_rejects_a_wrong_residual():
     _fused_present("FusedConv")
     x, w, b, attrs = _conv_inputs(CONV_CASES[0])
@@ -645,11 +739,15 @@ def test_light_models_on_torch_match_onnxruntime(name, monkeypatch):
     opts.intra_op_num_threads = 1
     peer = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     feeds = zoo.feeds_for(model, seed=1)
-    for g, w in zip(sess.run(None, feeds), peer.run(None, feeds)):
+    first = sess.run(None, feeds)
+    for g, w in zip(first, peer.run(None, feeds)):
         assert g.shape == w.shape and g.dtype == w.dtype
         tol = 1e-3 * np.abs(w).max() + 1e-5
         err = np.abs(g - w).max()
         assert err <= tol, f"{name}: max|torch-ort| = {err:.3g} > {tol:.3g}"
+    # Later runs take the node-bound kernels' prepared plans: the same results, bit for bit.
+    for g, f in zip(sess.run(None, feeds), first):
+        np.testing.assert_array_equal(g, f)
 
 
 def test_configure_sets_threads():
