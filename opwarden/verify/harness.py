@@ -170,10 +170,11 @@ def _to_layout(variant: Variant, args: list[Any], ready: tuple[int, ...] = ()) -
 
 
 def call(variant: Variant, case: I.Case, inputs: list[Any] | None = None,
-         ready: tuple[int, ...] = (), nhwc_out: bool = True, **extra: Any) -> list:
-    """Run `variant` on the case's inputs (the case's own arrays unless `inputs` is given);
-    inputs whose index is in `ready` are already in the variant's layout. An NHWC variant's
-    output 0 comes back in NCHW unless not `nhwc_out`."""
+         ready: tuple[int, ...] = (), nhwc_out: bool = True, fn: Any = None,
+         **extra: Any) -> list:
+    """Run `variant` (its kernel `fn`, else variant.fn) on the case's inputs (the case's own
+    arrays unless `inputs` is given); inputs whose index is in `ready` are already in the
+    variant's layout. An NHWC variant's output 0 comes back in NCHW unless not `nhwc_out`."""
     args = list(case.inputs if inputs is None else inputs)
     kw = dict(case.attrs)
     if variant.wants_noutputs:
@@ -183,7 +184,7 @@ def call(variant: Variant, case: I.Case, inputs: list[Any] | None = None,
     _to_layout(variant, args, ready)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        res = variant.fn(*args, **kw)
+        res = (variant.fn if fn is None else fn)(*args, **kw)
     # a tuple is several outputs; a list is one sequence-typed output (as the executor sees it)
     outs = list(res) if type(res) is tuple else [res]
     outs = [np.asarray(o) if isinstance(o, np.generic) else o for o in outs]
@@ -340,6 +341,20 @@ class _Checker:
         """The variant on a private copy of the case's inputs."""
         return call(self.var, case, case.fresh_inputs(), **extra)
 
+    def run_bound(self, case: I.Case) -> list:
+        """The variant's node-bound kernel (Variant.specialize, bound to a node with the case's
+        attributes) on private copies, called twice: the first call prepares, the second runs
+        what it prepared. Inputs after the first are marked constant, as a session marks its
+        initializers (weights), so a kernel that prepares only for constants is exercised."""
+        inputs = case.fresh_inputs()
+        for x in inputs[1:]:
+            if isinstance(x, np.ndarray):
+                mark_constant(x)
+        assert self.var.specialize is not None
+        bound = self.var.specialize(dict(case.attrs))
+        call(self.var, case, inputs, fn=bound)
+        return call(self.var, case, inputs, fn=bound)
+
     def mine(self, cases: Iterable[I.Case]) -> list[I.Case]:
         return sorted((c for c in cases if accepts(self.var, c)), key=lambda c: c.size)
 
@@ -405,6 +420,23 @@ class _Checker:
             return fail
         if not compared:
             return ("skip", "the reference kernel rejected every generated input", None)
+        if self.var.specialize is not None:
+
+            def bound_probe(c: I.Case) -> str | None:
+                want = self.ref_out(c)
+                if isinstance(want, BaseException):
+                    return None
+                try:
+                    got = self.run_bound(c)
+                except Exception as e:  # noqa: BLE001
+                    return (f"node-bound kernel raised {type(e).__name__}: {e} (the reference "
+                            "kernel did not)")
+                detail = self._compare(got, want)
+                return None if detail is None else f"node-bound kernel, prepared call: {detail}"
+
+            fail = self._first_failure(cases, bound_probe)
+            if fail:
+                return fail
         return "pass"
 
     def _compare(self, got: list, want: list) -> str | None:

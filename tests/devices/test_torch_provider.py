@@ -1014,3 +1014,23 @@ def test_convolution_samples_pass_every_check_on_torch(op):
     report = opwarden.verify.check(op, device="torch")
     assert report.ok, report.failures
     assert {v.variant for v in report.variants} >= {op.split("::")[-1].lower() + ".torch.nhwc"}
+
+
+def test_check_validates_the_node_bound_kernel(monkeypatch):
+    """`opwarden check` runs a variant's node-bound kernel (Variant.specialize) too, through
+    a prepared call: a prepared plan that computes something else fails numerics."""
+    import opwarden.verify
+
+    _fused_present("FusedConv")
+    _, v = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
+    assert opwarden.verify.check(v, checks=["numerics"], quick=True).ok
+    real = tp._conv_runner
+
+    def off_by_one(*args, **kw):
+        run = real(*args, **kw)
+        return None if run is None else (lambda X, Z: run(X, Z) + 1.0)
+
+    monkeypatch.setattr(tp, "_conv_runner", off_by_one)
+    report = opwarden.verify.check(v, checks=["numerics"], quick=True)
+    assert not report.ok
+    assert "node-bound kernel, prepared call" in str(report.failures)
