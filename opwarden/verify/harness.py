@@ -403,38 +403,33 @@ class _Checker:
             return self._ref_numerics(cases)
         compared = 0
 
-        def probe(c: I.Case) -> str | None:
-            nonlocal compared
-            want = self.ref_out(c)
-            if isinstance(want, BaseException):
-                return None
-            try:
-                got = self.run(c)
-            except Exception as e:  # noqa: BLE001
-                return f"raised {type(e).__name__}: {e} (the reference kernel did not)"
-            compared += 1
-            return self._compare(got, want)
+        def probe_with(run, what: str):
+            """A probe comparing run(case) with the reference, its failures prefixed `what`."""
 
-        fail = self._first_failure(cases, probe)
+            def probe(c: I.Case) -> str | None:
+                nonlocal compared
+                want = self.ref_out(c)
+                if isinstance(want, BaseException):
+                    return None
+                try:
+                    got = run(c)
+                except Exception as e:  # noqa: BLE001
+                    return f"{what}raised {type(e).__name__}: {e} (the reference kernel did not)"
+                compared += 1
+                detail = self._compare(got, want)
+                return None if detail is None else what + detail
+
+            return probe
+
+        fail = self._first_failure(cases, probe_with(self.run, ""))
         if fail:
             return fail
         if not compared:
             return ("skip", "the reference kernel rejected every generated input", None)
         if self.var.specialize is not None:
-
-            def bound_probe(c: I.Case) -> str | None:
-                want = self.ref_out(c)
-                if isinstance(want, BaseException):
-                    return None
-                try:
-                    got = self.run_bound(c)
-                except Exception as e:  # noqa: BLE001
-                    return (f"node-bound kernel raised {type(e).__name__}: {e} (the reference "
-                            "kernel did not)")
-                detail = self._compare(got, want)
-                return None if detail is None else f"node-bound kernel, prepared call: {detail}"
-
-            fail = self._first_failure(cases, bound_probe)
+            fail = self._first_failure(
+                cases, probe_with(self.run_bound, "node-bound kernel, prepared call: ")
+            )
             if fail:
                 return fail
         return "pass"
