@@ -44,8 +44,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812 - the conventional name
 
 from ..errors import KernelError  # noqa: E402
-from ..kernels._util import tap_range  # noqa: E402
 from ..kernels.fused import _whole_ok  # noqa: E402
+from ..kernels.pool import COPY as _POOL_COPY  # noqa: E402
+from ..kernels.pool import UFUNC as _POOL_UFUNC  # noqa: E402
+from ..kernels.pool import _plan as _host_pool_plan  # noqa: E402
 from ..kernels.shuffle import DTYPES as _SHUFFLE_DTYPES  # noqa: E402
 from ..kernels.shuffle import channel_shuffle  # noqa: E402
 from ..memory.constants import is_constant  # noqa: E402
@@ -1243,77 +1245,36 @@ def _maxpool_t(x: torch.Tensor, geom) -> torch.Tensor:
     return y
 
 
-# NHWC 2-D max pools run separably, a fold of whole rows along H into a band of OH rows (long
-# contiguous runs), then of its columns along W, each tap one torch.maximum over strided views;
-# padding cells are left out of the taps that would read them (no padded copy). torch's own
-# channels-last max pool also tracks the argmax indices; two threads, 3x3/2 pools, separable vs
-# F.max_pool2d: 111x111x64 150 vs 228 us, 55x55x128 61 vs 90, 56x56x192 96 vs 150, 28x28x480
-# 56 vs 76, 27x27x256 40 vs 45 (one thread: 425 vs 475, 142 vs 187).
+# NHWC 2-D max pools run separably with the host kernel's plan (kernels.pool._plan, in one band
+# of all output rows): whole rows folded along H into a W-padded band (long contiguous runs),
+# then its columns along W, each tap one torch.maximum over strided views; rows a tap would
+# read from the padding are left out of it (no padded copy). torch's own channels-last max pool
+# also tracks the argmax indices; two threads, 3x3/2 pools, separable vs F.max_pool2d:
+# 111x111x64 150 vs 228 us, 55x55x128 61 vs 90, 56x56x192 96 vs 150, 28x28x480 56 vs 76,
+# 27x27x256 40 vs 45 (one thread: 425 vs 475, 142 vs 187).
 _SEPARABLE_MAXPOOL = True
-_FOLD, _COPY, _FILL = range(3)
-
-
-def _axis_taps(n: int, k: int, st: int, di: int, b: int, o: int) -> list[tuple]:
-    """Per window tap of one axis that reads the input: (lo, hi, first) - the outputs [lo, hi)
-    it reads inside the input, the first of them reading input index `first` (stride st)."""
-    taps = []
-    for a in range(k):
-        lo, hi = tap_range(a * di, n, o, st, b)
-        if hi > lo:
-            taps.append((lo, hi, lo * st + a * di - b))
-    return taps
-
-
-def _fold_steps(dst: int, src: int, axis: int, taps: list[tuple], o: int, st: int) -> list:
-    """Steps folding `src` along `axis` into `dst` (o long there) with torch.maximum: whole
-    taps first (two of them make the first step), then the taps that miss some outputs."""
-    pre = (slice(None),) * axis
-
-    def out(lo, hi):
-        return pre + (slice(lo, hi),)
-
-    def tap(lo, hi, first):
-        return pre + (slice(first, first + (hi - lo - 1) * st + 1, st),)
-
-    full = [t for t in taps if t[:2] == (0, o)]
-    part = [t for t in taps if t[:2] != (0, o)]
-    whole = out(0, o)
-    if len(full) >= 2:
-        steps = [(_FOLD, dst, whole, src, tap(*full[0]), src, tap(*full[1]))]
-        full = full[2:]
-    elif full:
-        steps = [(_COPY, dst, whole, src, tap(*full[0]), 0, None)]
-        full = []
-    else:
-        steps = [(_FILL, dst, whole, 0, None, 0, None)]
-    steps += [(_FOLD, dst, whole, dst, whole, src, tap(*t)) for t in full]
-    steps += [(_FOLD, dst, out(lo, hi), dst, out(lo, hi), src, tap(lo, hi, f))
-              for lo, hi, f in part]
-    return steps
 
 
 def _maxpool_sep_plan(xs: tuple, geom) -> tuple:
-    """(steps, band shape, y shape) of a separable NHWC 2-D max pool; buffers 0 = x,
-    1 = the H-folded band (N, OH, W, C), 2 = y."""
+    """(host plan steps, whether the band is x itself, band shape, y shape) of a separable
+    NHWC 2-D max pool: buffers 0 = x, 1 = the band, 2 = y."""
     kernel, s, d, begin, _end, out = geom[:6]
-    n, h, w, c = xs
-    (kh, kw), (s0, s1), (d0, d1), (bt, bl), (oh, ow) = kernel, s, d, begin, out
-    steps = _fold_steps(1, 0, 1, _axis_taps(h, kh, s0, d0, bt, oh), oh, s0)
-    steps += _fold_steps(2, 1, 2, _axis_taps(w, kw, s1, d1, bl, ow), ow, s1)
-    return tuple(steps), (n, oh, w, c), (n, oh, ow, c)
+    steps, direct, band_shape = _host_pool_plan(xs, kernel, s, d, begin, out, None,
+                                                band_bytes=1 << 62)
+    return steps, direct, band_shape, (xs[0], *out, xs[3])
 
 
 def _maxpool_sep(x: torch.Tensor, plan: tuple) -> torch.Tensor:
     """Run a separable max pool plan on an NHWC tensor: the NHWC result."""
-    steps, band_shape, y_shape = plan
-    bufs = (x, x.new_empty(band_shape), x.new_empty(y_shape))
+    steps, direct, band_shape, y_shape = plan
+    bufs = (x, x if direct else x.new_empty(band_shape), x.new_empty(y_shape))
     maximum = torch.maximum
     for code, dst, di, a, ai, b, bi in steps:
-        if code == _FOLD:
+        if code == _POOL_UFUNC:
             maximum(bufs[a][ai], bufs[b][bi], out=bufs[dst][di])
-        elif code == _COPY:
+        elif code == _POOL_COPY:
             bufs[dst][di].copy_(bufs[a][ai])
-        else:
+        else:  # FILL (max pools have no SCALE steps)
             bufs[dst][di].fill_(-math.inf)
     return bufs[2]
 

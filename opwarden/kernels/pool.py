@@ -41,9 +41,11 @@ UFUNC, COPY, FILL, SCALE = range(4)
 _PLANS: dict[tuple, tuple] = {}
 
 
-def _plan(xshape, kernel, s, d, begin, o, counts):
+def _plan(xshape, kernel, s, d, begin, o, counts, band_bytes=None):
     """The steps of a 2-D NHWC pool (cached by the caller, so the Python work of slicing
     every band's taps is paid once per shape). counts: (ch, cw) for an average, else None.
+    band_bytes: the band buffer's budget (BAND_BYTES unless given; the torch provider takes one
+    band of all output rows, its per-call overhead being the larger cost).
 
     Per band of images / output rows: fold whole input rows along H into the band buffer
     (its W-padding columns hold the identity, filled once per call), then fold its columns
@@ -57,10 +59,11 @@ def _plan(xshape, kernel, s, d, begin, o, counts):
     # One tap and no W padding: the band is a strided view of x, no H pass at all.
     direct = kh == 1 and rows[0] == (0, oh) and bl == 0 and wuse == wp
     row_bytes = max(1, wp * c * 4)
-    if oh * row_bytes <= BAND_BYTES:
-        nb, band = max(1, min(n, BAND_BYTES // (oh * row_bytes))), oh
+    budget = BAND_BYTES if band_bytes is None else band_bytes
+    if oh * row_bytes <= budget:
+        nb, band = max(1, min(n, budget // (oh * row_bytes))), oh
     else:
-        nb, band = 1, max(1, BAND_BYTES // row_bytes)
+        nb, band = 1, max(1, budget // row_bytes)
     steps = []
     if not direct:
         if bl:
