@@ -721,7 +721,8 @@ def _conv_gemm(X, W, B, Z, activation="", params=(), groups: int = 1) -> np.ndar
     x = _t(X)
     c, m = x.shape[-1], np.shape(W)[0]
     x2 = x.reshape(-1, c)
-    y = _grouped_gemm(x2, W, B, groups) if groups > 1 else _pointwise_mm(x2, W, B)
+    y = (_grouped_gemm(x2, W, B, groups) if groups > 1
+         else _mm_bias(x2, _pointwise_weight(W, c), _opt(B)))
     if Z is not None:
         want = (*x.shape[:-1], m)
         if tuple(np.shape(Z)) != want:
@@ -734,11 +735,16 @@ def _conv_gemm(X, W, B, Z, activation="", params=(), groups: int = 1) -> np.ndar
     return _np(y).reshape(*x.shape[:-1], m)
 
 
-def _pointwise_mm(x2: torch.Tensor, W, B, out: torch.Tensor | None = None) -> torch.Tensor:
-    """(P, C) pixels @ W(M, C, 1, ...)^T + B: (P, M), written into `out` when given (a column
-    block of a wider result is fine: its strides are BLAS-compatible)."""
-    w = _t(W).reshape(np.shape(W)[0], x2.shape[1]).t()
-    return torch.mm(x2, w, out=out) if B is None else torch.addmm(_t(B), x2, w, out=out)
+def _pointwise_weight(W, c: int) -> torch.Tensor:
+    """A pointwise convolution's W (M, C, 1, ...) as the (C, M) right-hand GEMM operand."""
+    return _t(W).reshape(np.shape(W)[0], c).t()
+
+
+def _mm_bias(x2: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """(P, C) pixels @ wt (+ b): (P, M), written into `out` when given (a column block of a
+    wider result is fine: its strides are BLAS-compatible)."""
+    return torch.mm(x2, wt, out=out) if b is None else torch.addmm(b, x2, wt, out=out)
 
 
 # Grouped GEMMs over at least this many pixels write each group's block of the result in place;
@@ -977,15 +983,12 @@ def _conv_runner(X, W, B, Z, attrs: dict, activation: str, params, shuffle: int,
 
 def _gemm_runner(W, B, c: int, m: int, groups: int, shape: tuple, activation: str, params):
     """A prepared pointwise convolution: one GEMM (grouped: one batched GEMM) over pixels."""
-    wt = _readonly_tensor(W).reshape(m, c // groups).t()
-    b = None if B is None else _readonly_tensor(B)
+    wt = _pointwise_weight(W, c) if groups == 1 else None
+    b = _opt(B)
 
     def run(X: np.ndarray, Z: Any) -> np.ndarray:
         x2 = torch.from_numpy(X.reshape(-1, c))
-        if groups > 1:
-            y = _grouped_gemm(x2, W, B, groups)
-        else:
-            y = torch.mm(x2, wt) if b is None else torch.addmm(b, x2, wt)
+        y = _grouped_gemm(x2, W, B, groups) if wt is None else _mm_bias(x2, wt, b)
         if Z is not None:
             y.add_(torch.from_numpy(Z.reshape(-1, m)))
         if activation:
@@ -996,50 +999,15 @@ def _gemm_runner(W, B, c: int, m: int, groups: int, shape: tuple, activation: st
 
 
 def _branches_runner(X, W, B, branches, attrs, activation, params):
-    """A prepared FusedConv with branches apart (see _branches_apart): each branch's prepared
-    GEMM or packed convolution writes its channels of one NHWC result."""
+    """A prepared FusedConv with branches apart: _branches_run with each branch's GEMM views
+    and packed convolution made once."""
     try:
         parts = _branch_parts(X, W, branches, attrs)
     except KernelError:
         return None
     if parts is None or sum(plan.flops for _, _, plan in parts) < _SERIAL_FLOPS:
         return None
-    n, _h, _w, c = X.shape
-    m = np.shape(W)[0]
-    steps = []
-    for wb, (m0, m1), plan in parts:
-        bb = None if B is None else _readonly_tensor(np.ascontiguousarray(B[m0:m1]))
-        if plan.gemm:
-            steps.append((True, m0, m1, _readonly_tensor(wb).reshape(m1 - m0, c).t(), bb, None))
-        elif plan.packed and not _PACK_FAILED and plan.pad_arg is None:
-            wp = _packed_weight(wb, plan, (n, c, X.shape[1], X.shape[2]))
-            conv_args = (list(plan.padding), list(plan.stride), list(plan.dilation), plan.groups)
-            steps.append((False, m0, m1, wp, bb, conv_args))
-        else:
-            return None
-    out_sp = _conv_out_shape((n, c, *X.shape[1:3]), parts[0][0].shape, parts[0][2])[2:]
-    shape = (n, *out_sp, m)
-    conv = _POINTWISE
-
-    def run(X: np.ndarray, Z: Any) -> np.ndarray:
-        x = torch.from_numpy(X.transpose(0, 3, 1, 2))
-        x2 = torch.from_numpy(X.reshape(-1, c))
-        y = torch.empty(shape, dtype=torch.float32)
-        y2 = y.view(-1, m)
-        for gemm, m0, m1, w, b, args in steps:
-            if gemm:  # straight into its columns
-                if b is None:
-                    torch.mm(x2, w, out=y2[:, m0:m1])
-                else:
-                    torch.addmm(b, x2, w, out=y2[:, m0:m1])
-            else:
-                r = conv(x, w, b, *args, "none", [], "")
-                y[..., m0:m1].copy_(r.permute(0, 2, 3, 1))
-        if activation:
-            y = _activate_(y, activation, params)
-        return y.numpy()
-
-    return run
+    return _branches_run(X, W, B, parts, activation, params, prepared=True)
 
 
 def _bound_conv(generic: Callable[..., Any], fused: bool):
@@ -1105,18 +1073,53 @@ def _branches_apart(X, W, B, branches, attrs, activation, params) -> np.ndarray 
     if parts is None:
         return None
     with _Mode(sum(plan.flops for _, _, plan in parts) < _SERIAL_FLOPS):
-        x = _nchw_view(X)
-        m = np.shape(W)[0]
-        n, _mb, *sp = _conv_out_shape(x.shape, parts[0][0].shape, parts[0][2])
-        y = torch.empty((n, *sp, m), dtype=x.dtype, device=x.device)
+        return _branches_run(X, W, B, parts, activation, params, prepared=False)(X, None)
+
+
+def _branches_run(X, W, B, parts, activation, params, prepared: bool):
+    """run(X, Z=None) for branches apart: each branch writes its channels of one NHWC result, a
+    1x1 one as a GEMM straight into its columns, a kxk one as a convolution copied into them.
+    `prepared` (a node-bound kernel; CPU, constant weights): the GEMM views and the packed
+    convolutions with their arguments are made here, once; else each call goes through
+    _conv_run (padding, torch.convolution, the packed kernel's fallback)."""
+    n, _h, _w, c = X.shape
+    m = np.shape(W)[0]
+    steps = []
+    for wb, (m0, m1), plan in parts:
+        bb = None if B is None else B[m0:m1]
+        if plan.gemm:
+            steps.append((m0, m1, True, _pointwise_weight(wb, c), _opt(bb)))
+        elif prepared and plan.packed and not _PACK_FAILED and plan.pad_arg is None:
+            wp = _packed_weight(wb, plan, (n, c, X.shape[1], X.shape[2]))
+            bt = None if bb is None else _t(np.ascontiguousarray(bb))  # (see _conv_packed)
+            args = (list(plan.padding), list(plan.stride), list(plan.dilation), plan.groups)
+
+            def conv(x, wp=wp, bt=bt, args=args):
+                return _POINTWISE(x, wp, bt, *args, "none", [], "")
+
+            steps.append((m0, m1, False, conv, None))
+        elif prepared:
+            return None
+        else:
+            steps.append((m0, m1, False, lambda x, wb=wb, bb=bb, plan=plan: _conv_run(
+                x, wb, bb, plan), None))
+    out_sp = _conv_out_shape((n, c, *X.shape[1:3]), parts[0][0].shape, parts[0][2])[2:]
+    tensor = torch.from_numpy if prepared else _t
+
+    def run(X: np.ndarray, Z: Any = None) -> np.ndarray:
+        t = tensor(X)
+        x = t.permute(0, 3, 1, 2)  # NCHW, channels-last in memory
+        x2 = t.reshape(-1, c)
+        y = torch.empty((n, *out_sp, m), dtype=x.dtype, device=x.device)
         y2 = y.view(-1, m)
-        for wb, (m0, m1), plan in parts:
-            bb = None if B is None else B[m0:m1]
-            if plan.gemm:  # straight into its columns
-                _pointwise_mm(_t(X).reshape(-1, x.shape[1]), wb, bb, out=y2[:, m0:m1])
+        for m0, m1, gemm, w, b in steps:
+            if gemm:  # straight into its columns
+                _mm_bias(x2, w, b, out=y2[:, m0:m1])
             else:
-                y[..., m0:m1].copy_(_conv_run(x, wb, bb, plan).permute(0, 2, 3, 1))
+                y[..., m0:m1].copy_(w(x).permute(0, 2, 3, 1))
         return _np(_activate_(y, activation, params))
+
+    return run
 
 
 def _branch_parts(X, W, branches, attrs) -> list | None:
