@@ -284,7 +284,8 @@ def op_table(records: list[Any], nruns: int, peaks: dict[str, Any]) -> list[dict
                 "gbytes_per_s": round(g["bytes"] / g["us"] / 1e3, 3) if g["us"] else 0.0,
                 "roofline_ms": _sig(g["bound_us"] / n / 1e3),
                 "roofline_share": round(g["bound_us"] / g["us"], 4) if g["us"] else 0.0,
-                "bound": "compute" if g["compute_us"] >= g["memory_us"] else "memory",
+                "bound": "view" if not g["flops"] and not g["bytes"]
+                else "compute" if g["compute_us"] >= g["memory_us"] else "memory",
             }
         )
     return sorted(rows, key=lambda r: -r["time_ms"])
@@ -486,7 +487,7 @@ def print_report(result: dict[str, Any]) -> None:
             f"{r['gflops_per_s']:.1f}",
             f"{r['gbytes_per_s']:.1f}",
             f"{r['roofline_ms']:.3f}",
-            f"{100 * r['roofline_share']:.1f}%",
+            "-" if r["bound"] == "view" else f"{100 * r['roofline_share']:.1f}%",
             r["bound"],
         )
     con.print(ot)

@@ -159,6 +159,46 @@ def test_flops_of_fused_and_gemm_records():
     assert bench.flops_bytes(mm)[0] == 2 * 80 * 32
 
 
+def test_views_move_no_bytes_in_the_op_table():
+    """A Reshape's output is a view of its input: its trace record says so and the op table
+    counts neither bytes nor a roofline share for it; computed outputs (an Add planned over its
+    dying input, a Transpose copy) still count."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    import opwarden as ow
+
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]),
+         helper.make_node("Reshape", ["r", "shape"], ["v"]),
+         helper.make_node("Add", ["v", "v"], ["a"]),
+         helper.make_node("Transpose", ["a"], ["y"], perm=[1, 0])],
+        "views",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 3])],
+        [helper.make_tensor("shape", TensorProto.INT64, [2], [3, 8])],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    sess = ow.InferenceSession(
+        model.SerializeToString(), ow.SessionOptions(trace=True, optimization_level=0)
+    )
+    x = np.arange(24, dtype=np.float32).reshape(4, 6) - 5
+    (y,) = sess.run(None, {"x": x})
+    np.testing.assert_array_equal(y, (2 * np.maximum(x, 0)).reshape(3, 8).T)
+    recs = {r.op_type: r for r in sess.trace}
+    assert recs["Reshape"].output_views == [True]
+    assert recs["Relu"].output_views == [False] and recs["Add"].output_views == [False]
+    assert bench.flops_bytes(recs["Reshape"]) == (0.0, 0.0)
+    assert bench.flops_bytes(recs["Relu"])[1] == 2 * 24 * 4
+    rows = {r["op_type"]: r for r in bench.op_table(sess.trace, 1, {"gflops": 100.0,
+                                                                     "gbps": 10.0})}
+    assert rows["Reshape"]["bound"] == "view" and rows["Reshape"]["roofline_share"] == 0.0
+    assert rows["Relu"]["bound"] == "memory" and rows["Relu"]["mbytes"] > 0
+    copied = recs["Transpose"].output_views == [False]
+    assert (bench.flops_bytes(recs["Transpose"])[1] > 0) == copied
+
+
 def _script(name: str):
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", name))
     mod = importlib.util.module_from_spec(spec)

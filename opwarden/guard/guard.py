@@ -38,6 +38,17 @@ def _desc(x: Any) -> tuple[Any, str]:
     return None, type(x).__name__
 
 
+def _views(outs: list[Any], args: list[Any], kw: dict[str, Any]) -> list[bool]:
+    """Per output, whether it is a view of an input: it shares an input's memory without having
+    been written into a planned buffer (an output planned over a dying input computed its values
+    there; a view moved nothing)."""
+    if isinstance(kw.get("out"), np.ndarray):
+        return [False] * len(outs)
+    ins = [a for a in args if isinstance(a, np.ndarray) and a.size]
+    return [isinstance(o, np.ndarray) and o.size > 0
+            and any(np.may_share_memory(o, a) for a in ins) for o in outs]
+
+
 def _ref_kw(kw: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments for the reference kernel: planned buffers are for the fast variant."""
     if "out" in kw or "workspace" in kw:
@@ -143,6 +154,7 @@ class Guard:
                 outs, status = self._on_fault(st, pristine or args, kw, faults, stats)
         if rec is not None:
             self._finish(rec, outs, t_start, status, faults, st.ref.name)
+            rec.output_views = _views(outs, args, kw)
         return outs
 
     def _checked_call(self, st, args, kw, fin) -> tuple[list[Any], list[tuple[str, str]]]:

@@ -19,6 +19,9 @@ class OpRecord:
     input_dtypes: list[str]
     output_shapes: list[Any] = field(default_factory=list)
     output_dtypes: list[str] = field(default_factory=list)
+    # Per output: a view of an input (a Reshape, a NumPy transpose), which moved no data; the
+    # roofline and bytes-moved figures count nothing for it.
+    output_views: list[bool] = field(default_factory=list)
     workspace_bytes: int = 0
     start_us: float = 0.0
     exec_us: float = 0.0  # the kernel alone (a quarantined variant's: the reference kernel)

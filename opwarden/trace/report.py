@@ -54,6 +54,9 @@ _ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "
 
 def estimate(rec: OpRecord) -> tuple[float, float]:
     """(FLOPs, bytes moved) for a record, from its shapes (matmul/conv exact, others by bytes)."""
+    views = getattr(rec, "output_views", None) or []
+    if views and all(views):
+        return 0.0, 0.0  # views of the inputs: nothing computed, nothing moved
     size = sum(
         _elems(s) * _ITEMSIZE.get(d, 1)
         for s, d in zip(rec.input_shapes + rec.output_shapes, rec.input_dtypes + rec.output_dtypes)
