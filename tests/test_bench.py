@@ -70,8 +70,12 @@ def test_json_shape_vs_onnxruntime(model_path, capsys):
     assert gemm["flops"] == pytest.approx(2 * 10 * 4)
     assert "Softmax" in ops
     for r in out["op_types"]:
-        assert r["count"] == 1 and r["time_ms"] > 0 and r["roofline_ms"] > 0
-        assert r["bound"] in ("compute", "memory") and r["mbytes"] > 0
+        assert r["count"] == 1 and r["time_ms"] > 0
+        if r["bound"] == "view":  # a Reshape/Flatten of its input: nothing moved
+            assert r["roofline_ms"] == 0 and r["mbytes"] == 0
+        else:
+            assert r["bound"] in ("compute", "memory") and r["mbytes"] > 0
+            assert r["roofline_ms"] > 0
     assert abs(sum(r["share"] for r in out["op_types"]) - 1) < 1e-2
     assert out["peaks"]["gflops"] > 0 and out["peaks"]["gbps"] > 0
 
