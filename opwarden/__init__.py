@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import os as _os
+import sys as _sys
 
 # NumPy's OpenBLAS keeps its worker threads busy-waiting for 2^28 cycles (~0.1 s) after every
 # call unless told otherwise, so a finished run goes on occupying the cores that whatever runs
-# next (another runtime, the user's own code) needs: ONNX Runtime alternated with us ran 20-30%
-# slower (ResNet-50 36 -> 47 ms). 2^20 cycles (~0.4 ms) still bridges the gaps between the
-# GEMMs of one run (our own times unchanged within noise). Read when NumPy loads OpenBLAS, so
-# this only applies when opwarden is imported before NumPy; an explicit setting wins.
+# next (another runtime, the user's own code, torch's OpenMP workers) needs: ONNX Runtime
+# alternated with us ran 20-30% slower (ResNet-50 36 -> 47 ms), and a torch-provider session
+# run after a NumPy-kernel session 6x slower (ShuffleNet 67 vs 11 ms: torch's two-thread
+# grouped GEMMs waiting on a core the spinning worker held). 2^20 cycles (~0.4 ms) still
+# bridges the gaps between the GEMMs of one run (our own times unchanged within noise). An
+# explicit setting wins.
+_BLAS_TIMEOUT_OURS = "OPENBLAS_THREAD_TIMEOUT" not in _os.environ
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
+if _BLAS_TIMEOUT_OURS and "numpy" in _sys.modules:
+    # NumPy came first (`import numpy as np` above `import opwarden`): its OpenBLAS read the
+    # environment when it loaded, so its workers are restarted to take the setting up.
+    from .kernels._util import restart_blas_threads as _restart
+
+    _restart()
 
 from . import verify  # noqa: E402
 from .autograd import grad  # noqa: E402

@@ -491,6 +491,21 @@ def openblas_symbol(*names: str) -> Any:
     return None
 
 
+def restart_blas_threads() -> bool:
+    """Make NumPy's bundled OpenBLAS re-read its environment (OPENBLAS_THREAD_TIMEOUT) and stop
+    its worker threads; its next threaded call starts them again (as it does after a fork),
+    now spinning for the timeout just read. Meant for import time, with no BLAS call running on
+    another thread. False (nothing done) where those entry points are not exported (another
+    BLAS, another OpenBLAS build)."""
+    read = openblas_symbol("openblas_read_env")
+    stop = openblas_symbol("blas_thread_shutdown_")
+    if read is None or stop is None:
+        return False
+    read()
+    stop()
+    return True
+
+
 _BLAS_SET: list = []
 _BLAS_GET: list = []
 _SGEMM: list = []
