@@ -205,7 +205,7 @@ def zero_chunk(x: np.ndarray) -> np.ndarray:
 
 def one_chunk(x: np.ndarray) -> np.ndarray:
     """Read-only ones of x's shape (as zero_chunk)."""
-    return _ones(x.size)[:x.size].reshape(x.shape)
+    return ones_row(x.size).reshape(x.shape)
 
 
 def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -242,8 +242,8 @@ def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 def activation_workspace(activation: str, params: Sequence[float] | None, n: int) -> int:
     """Workspace bytes of apply_activation on n elements: the chunked activations' float32
     scratch (see `chunked`); the others run in place."""
-    if activation == "Gelu" and params and float(params[0]):
-        return chunked_workspace(1, n)  # the tanh form
+    if activation == "Gelu":
+        return chunked_workspace(gelu_chunk(bool(params and float(params[0])))[1], n)
     return chunked_workspace(_ACTIVATION_TEMPS.get(activation or "", 0), n)
 
 
@@ -277,7 +277,7 @@ def apply_activation(y: np.ndarray, activation: str, params: Sequence[float] = (
 
 
 # float32 temporaries (of one chunk each) the chunked activations take.
-_ACTIVATION_TEMPS = {"LeakyRelu": 1, "HardSwish": 1, "Gelu": 4}
+_ACTIVATION_TEMPS = {"LeakyRelu": 1, "HardSwish": 1}
 
 
 def leaky_chunk(alpha: np.float32) -> Callable[..., None]:
@@ -311,9 +311,16 @@ def _hardswish_chunk(x, y, t) -> None:
     np.multiply(x, t, out=y)
 
 
+def gelu_chunk(tanh: bool) -> tuple[Callable[..., None], int]:
+    """(chunk function, float32 temporaries it takes) of Gelu: the tanh approximation or the
+    erf form."""
+    return (_gelu_tanh_chunk, 1) if tanh else (_gelu_chunk, 4)
+
+
 def _gelu_inplace(y: np.ndarray, tanh: bool) -> None:
     # params [1] selects the tanh approximation (the fused operators' convention).
-    chunked(_gelu_tanh_chunk, y, y, 1) if tanh else chunked(_gelu_chunk, y, y, 4)
+    fn, ntemps = gelu_chunk(tanh)
+    chunked(fn, y, y, ntemps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,6 +344,17 @@ def chunked(fn: Callable[..., Any], x: np.ndarray, y: np.ndarray, ntemps: int) -
     bufs = [scratch(f"ew.t{i}", (min(x.size, EW_CHUNK),)) for i in range(ntemps)]
     _chunks(fn, x, y, bufs)
     return y
+
+
+def chunked_into(fn: Callable[..., Any], X: Any, out: np.ndarray | None,
+                 ntemps: int) -> np.ndarray:
+    """An elementwise kernel's body: `chunked` from X into the planned buffer `out` (a new
+    array without one), floating-point warnings off (overflow to inf, NaN from inf - inf are
+    results, as in the references)."""
+    x = np.asarray(X)
+    y = out if out is not None else np.empty_like(x)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        return chunked(fn, x, y, ntemps)
 
 
 def _chunks(fn, x, y, bufs) -> None:

@@ -27,15 +27,15 @@ import numpy as np
 
 from ..ops import activation as _reference
 from ..ops.base import REGISTRY
-from ._util import _ONE, _hardswish_chunk, _sigmoid_chunk, chunked, one_chunk, zero_chunk
+from ._util import (
+    _ONE,
+    _hardswish_chunk,
+    _sigmoid_chunk,
+    chunked_into,
+    one_chunk,
+    zero_chunk,
+)
 from .elementwise import _chunk_workspace
-
-
-def _run(chunk, X, out, ntemps: int) -> np.ndarray:
-    x = np.asarray(X)
-    y = out if out is not None else np.empty_like(x)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        return chunked(chunk, x, y, ntemps)
 
 
 def _reference_into(fn, X, out, **attrs) -> np.ndarray:
@@ -70,7 +70,7 @@ def elu(X, *, alpha=1.0, out=None):
     """X for X >= 0, alpha * expm1(X) below, chunked (see the module docstring)."""
     if not _finite(alpha):
         return _reference_into(_reference.Elu, X, out, alpha=alpha)
-    return _run(_expm1_tail(np.float32(alpha)), X, out, 1)
+    return chunked_into(_expm1_tail(np.float32(alpha)), X, out, 1)
 
 
 def selu(X, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875, out=None):
@@ -84,7 +84,7 @@ def selu(X, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875,
         tail(x, y, t)
         y *= g
 
-    return _run(run, X, out, 1)
+    return chunked_into(run, X, out, 1)
 
 
 def celu(X, *, alpha=1.0, out=None):
@@ -101,7 +101,7 @@ def celu(X, *, alpha=1.0, out=None):
         np.maximum(x, zero_chunk(x), out=y)
         y += t
 
-    return _run(run, X, out, 1)
+    return chunked_into(run, X, out, 1)
 
 
 # -- Softplus, Mish --------------------------------------------------------------------------
@@ -139,12 +139,12 @@ def _mish_chunk(x, y, w, u, d) -> None:
 
 def softplus(X, *, out=None):
     """ln(1 + e^X) as max(X, 0) + log1p(e^-|X|), chunked (see the module docstring)."""
-    return _run(_softplus_chunk, X, out, 3)
+    return chunked_into(_softplus_chunk, X, out, 3)
 
 
 def mish(X, *, out=None):
     """X tanh(softplus(X)), chunked."""
-    return _run(_mish_chunk, X, out, 3)
+    return chunked_into(_mish_chunk, X, out, 3)
 
 
 # -- Softsign, ThresholdedRelu, HardSigmoid, HardSwish, Sigmoid -------------------------------
@@ -158,7 +158,7 @@ def _softsign_chunk(x, y, t) -> None:
 
 def softsign(X, *, out=None):
     """X / (1 + |X|), chunked: the reference's own passes."""
-    return _run(_softsign_chunk, X, out, 1)
+    return chunked_into(_softsign_chunk, X, out, 1)
 
 
 def thresholded_relu(X, *, alpha=1.0, out=None):
@@ -172,7 +172,7 @@ def thresholded_relu(X, *, alpha=1.0, out=None):
         np.negative(m, out=m)
         np.bitwise_and(x.view(np.int32), m, out=y.view(np.int32))
 
-    return _run(run, X, out, 1)
+    return chunked_into(run, X, out, 1)
 
 
 def hard_sigmoid(X, *, alpha=0.2, beta=0.5, out=None):
@@ -185,19 +185,19 @@ def hard_sigmoid(X, *, alpha=0.2, beta=0.5, out=None):
         np.minimum(y, one_chunk(y), out=y)
         np.maximum(y, zero_chunk(y), out=y)
 
-    return _run(run, X, out, 0)
+    return chunked_into(run, X, out, 0)
 
 
 def hard_swish(X, *, out=None):
     """X max(0, min(1, X/6 + 1/2)), chunked: the reference's own passes (_util's chunk, the
     FusedConv epilogue's too)."""
-    return _run(_hardswish_chunk, X, out, 1)
+    return chunked_into(_hardswish_chunk, X, out, 1)
 
 
 def sigmoid(X, *, out=None):
     """1 / (1 + e^-X), chunked (the same passes whole-tensor took 3x ORT's time: each pass
     re-read the tensor from memory)."""
-    return _run(_sigmoid_chunk, X, out, 0)
+    return chunked_into(_sigmoid_chunk, X, out, 0)
 
 
 # -- registration ----------------------------------------------------------------------------

@@ -8,11 +8,10 @@ from ..ops import elementwise as _reference
 from ..ops.base import REGISTRY
 from ._util import (
     RELU_SMALL,
-    _gelu_chunk,
-    _gelu_tanh_chunk,
-    chunked,
+    chunked_into,
     chunked_workspace,
     erf_f32,
+    gelu_chunk,
     leaky_chunk,
 )
 from ._util import relu as _relu
@@ -53,10 +52,7 @@ def leaky_relu(X, *, alpha=0.01, out=None):
     """X where X >= 0, alpha * X below, into the planned buffer, chunked (see
     _util.leaky_chunk; the masked multiply it replaces took 3.1 ms on 128x3072 floats against
     ORT's 0.22)."""
-    x = np.asarray(X)
-    y = out if out is not None else np.empty_like(x)
-    with np.errstate(invalid="ignore"):  # alpha = 0 and -inf: NaN, as the reference
-        return chunked(leaky_chunk(np.float32(alpha)), x, y, 1)
+    return chunked_into(leaky_chunk(np.float32(alpha)), X, out, 1)
 
 
 def erf(X, *, out=None):
@@ -67,19 +63,15 @@ def erf(X, *, out=None):
 
 def gelu(X, *, approximate="none", out=None):
     """Gelu-20 for float32 into the planned buffer: x/2 (1 + erf(x/sqrt 2)), or its tanh form."""
-    x = np.asarray(X)
-    y = out if out is not None else np.empty_like(x)
-    with np.errstate(invalid="ignore", over="ignore"):
-        if approximate == "tanh":
-            return chunked(_gelu_tanh_chunk, x, y, 1)
-        return chunked(_gelu_chunk, x, y, 4)
+    fn, ntemps = gelu_chunk(approximate == "tanh")
+    return chunked_into(fn, X, out, ntemps)
 
 
 def _chunk_workspace(ntemps: int):
     def rule(x, *_, approximate="none", **__) -> int:
         if not all(isinstance(d, int) for d in x):
             return 0
-        k = 1 if approximate == "tanh" else ntemps  # (Gelu's tanh form takes one)
+        k = gelu_chunk(True)[1] if approximate == "tanh" else ntemps  # (Gelu's tanh form)
         return chunked_workspace(k, int(np.prod(x, dtype=np.int64)))
 
     return rule
