@@ -1021,6 +1021,9 @@ def _bound_conv(generic: Callable[..., Any], fused: bool):
         branches = list(kwargs.get("branches", None) or ())
         state: list[Any] = [None]  # (X shape, W, B, Z shape or None, runner or None)
 
+        def run_generic(X, W, B, Z, kw):
+            return generic(X, W, B, Z, **kw) if fused else generic(X, W, B, **kw)
+
         def call(X, W, B, Z, kw):
             s = state[0]
             if (s is not None and W is s[1] and B is s[2] and type(X) is np.ndarray
@@ -1036,8 +1039,8 @@ def _bound_conv(generic: Callable[..., Any], fused: bool):
                         return s[4](X, Z)
                     except ValueError:  # pragma: no cover - negative strides (from_numpy)
                         pass
-                return generic(X, W, B, Z, **kw) if fused else generic(X, W, B, **kw)
-            y = generic(X, W, B, Z, **kw) if fused else generic(X, W, B, **kw)
+                return run_generic(X, W, B, Z, kw)
+            y = run_generic(X, W, B, Z, kw)
             # The generic kernel accepted these inputs: prepare for the next call like it.
             runner = _conv_runner(X, W, B, Z, attrs, activation, params, shuffle, branches)
             state[0] = (np.shape(X), W, B, None if Z is None else np.shape(Z), runner)
