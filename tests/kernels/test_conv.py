@@ -378,26 +378,50 @@ def test_stem_taps_from_strided_input_match_reference(hw, k, attrs, path, monkey
     np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4)
 
 
-def test_bias_row_follows_the_bias_given():
-    # The im2col path folds the bias into the weights; the folded copy is cached only while W
-    # and B are both read-only, so another bias (or a changed writable one) is always seen.
+@pytest.mark.parametrize("path", ["im2col", "stem", "stem_planes"])
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
+def test_bias_row_follows_the_bias_given(path, strides):
+    # The im2col and stem paths fold the bias into the weights (the phase-plane stem also
+    # reorders their rows by phase); the folded copy is cached only while W and B are both
+    # read-only, so another bias (or a changed writable one) is always seen.
     rng = np.random.default_rng(8)
     x = rng.standard_normal((1, 16, 9, 9), dtype=np.float32)
     w = rng.standard_normal((64, 16, 3, 3), dtype=np.float32)
     mark_constant(w)
-    attrs = dict(pads=[1, 1, 1, 1])
+    attrs = dict(pads=[1, 1, 1, 1], strides=strides)
     b1 = rng.standard_normal(64, dtype=np.float32)
     mark_constant(b1)
     b2 = rng.standard_normal(64, dtype=np.float32)
     mark_constant(b2)
     b3 = rng.standard_normal(64, dtype=np.float32)
-    with nhwc_path("im2col"):
-        for b in (b1, b2, b1, b3):
+    with nhwc_path(path):
+        for b in (b1, b2, b1, b3, None):
             y = conv_nhwc(nhwc(x), w, b, **attrs)
             np.testing.assert_allclose(nchw(y), Conv(x, w, b, **attrs), rtol=1e-4, atol=1e-4)
         b3 += 1
         y = conv_nhwc(nhwc(x), w, b3, **attrs)
     np.testing.assert_allclose(nchw(y), Conv(x, w, b3, **attrs), rtol=1e-4, atol=1e-4)
+
+
+def test_stem_groups_cover_every_tap_once():
+    # The phase-plane stem copies each phase's taps as one strided block; together the blocks
+    # must list every tap exactly once, in the order the weights' rows follow.
+    for s in ([1, 1], [2, 2], [3, 2], [4, 4], [2, 3]):
+        for d in ([1, 1], [2, 2], [3, 1], [2, 3]):
+            for khw in ((7, 7), (3, 3), (5, 4), (1, 3)):
+                groups, order = kconv._stem_groups(tuple(s), tuple(d), khw)
+                assert sorted(order) == list(range(khw[0] * khw[1]))
+                pas, pbs = kconv._plane_geometry(s, d, khw, 1, 1)[:2]
+                t = 0
+                for ph, qa, sa, na, qb, sb, nb in groups:
+                    pa, pb = pas[ph // len(pbs)], pbs[ph % len(pbs)]
+                    for u in range(na):
+                        for v in range(nb):
+                            a, b = divmod(order[t], khw[1])
+                            assert ((a * d[0]) % s[0], (a * d[0]) // s[0]) == (pa, qa + u * sa)
+                            assert ((b * d[1]) % s[1], (b * d[1]) // s[1]) == (pb, qb + v * sb)
+                            t += 1
+                assert t == len(order)
 
 
 @pytest.mark.parametrize("cols", [8, 64, 2 * kutil.RELU_CHUNK])
