@@ -940,8 +940,8 @@ def _phase_planes(x, i, s, d, begin, khw, oh, ow, tag, chw=False):
     taps use. Returns (planes, wq, taps): taps lists each (a, b)'s element offset of its
     top-left input in the flattened planes. Output pixel (r, j) of tap (a, b) then reads flat
     row offset + r*wq + j, so every tap is a plain shifted row range of one 2-D matrix.
-    With `chw` the planes are (phases, C, hq, wq) and each tap is (phase, qa, qb) instead:
-    output (r, j) of tap (a, b) reads planes[phase, :, qa + r, qb + j]."""
+    With `chw` the planes are (phases, C, hq, wq), plane u * len(pbs) + v holding phase
+    (pas[u], pbs[v]) (see _stem_groups), and taps is None."""
     n, h, w, c = x.shape
     kh, kw = khw
     pas, pbs, hq, wq = _plane_geometry(s, d, khw, oh, ow)
@@ -968,17 +968,14 @@ def _phase_planes(x, i, s, d, begin, khw, oh, ow, tag, chw=False):
                 xr, xc = pa + r0 * s[0] - bt, pb + j0 * s[1] - bl
                 p[r0:r1, j0:j1] = x[i, xr:xr + (r1 - r0 - 1) * s[0] + 1:s[0],
                                     xc:xc + (j1 - j0 - 1) * s[1] + 1:s[1]]
+    if chw:
+        return planes.transpose(0, 3, 1, 2), wq, None
     taps = []
     for a in range(kh):
         pa, qa = (a * d[0]) % s[0], (a * d[0]) // s[0]
         for b in range(kw):
             pb, qb = (b * d[1]) % s[1], (b * d[1]) // s[1]
-            if chw:
-                taps.append((index[pa, pb], qa, qb))
-            else:
-                taps.append(((index[pa, pb] * hq + qa) * wq + qb) * c)
-    if chw:
-        planes = planes.transpose(0, 3, 1, 2)
+            taps.append(((index[pa, pb] * hq + qa) * wq + qb) * c)
     return planes, wq, taps
 
 
