@@ -115,9 +115,10 @@ class _Mode:
 # smaller ones as the host kernel. Measured alone, two threads, torch vs host: 56x56x112 g=4
 # 157 vs 291 us, 28x28x136 55 vs 68, 14x14x272 31 vs 32, 7x7x544 24 vs 19. In-model the torch
 # copy wins down to the smallest (ShuffleNet, every run after an ONNX Runtime run: 11.2 vs
-# 11.7 ms, 0.944-0.958 over three A/B sessions, with 14x14x272 and 7x7x544 moved to torch):
-# its OpenMP workers stay awake for the depthwise convolution that reads the result. Below
-# 16K elements (not measured in-model) the host kernel's lower call cost is kept.
+# 11.7 ms, 0.944-0.958 in three A/B runs, with 14x14x272 and 7x7x544 moved to torch; likely
+# because torch's OpenMP workers stay awake for the depthwise convolution that reads the
+# result, not verified). Below 16K elements (not measured in-model) the host kernel's lower
+# call cost is kept.
 _SHUFFLE_TORCH_MIN = 1 << 14
 SHUFFLE_IN_TORCH = True
 
