@@ -766,27 +766,33 @@ def _weights_t(W, B, bias) -> np.ndarray:
     return build(W, scratch("conv.wt", (m, kb)))
 
 
-def _bias_row(W, B, bias) -> np.ndarray | None:
-    """W packed for NHWC, group 1 (K, M), with the bias appended as row K. Cached in place of
-    the plain packing while both W and B are constants (initializers); otherwise built per
-    call in a scratch buffer. None for 1x1 kernels: their plain packing is a free view of W,
-    and a packed copy would hold the weights twice (ResNet-50's strided 1x1 convolutions:
-    +22 MiB peak)."""
-    if W.shape[2:] == (1, 1):
+def _bias_row(W, B, bias, order=None) -> np.ndarray | None:
+    """W packed for NHWC, group 1 (K [+1], M): rows ordered (kh, kw, c), or tap by tap in
+    `order` (the stem's, see _stem_groups), with the bias appended as row K when there is one.
+    Cached in place of the plain packing while W (and B) are constants (initializers);
+    otherwise built per call in a scratch buffer. None for 1x1 kernels in (kh, kw) order:
+    their plain packing is a free view of W, and a packed copy would hold the weights twice
+    (ResNet-50's strided 1x1 convolutions: +22 MiB peak)."""
+    if order is None and W.shape[2:] == (1, 1):
         return None
     m, cg, kh, kw = W.shape
     k = kh * kw * cg
+    kb = k + (bias is not None)
+    taps = range(kh * kw) if order is None else order
 
     def build(w, wb):
-        # Rows ordered (kh, kw, c) as _pack_nhwc orders them, written straight from W (no
-        # temporary packed copy, and not the plain packing too: the weights are held once).
-        np.copyto(wb[:k].reshape(kh, kw, cg, m), np.asarray(w).transpose(2, 3, 1, 0))
-        wb[k] = bias
+        # Written straight from W (no temporary packed copy, and not the plain packing too:
+        # the weights are held once).
+        np.take(np.asarray(w, F32).transpose(2, 3, 1, 0).reshape(kh * kw, cg, m), taps, axis=0,
+                out=wb[:k].reshape(kh * kw, cg, m))
+        if bias is not None:
+            wb[k] = bias
         return wb
 
-    if bias is B and is_constant(W) and is_constant(B):
-        return packed(W, "nhwc.bias", lambda w: build(w, np.empty((k + 1, m), F32)), deps=(B,))
-    return build(W, scratch("conv.wb", (k + 1, m)))
+    if is_constant(W) and (bias is None or (bias is B and is_constant(B))):
+        return packed(W, ("nhwc.bias", order), lambda w: build(w, np.empty((kb, m), F32)),
+                      deps=() if bias is None else (B,))
+    return build(W, scratch("conv.wb", (kb, m)))
 
 
 def _stem_nhwc(x, W, B, s, d, begin, end, khw, y, bias, z, activation, params) -> None:
@@ -803,7 +809,7 @@ def _stem_nhwc(x, W, B, s, d, begin, end, khw, y, bias, z, activation, params) -
     kb = k + (bias is not None)
     direct = kh * kw <= STEM_DIRECT_MAX_TAPS
     groups = None if direct else _stem_groups(tuple(s), tuple(d), khw)
-    wb = _stem_weights(W, B, bias, None if groups is None else groups[1])
+    wb = _bias_row(W, B, bias, tuple(range(kh * kw)) if direct else groups[1])
     band = STEM_BAND_BYTES if direct else STEM_PLANES_BAND_BYTES
     rows = _band_rows(oh, band, ow * kb * 4)
     for i in range(n):
@@ -868,35 +874,6 @@ def _stem_groups(s, d, khw) -> tuple:
     hit = (tuple(groups), tuple(order))
     _STEM_GROUPS[key] = hit
     return hit
-
-
-def _stem_weights(W, B, bias, order) -> np.ndarray:
-    """W as the stem's GEMM operand (K [+1], M): rows ordered (tap, c) with the taps in
-    `order` (None: (kh, kw) order), the bias appended as the last row. Cached with a constant
-    W (and B); otherwise built per call in a scratch buffer."""
-    if order is None and bias is None:
-        return _packed_nhwc(W, 1)[0]
-    if order is None:
-        wb = _bias_row(W, B, bias)
-        if wb is not None:
-            return wb
-    m, c, kh, kw = W.shape
-    k = kh * kw * c
-    taps = np.arange(kh * kw) if order is None else np.asarray(order)
-
-    def build(w, wb):
-        wt = np.asarray(w, F32).transpose(2, 3, 1, 0).reshape(kh * kw, c, m)
-        np.take(wt, taps, axis=0, out=wb[:k].reshape(kh * kw, c, m))
-        if bias is not None:
-            wb[k] = bias
-        return wb
-
-    kb = k + (bias is not None)
-    if is_constant(W) and (bias is None or (bias is B and is_constant(B))):
-        return packed(W, ("nhwc.stem", None if order is None else tuple(order)),
-                      lambda w: build(w, np.empty((kb, m), F32)),
-                      deps=() if bias is None else (B,))
-    return build(W, scratch("conv.wb", (kb, m)))
 
 
 def _stem_taps(xi, s, d, begin, khw, r0, r1, ow, c4) -> None:
