@@ -289,3 +289,16 @@ def test_faults_during_the_timed_runs_are_reported(model_path, capsys, monkeypat
     out = _bench_json(capsys, model_path, "--runs", "2", "--warmup", "0", "--trace-runs", "0")
     assert out["faults"] and out["faults"][0]["op_type"] == "Relu"
     assert out["faults"][0]["detail"].endswith("injected") and out["faults"][0]["count"] >= 1
+
+
+def test_torch_ceiling_runs_one_graph_everywhere(capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    c = _script("torch_ceiling.py")
+    r = c.bench_model("squeezenet", runs=1, threads=2, compile_=False)
+    assert set(r["ms"]) == {"ort", "torch eager", "opwarden torch,cpu", "opwarden cpu"}
+    assert all(v > 0 for v in r["ms"].values())
+    # Every runtime ran the same graph with the same weights: softmax outputs near 1e-3 agree.
+    assert all(d < 1e-6 for d in r["max_abs_diff"].values()), r["max_abs_diff"]
+    assert c.main(["--models", "alexnet"]) == 2
+    assert "unknown model" in capsys.readouterr().err
