@@ -126,10 +126,9 @@ def bench_model(name: str, runs: int, threads: int, compile_: bool) -> dict:
     """Median ms of each runtime on one model, alternated, and each one's largest difference
     from torch eager's output."""
     import numpy as np
-    import onnxruntime as ort
     import torch
 
-    import opwarden as ow
+    from opwarden import bench
 
     torch.set_num_threads(threads)
     m = _module(name, torch)
@@ -140,12 +139,8 @@ def bench_model(name: str, runs: int, threads: int, compile_: bool) -> dict:
         torch.onnx.export(m, (x,), buf, dynamo=False, opset_version=13,
                           input_names=["x"], output_names=["y"])
     data = buf.getvalue()
-    xn = x.numpy()
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    peer = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    feeds = {"x": x.numpy()}
+    peer = bench.peer_runner("onnxruntime", data, threads)  # (spinning off, as in our benches)
     mc = m.to(memory_format=torch.channels_last)
     xc = x.contiguous(memory_format=torch.channels_last)
 
@@ -153,7 +148,7 @@ def bench_model(name: str, runs: int, threads: int, compile_: bool) -> dict:
         with torch.inference_mode():
             return mc(xc).numpy()
 
-    fns = {"ort": lambda: peer.run(None, {"x": xn})[0], "torch eager": eager}
+    fns = {"ort": lambda: peer(feeds)[0], "torch eager": eager}
     notes = []
     if compile_:
         try:
@@ -174,9 +169,8 @@ def bench_model(name: str, runs: int, threads: int, compile_: bool) -> dict:
         except Exception as e:  # no C++ compiler, an inductor limit: report, go on
             notes.append(f"inductor skipped: {type(e).__name__}: {str(e).splitlines()[0]}")
     for label, providers in (("opwarden torch,cpu", ["torch", "cpu"]), ("opwarden cpu", ["cpu"])):
-        s = ow.InferenceSession(data, ow.SessionOptions(intra_op_num_threads=threads),
-                                providers=providers)
-        fns[label] = lambda s=s: s.run(None, {"x": xn})[0]
+        s = bench.ours_session(data, threads, providers)
+        fns[label] = lambda s=s: s.run(None, feeds)[0]
     want = eager()
     diffs = {k: float(np.abs(np.asarray(f()) - want).max()) for k, f in fns.items()}
     for _ in range(3):
