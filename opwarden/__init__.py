@@ -20,7 +20,9 @@ if _BLAS_TIMEOUT_OURS and "numpy" in _sys.modules:
     # environment when it loaded, so its workers are restarted to take the setting up.
     from .kernels._util import restart_blas_threads as _restart
 
-    _restart()
+    _BLAS_RESTARTED = _restart()
+else:
+    _BLAS_RESTARTED = False
 
 from . import verify  # noqa: E402
 from .autograd import grad  # noqa: E402
