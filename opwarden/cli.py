@@ -202,6 +202,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
 def cmd_conformance(args: argparse.Namespace) -> int:
     from collections import Counter
 
+    from rich.markup import escape
+
     from .verify import conformance as conf
 
     results = conf.run_all(args.filter or (), progress=not args.json and sys.stderr.isatty())
@@ -232,12 +234,12 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             f"{len(fixed)} listed but now passing)"
         )
         for why, n in Counter(r.reason for r in skipped).items():
-            con.print(f"  [yellow]skipped[/yellow] {n} cases: {why}")
+            con.print(f"  [yellow]skipped[/yellow] {n} cases: {escape(why)}")
         kinds = Counter(r.reason.split(":")[0] for r in failed)
         for k, n in kinds.most_common(8):
             con.print(f"  {n:5d}  {k}")
         for r in new_fail[:20]:
-            con.print(f"  [red]new failure[/red] {r.name}: {r.reason[:150]}")
+            con.print(f"  [red]new failure[/red] {r.name}: {escape(r.reason[:150])}")
     return 1 if (new_fail or fixed) and not args.update_expected else 0
 
 
