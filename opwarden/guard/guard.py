@@ -356,4 +356,6 @@ class Guard:
             "variants": {k: v.as_dict() for k, v in self.stats.items()},
             "faults": [f.as_dict() for f in self.faults],
             "quarantine": dict(self.quarantine.entries),
+            # the last failed write of quarantine_file (None when saved or not persisted)
+            "quarantine_file_error": self.quarantine.persist_error,
         }
