@@ -8,12 +8,15 @@ as in a model run: a 49x4608 @ 4608x512 product 2400 -> 2026 us (0.84x), 196x230
 
 `move_weights` copies a model's large initializers into one anonymous mapping advised
 MADV_HUGEPAGE (2 MiB aligned, so the kernel backs it with huge pages on first touch) and points
-the graph at read-only views of it. The copy is made before the kernels pack anything, so packed
-forms are built from it. When the weights were views of the memory-mapped model file, each
-source range's file pages are dropped as soon as it is copied, so the weights are never resident
-twice. Weights that are views of a model given as bytes (its caller's, which stay alive) are not
-copied: the whole 2 MiB pages under them are collapsed into huge pages in place (MADV_COLLAPSE,
-Linux 6.1+; same speed as the copy, measured: VGG-19 0.996, AlexNet 1.004).
+the graph at views of it through a read-only buffer (so no kernel can make them writeable);
+once filled, the whole mapping is made read-only (mprotect), so a raw-pointer write faults
+instead of changing the weights of every later run. The copy is made before the kernels pack
+anything, so packed forms are built from it. When the weights were views of the memory-mapped
+model file, each source range's file pages are dropped as soon as it is copied, so the weights
+are never resident twice. Weights that are views of a model given as bytes (its caller's, which
+stay alive, read-only) are not copied: the whole 2 MiB pages under them are collapsed into huge
+pages in place (MADV_COLLAPSE, Linux 6.1+; same speed as the copy, measured: VGG-19 0.996,
+AlexNet 1.004).
 
 Linux only, and only where transparent huge pages are enabled ("always" or "madvise");
 elsewhere it does nothing.
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.tensors import copy_in_chunks, drop_pages
+from .constants import readonly_view
 
 HUGE_PAGE = 2 << 20
 # Initializers smaller than this stay where they are (a bias, a BatchNorm vector).
@@ -168,6 +172,9 @@ def move_weights(model: Any) -> int:
         store = huge_page_buffer(sum(sizes))
     except (OSError, ValueError):
         return done
+    # The graph gets views through a read-only buffer (no kernel can make them writeable);
+    # `store` itself is written only here, then the OS makes the whole mapping read-only.
+    frozen = np.asarray(memoryview(store).toreadonly())
     trim = _malloc_trim()
     off = freed = 0
     for v, size in zip(values, sizes):
@@ -189,10 +196,10 @@ def move_weights(model: Any) -> int:
         else:
             np.copyto(dst, a)
             freed += a.nbytes
-        dst.flags.writeable = False
+        ro = frozen[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
         for w in shared[id(a)]:
-            w.const = dst
-        v.const = dst
+            w.const = ro
+        v.const = ro
         del a
         off += size
         if trim is not None and freed >= TRIM_BYTES:
@@ -202,7 +209,31 @@ def move_weights(model: Any) -> int:
             freed = 0
     if trim is not None and freed:
         trim(0)
+    protect(store)
     return done + off
+
+
+def _mapping(a: np.ndarray) -> Any:
+    """The mmap object under an array of `huge_page_buffer` memory."""
+    b = a
+    while isinstance(b, np.ndarray):
+        b = b.base
+    return b
+
+
+def protect(a: np.ndarray) -> bool:
+    """Make the whole anonymous mapping under `a` (a `huge_page_buffer`) read-only
+    (mprotect PROT_READ): a write through a raw pointer then faults instead of changing
+    weights for every later run. The whole mapping, so no huge page is split. False where
+    mprotect is unavailable (not glibc) or refused; nothing changes then."""
+    import ctypes
+
+    m = _mapping(a)
+    fn = _libc("mprotect", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int)
+    if fn is None or not isinstance(m, mmap.mmap):
+        return False
+    start = np.frombuffer(m, dtype=np.uint8, count=1).ctypes.data
+    return fn(start, len(m), mmap.PROT_READ) == 0
 
 
 MADV_COLLAPSE = 25  # Linux 6.1+ (not in Python's mmap module before 3.13)
@@ -258,12 +289,15 @@ def huge_copy(a: np.ndarray, private: bool = False) -> np.ndarray:
             off = 0
         _SLAB[0], _SLAB[1] = buf, off + size
     out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    # Handed out through a read-only buffer: no kernel can make a packing writeable. (The
+    # slab stays writable to the OS: later packings are still copied into it, and protecting
+    # part of it would split its huge pages.)
     if not (private and a.flags.c_contiguous):
         np.copyto(out, a)
-        return out
+        return readonly_view(out)
     release_heap(a.nbytes)  # large packings: the temporaries they freed (a float64 product)
     copy_in_chunks(a, out, lambda o, n, at=a.ctypes.data: _discard(at + o, n), COPY_CHUNK)
-    return out
+    return readonly_view(out)
 
 
 def release_heap(nbytes: int) -> None:
