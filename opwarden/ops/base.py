@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,14 @@ class Variant:
     # the work that depends on nothing else (plan lookups, packed-weight caches, attribute
     # parsing). None: the node calls `fn`.
     specialize: Callable[[Mapping[str, Any]], Callable[..., Any]] | None = None
+    # "builtin" (registered by opwarden itself) or "custom" (by user code: a module outside the
+    # opwarden package, __main__, a test); "" at construction means: judge by fn's module.
+    # SessionOptions(isolate=["custom"]) selects the custom ones.
+    origin: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.origin:
+            self.origin = _origin_of(getattr(self.fn, "__module__", None))
 
     def workspace(self, shapes: list[tuple[int, ...]], attrs: Mapping[str, Any]) -> int:
         """Workspace bytes this variant declares for these input shapes."""
@@ -94,9 +103,16 @@ class Variant:
             "reference": self.reference,
             "in_place_when": self.in_place_when is not None,
             "specialize": self.specialize is not None,
+            "origin": self.origin,
             "workspace_bytes": "contract" if self.workspace_bytes is None
             else "f(shapes)" if callable(self.workspace_bytes) else self.workspace_bytes,
         }
+
+
+def _origin_of(module: str | None) -> str:
+    """ "builtin" for a module of the opwarden package, else "custom"."""
+    m = module or ""
+    return "builtin" if m == "opwarden" or m.startswith("opwarden.") else "custom"
 
 
 def _wants_noutputs(fn: Callable[..., Any]) -> bool:
@@ -202,6 +218,9 @@ class OpDef:
                     in_place_when=in_place_when,
                     workspace_bytes=workspace_bytes,
                     specialize=specialize,
+                    # The registering module, not fn's: a built-in may register a NumPy
+                    # function, a user may register a kernel written elsewhere.
+                    origin=_origin_of(sys._getframe(1).f_globals.get("__name__")),
                 )
             )
             return fn

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import KernelError, OpwardenError
 from ..ir.graph import Graph, Value
-from ..memory.constants import mark as mark_constant
+from ..memory.constants import freeze as freeze_constant
 from ..memory.limits import guard_allocation
 from .place import Placement
 
@@ -90,17 +90,20 @@ class Program:
         placements: dict[int, Placement],
         memory_limit: int | None = None,
         parallel: bool = False,
+        isolate: Any = None,
     ) -> None:
         self.graph = graph
         self.memory_limit = memory_limit
+        self.isolate = isolate  # guard.isolate.Isolation: steps whose kernel runs in a worker
         self.slots: dict[int, int] = {}  # id(Value) -> slot
         self.values: list[Value | None] = []  # slot -> Value
         self.template: list[Any] = []
         self.input_slots = [self._slot(v) for v in graph.inputs]
         self.capture_slots = [self._slot(v) for v in graph.captures]
         for v in graph.initializers.values():
-            # Declared constant, so kernels may cache what they derive from it (packed weights).
-            self.template[self._slot(v)] = mark_constant(v.const)
+            # Declared constant, so kernels may cache what they derive from it (packed weights),
+            # and behind a read-only buffer, so no kernel can make it writeable.
+            self.template[self._slot(v)] = freeze_constant(v.const)
         self.steps: list[Step] = []
         for node in graph.nodes:
             pl = placements[id(node)]
@@ -113,6 +116,8 @@ class Program:
                 elif isinstance(a, list) and a and isinstance(a[0], Graph):
                     graphs[k] = [self._sub(g, placements) for g in a]
             st = Step(pl, ins, outs, graphs)
+            if isolate is not None:
+                st.fn = isolate.wrap(st, self)
             if memory_limit is not None:
                 st.fn = guard_allocation(st.fn, node, memory_limit)
             self.steps.append(st)
@@ -161,7 +166,7 @@ class Program:
         return s
 
     def _sub(self, g: Graph, placements: dict[int, Placement]) -> tuple[Program, tuple[int, ...]]:
-        prog = Program(g, placements, self.memory_limit)
+        prog = Program(g, placements, self.memory_limit, isolate=self.isolate)
         return prog, tuple(self._slot(v) for v in g.captures)
 
     def _plan_frees(self) -> None:

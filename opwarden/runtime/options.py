@@ -39,6 +39,14 @@ _OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "plan_cache_size": (64, "an int >= 1", lambda v: isinstance(v, int) and v >= 1),
     "quarantine_file": (None, "None or a path", lambda v: v is None or isinstance(v, str)),
     "debug_memory": (False, "a bool", lambda v: isinstance(v, bool)),
+    # Variants (by name, or "custom": every user-registered one) run in a worker process, so
+    # a native crash there is a fault of the node, not the end of the process (guard.isolate).
+    "isolate": (
+        (),
+        "a list of kernel variant names and/or 'custom'",
+        lambda v: isinstance(v, str)
+        or (isinstance(v, (list, tuple, set, frozenset)) and all(isinstance(i, str) for i in v)),
+    ),
     # Large initializers copied into transparent huge pages (memory.hugepages; Linux only).
     "huge_page_weights": (True, "a bool", lambda v: isinstance(v, bool)),
     # Accepted for onnxruntime compatibility; opwarden maps or ignores them.

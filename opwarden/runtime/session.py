@@ -13,6 +13,7 @@ from ..dtypes import dtype_name
 from ..errors import InputError, ModelError, OptionsError, OpwardenError
 from ..guard.faults import FaultRecord
 from ..guard.guard import Guard
+from ..guard.isolate import isolation_for
 from ..ir.graph import Model, Value
 from ..ir.load import load
 from ..ir.validate import validate
@@ -131,6 +132,7 @@ class InferenceSession:
         self.providers = normalize_providers(providers)
         self.source = path_or_bytes  # kept for tools that need the model as written (grad)
         self.guard = Guard(self.options)
+        self._isolation = isolation_for(self.options, self.guard)  # before any work: names
         try:
             self._prepare(path_or_bytes)
         except OpwardenError:
@@ -160,7 +162,8 @@ class InferenceSession:
         self.memory = MemoryManager.for_options(self.options)
         self.parallel = _parallel_threads(self.options)
         self.program = Program(
-            self.model.graph, by_node, self.memory.limit, parallel=self.parallel > 1
+            self.model.graph, by_node, self.memory.limit, parallel=self.parallel > 1,
+            isolate=self._isolation,
         )
         self._pool = None
         self.memory.attach(self.program)
@@ -179,6 +182,12 @@ class InferenceSession:
     def get_providers(self) -> list[str]:
         return list(self.providers)
 
+    def close(self) -> None:
+        """Stop the worker process of isolated kernels (SessionOptions.isolate), if any; the
+        session stays usable (its next isolated call starts a fresh worker)."""
+        if self._isolation is not None:
+            self._isolation.close()
+
     def run(
         self,
         output_names: Sequence[str] | None,
@@ -190,6 +199,9 @@ class InferenceSession:
         feeds = self._feeds(input_feed)
         g = self.guard
         lean = not (g.trace or g.timeout or g.quarantine.entries or (g.checks - {"contract"}))
+        # An isolated kernel's crash must reach the guard: without the contract check the lean
+        # loop would raise it instead of rerunning under the guard.
+        lean = lean and ("contract" in g.checks or self._isolation is None)
         contract = "contract" in g.checks
         debug = self.options.debug_memory
         calls, fn, token = self.memory.calls_for(feeds, contract if lean and not debug else None)
