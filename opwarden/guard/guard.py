@@ -19,9 +19,10 @@ from ..errors import KernelError, MemoryLimitError
 from ..trace.records import OpRecord
 from . import checks as C
 from .faults import FaultRecord, Quarantine, VariantStats
+from .isolate import KernelCrash
 
 MAX_RECORDS = 1_000_000
-HARD_FAULTS = ("exception", "deadline", "mutation", "outputs", "alias", "shape", "dtype")
+HARD_FAULTS = ("exception", "deadline", "mutation", "outputs", "alias", "shape", "dtype", "crash")
 
 
 class DeadlineExceeded(Exception):
@@ -166,6 +167,8 @@ class Guard:
             res = self._invoke(st.fn, call_args, kw, pl.node.op_type)
         except DeadlineExceeded as e:
             return [], [("deadline", str(e))]
+        except KernelCrash as e:  # an isolated kernel's worker process died (guard/isolate.py)
+            return [], [("crash", str(e))]
         except MemoryLimitError:
             raise  # a refused allocation is the model's request, not a kernel fault
         except ValueError as e:
