@@ -99,8 +99,8 @@ def read_quarantine_file(path: str, shown: str | None = None) -> dict[str, str] 
     try:
         # stat first so a device is never even opened; fstat below closes the race.
         st = os.stat(path)
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # not there yet (a file in the folder's way is the caller's to report)
     except OSError as e:
         raise OptionsError(f"{where} cannot be read: {e.strerror or e}") from None
     if not stat.S_ISREG(st.st_mode):
@@ -200,26 +200,53 @@ class _FileLock:
         if not self._thread_lock.acquire(timeout=_LOCK_TIMEOUT_S):
             raise TimeoutError(f"lock {self.path!r} held by another thread")
         try:
-            self._fd = self.open()
+            fd = self.open()
             if fcntl is not None:
-                deadline = time.monotonic() + _LOCK_TIMEOUT_S
-                pause = 0.001
-                while True:
-                    try:
-                        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        # polled, not blocking: a stopped process must not hang a run forever
-                        if time.monotonic() > deadline:
-                            raise TimeoutError(
-                                f"lock {self.path!r} held for over {_LOCK_TIMEOUT_S:g} s"
-                            ) from None
-                        time.sleep(pause)
-                        pause = min(pause * 2, 0.02)
+                self._flock(fd)
+            self._fd = fd
         except BaseException:
-            self._release()
+            self._thread_lock.release()
             raise
         return self
+
+    def _flock(self, fd: int) -> None:
+        """Take the flock, waiting at most _LOCK_TIMEOUT_S; on failure fd is no longer ours.
+
+        A blocking flock is woken as soon as the holder lets go (polling lets a busy writer
+        starve the others), but cannot time out by itself: it waits in a helper thread, so a
+        holder that hangs (a stopped process) cannot hang a run. On a timeout the helper keeps
+        the descriptor and closes it once its flock returns, which drops the lock at once.
+        """
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        state = {"abandoned": False, "error": None}
+        decided = threading.Lock()
+        done = threading.Event()
+
+        def wait() -> None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:
+                state["error"] = e
+            with decided:
+                done.set()
+                if state["abandoned"] or state["error"] is not None:
+                    os.close(fd)
+
+        threading.Thread(target=wait, name="opwarden-quarantine-lock", daemon=True).start()
+        done.wait(_LOCK_TIMEOUT_S)
+        with decided:
+            if not done.is_set():
+                state["abandoned"] = True
+                raise TimeoutError(f"lock {self.path!r} held for over {_LOCK_TIMEOUT_S:g} s")
+        if state["error"] is not None:
+            raise state["error"]
 
     def __exit__(self, *exc: Any) -> None:
         self._release()
@@ -256,6 +283,8 @@ class Quarantine:
             raise OptionsError(f"{where}: the path is empty")
         # Resolved once, so different links to one file share its lock and a link stays a link.
         self._real = os.path.realpath(path)
+        # Read (and refuse odd files) first: nothing is created next to what is refused.
+        entries = read_quarantine_file(self._real, path) or {}
         folder = os.path.dirname(self._real)
         try:
             os.makedirs(folder, exist_ok=True)
@@ -273,7 +302,7 @@ class Quarantine:
                 f"{where}: lock file {self._file_lock.path!r} cannot be created "
                 f"(the folder must be writable): {e.strerror or e}"
             ) from None
-        self.entries = read_quarantine_file(self._real, path) or {}
+        self.entries = entries
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries

@@ -128,6 +128,28 @@ def test_a_write_failure_at_fault_time_warns_and_the_run_goes_on(bad_kernels, tm
     assert len(bad_kernels) == n, "still quarantined in memory"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_a_lock_held_too_long_warns_and_a_later_add_saves_everything(tmp_path, monkeypatch):
+    import fcntl
+
+    from opwarden.guard import faults
+
+    monkeypatch.setattr(faults, "_LOCK_TIMEOUT_S", 0.2)
+    path = str(tmp_path / "q.json")
+    q = Quarantine(path)
+    holder = os.open(path + ".lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another writer that hangs while holding the lock
+    try:
+        with pytest.warns(RuntimeWarning, match="held for over"):
+            q.add("first", "r")
+        assert "first" in q and q.persist_error and not os.path.exists(path)
+    finally:
+        os.close(holder)
+    q.add("second", "r")
+    assert q.persist_error is None
+    assert set(_entries(path)) == {"first", "second"}
+
+
 # -- odd files -----------------------------------------------------------------------------------
 
 
@@ -216,6 +238,9 @@ def test_an_odd_quarantine_file_is_an_options_error_at_session_creation(kind, tm
     got = _create_in_thread(path)
     assert isinstance(got, ow.OptionsError), f"{type(got).__name__}: {got}"
     assert path in str(got) and what in str(got)
+    # nothing created beside a refused file, nor beside what a link points at
+    assert not [n for n in os.listdir(tmp_path) if n.endswith((".lock", ".tmp"))]
+    assert not os.path.lexists(os.path.realpath(path) + ".lock")
 
 
 def test_an_empty_or_touched_file_is_an_empty_quarantine(tmp_path):
