@@ -239,12 +239,18 @@ class _FileLock:
                 if state["abandoned"] or state["error"] is not None:
                     os.close(fd)
 
-        threading.Thread(target=wait, name="opwarden-quarantine-lock", daemon=True).start()
-        done.wait(_LOCK_TIMEOUT_S)
-        with decided:
-            if not done.is_set():
-                state["abandoned"] = True
-                raise TimeoutError(f"lock {self.path!r} held for over {_LOCK_TIMEOUT_S:g} s")
+        try:
+            threading.Thread(target=wait, name="opwarden-quarantine-lock", daemon=True).start()
+        except RuntimeError as e:  # no thread to spare
+            os.close(fd)
+            raise OSError(errno.EAGAIN, f"cannot wait for lock {self.path!r}: {e}") from None
+        try:
+            done.wait(_LOCK_TIMEOUT_S)
+        finally:  # a timeout or an interrupt: the helper closes fd whenever its flock returns
+            with decided:
+                state["abandoned"] = not done.is_set()
+        if state["abandoned"]:
+            raise TimeoutError(f"lock {self.path!r} held for over {_LOCK_TIMEOUT_S:g} s")
         if state["error"] is not None:
             raise state["error"]
 
@@ -338,6 +344,11 @@ class Quarantine:
     def _write(self, entries: dict[str, str]) -> None:
         folder, base = os.path.split(self._real)
         data = json.dumps({"variants": entries}, indent=1, sort_keys=True).encode("ascii")
+        if len(data) > QUARANTINE_MAX_BYTES:  # no session could read it back
+            raise OptionsError(
+                f"quarantine_file {self.path!r} would grow to {len(data)} bytes, over the "
+                f"{QUARANTINE_MAX_BYTES} a quarantine file may hold"
+            )
         tag = f"{os.getpid()}.{threading.get_ident()}.{os.urandom(4).hex()}"
         tmp = os.path.join(folder, f".{base}.{tag}.tmp")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
