@@ -68,6 +68,11 @@ def _shippable(x: Any) -> bool:
     return isinstance(x, np.ndarray) and not x.dtype.hasobject and x.nbytes > 0
 
 
+def _dt(d: np.dtype) -> Any:
+    """A dtype for the pipe: NumPy's own by its code (pickling a dtype object costs ~5 us)."""
+    return d.str if d.isbuiltin == 1 else d
+
+
 def _same_array(a: Any, c: np.ndarray) -> bool:
     """`a` is the constant `c` itself or a view of all of it (the guard passes read-only views)."""
     if a is c:
@@ -229,10 +234,18 @@ class Isolation:
                    None if limit is None else limit / 1000.0)
         )
 
+        # Weak: module-level caches keyed by kernel function (memory.lifetimes) outlive the
+        # session; they must not keep its worker process alive with them.
+        ref = weakref.ref(self)
+
         def isolated(*args: Any, **kw: Any) -> Any:
-            return self.call(index, args, kw)
+            iso = ref()
+            if iso is None:
+                raise KernelError(f"node {node.label}: its session's isolation was closed")
+            return iso.call(index, args, kw)
 
         isolated.__name__ = f"isolated[{var.name}]"
+        isolated.__wrapped__ = st.fn  # inspect.signature: the planner sees its parameters
         return isolated
 
     # -- the worker --------------------------------------------------------------------------
@@ -266,6 +279,18 @@ class Isolation:
         self._h.proc, self._h.conn = proc, parent
         self._forked_entries = len(self.entries)
 
+    def prestart(self) -> None:
+        """Fork the worker now, if one is needed and none runs: called before a run's kernels
+        start, so the fork does not happen while this session's threads run BLAS."""
+        if self._h.proc is not None or len(self._crashed) >= len(self.entries):
+            return  # running, or nothing (left) to isolate
+        if not any(e.variant not in self._crashed and e.variant not in self.guard.quarantine
+                   for e in self.entries):
+            return
+        with self._lock:
+            if self._h.proc is None:
+                self._start(0)
+
     def close(self) -> None:
         """Stop the worker (a later call starts a fresh one)."""
         with self._lock:
@@ -294,7 +319,7 @@ class Isolation:
                     descs.append(("c", i))
                 elif _shippable(a):
                     off = _align(end)
-                    descs.append(("a", off, a.shape, a.dtype, bool(a.flags.writeable)))
+                    descs.append(("a", off, a.shape, _dt(a.dtype), bool(a.flags.writeable)))
                     copies.append((off, a))
                     end = off + a.nbytes
                 else:
@@ -463,7 +488,7 @@ def _run_one(e: _Entry, descs, extra, ws_desc, mm: mmap.mmap, fd: int):
             o = np.asarray(o)
         if _shippable(o):
             off = _align(off)
-            out_descs.append(("a", off, o.shape, o.dtype))
+            out_descs.append(("a", off, o.shape, _dt(o.dtype)))
             copies.append((off, o))
             off += o.nbytes
         else:
