@@ -9,7 +9,7 @@ With ``on_fault="raise"`` it raises KernelError naming the node and the failed c
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import threading
 import time
 from typing import Any
 
@@ -27,6 +27,55 @@ HARD_FAULTS = ("exception", "deadline", "mutation", "outputs", "alias", "shape",
 
 class DeadlineExceeded(Exception):
     pass
+
+
+# Raised by kernels but not kernel faults: the user's interrupt, a generator being closed.
+PASS_THROUGH = (KeyboardInterrupt, GeneratorExit)
+
+
+class _DeadlineWorker:
+    """One daemon thread that runs kernels under a deadline. A kernel past its deadline is
+    abandoned with its thread, which finishes on its own; being a daemon it never holds the
+    process at exit (concurrent.futures joins its workers at exit, so one hung kernel kept the
+    process alive)."""
+
+    def __init__(self) -> None:
+        self._job = threading.Condition()
+        self._task: Any = None
+        self._stop = False
+        threading.Thread(target=self._loop, name="opwarden-op", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._job:
+                while self._task is None and not self._stop:
+                    self._job.wait()
+                if self._task is None:
+                    return
+                fn, args, kw, box, done = self._task
+            try:
+                box.append((True, fn(*args, **kw)))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, which decides
+                box.append((False, e))
+            with self._job:
+                self._task = None
+            done.set()
+
+    def run(self, fn: Any, args: list[Any], kw: dict[str, Any], seconds: float) -> Any:
+        """fn(*args, **kw), or DeadlineExceeded after `seconds` (the worker is then spent)."""
+        box: list[tuple[bool, Any]] = []
+        done = threading.Event()
+        with self._job:
+            self._task = (fn, args, kw, box, done)
+            self._job.notify()
+        if not done.wait(seconds):
+            with self._job:
+                self._stop = True  # it exits once the abandoned kernel returns
+            raise DeadlineExceeded
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
 
 
 def _desc(x: Any) -> tuple[Any, str]:
@@ -106,7 +155,10 @@ class Guard:
         self.runs = 0
         self._t0 = 0.0
         self._kernel_s = 0.0  # the last call's kernel time (traced records report it alone)
-        self._pool: cf.ThreadPoolExecutor | None = None
+        self._worker: _DeadlineWorker | None = None
+        # Symbolic dims of this run's feeds, and the steps (the main graph's) they apply to.
+        self._dims: dict[str, int] = {}
+        self._main: tuple[Any, frozenset[int]] = (None, frozenset())
 
     @property
     def active(self) -> bool:
@@ -117,6 +169,13 @@ class Guard:
         self.runs += 1
         self.records = []
         self._t0 = time.perf_counter()
+
+    def bind_dims(self, program: Any, dims: dict[str, int]) -> None:
+        """The symbolic dims this run's feeds bind (MemoryManager.signature), for the output
+        shape check of `program`'s steps (a subgraph's own facts are checked without them)."""
+        if self._main[0] is not program:
+            self._main = (program, frozenset(id(st) for st in program.steps))
+        self._dims = dims
 
     def end_run(self) -> None:
         room = MAX_RECORDS - len(self.all_records)
@@ -142,21 +201,49 @@ class Guard:
         self._outs_finite = False
         t_start = time.perf_counter()
         if var.name in self.quarantine and not var.reference:
-            res, status = st.ref.fn(*args, **_ref_kw(kw)), "fallback"
+            outs, err = self._plain(st, args, kw, reference=True)
+            status = "fallback"
             self._kernel_s = time.perf_counter() - t_start
             stats.fallbacks += 1
-            outs = self._as_list(st, res)
+            if err is not None:
+                raise KernelError(f"node {pl.node.label}: the reference kernel (variant "
+                                  f"{var.name} is quarantined) failed: {err}")
             faults: list[tuple[str, str]] = [("quarantined", self.quarantine.reason(var.name))]
         else:
             pristine = _in_place_inputs(args, kw) if not var.reference else None
+            snaps = self._snapshot(st, args, kw, pristine) if "mutation" in self.checks else None
             outs, faults = self._checked_call(st, args, kw, fin)
             status = "ok"
+            if snaps is not None:
+                k = C.mutated(args, snaps)
+                if k is not None:
+                    faults.insert(0, ("mutation", f"kernel changed input {k} "
+                                                  f"({_desc(args[k])[1]}{_desc(args[k])[0]})"))
+                    for a, c in zip(args, snaps):
+                        if c is not None:
+                            self._restore(a, c)
+                    pristine = [c if c is not None else a for a, c in zip(pristine or args, snaps)]
             if faults:
                 outs, status = self._on_fault(st, pristine or args, kw, faults, stats)
         if rec is not None:
             self._finish(rec, outs, t_start, status, faults, st.ref.name)
             rec.output_views = _views(outs, args, kw)
         return outs
+
+    @staticmethod
+    def _snapshot(st, args, kw, pristine) -> list[Any] | None:
+        skip = set(st.placement.variant.op.contract.mutates)
+        if pristine is not None:  # run in place over these: they change by the plan
+            skip |= {i for i, (a, p) in enumerate(zip(args, pristine)) if a is not p}
+        return C.snapshot(args, skip)
+
+    @staticmethod
+    def _restore(a, snap) -> None:
+        # Later steps read the same value: give them what the producer made.
+        try:
+            C.restore(a, snap)
+        except ValueError:  # memory nothing can write to (then nothing wrote to it)
+            pass
 
     def _checked_call(self, st, args, kw, fin) -> tuple[list[Any], list[tuple[str, str]]]:
         pl = st.placement
@@ -172,10 +259,12 @@ class Guard:
         except MemoryLimitError:
             raise  # a refused allocation is the model's request, not a kernel fault
         except ValueError as e:
-            if "read-only" in str(e):
+            if "read-only" in str(e) or "WRITEABLE" in str(e):
                 return [], [("mutation", f"kernel wrote into a read-only input: {e}")]
             return [], [("exception", f"ValueError: {e}")]
-        except Exception as e:  # noqa: BLE001 - every kernel failure is a fault
+        except PASS_THROUGH:
+            raise
+        except BaseException as e:  # noqa: BLE001 - every kernel failure is a fault (SystemExit)
             return [], [("exception", f"{type(e).__name__}: {e}")]
         finally:
             self._kernel_s = time.perf_counter() - t0
@@ -185,6 +274,8 @@ class Guard:
             return [], [("outputs", str(e))]
         faults: list[tuple[str, str]] = []
         if "contract" in self.checks:
+            dims = self._dims if id(st) in self._main[1] else {}
+            faults += C.output_faults(outs, pl.node.outputs, dims)
             allowed = contract.aliases(len(outs))
             planned = kw.get("out")
             if isinstance(planned, np.ndarray):
@@ -193,7 +284,7 @@ class Guard:
                 allowed |= {(i, 0) for i, a in enumerate(args)
                             if isinstance(a, np.ndarray) and np.shares_memory(a, planned)}
             faults += C.alias_faults(args, outs, allowed)
-        if self.checks & {"shape", "dtype"}:
+        if self.checks & {"shape", "dtype"} and not faults:
             facts = [v.fact if v is not None else None for v in pl.node.outputs]
             faults += C.fact_faults(outs, facts, self.checks)
         if self.checks & {"nan", "inf"} and st.ins:
@@ -223,15 +314,13 @@ class Guard:
         limit = self.deadline_ms(op_type)
         if limit is None:
             return fn(*args, **kw)
-        if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="opwarden-op")
-        fut = self._pool.submit(fn, *args, **kw)
+        if self._worker is None:
+            self._worker = _DeadlineWorker()
         try:
-            return fut.result(timeout=limit / 1000.0)
-        except cf.TimeoutError:
+            return self._worker.run(fn, args, kw, limit / 1000.0)
+        except DeadlineExceeded:
             # Abandon the kernel: its thread finishes on its own; a fresh worker serves the rest.
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+            self._worker = None
             raise DeadlineExceeded(f"kernel ran past its {limit:g} ms deadline") from None
 
     def _as_list(self, st, res) -> list[Any]:
@@ -301,7 +390,9 @@ class Guard:
             kw = _ref_kw(kw)
         try:
             return self._as_list(st, fn(*args, **kw)), None
-        except Exception as e:  # noqa: BLE001
+        except (MemoryLimitError, *PASS_THROUGH):
+            raise
+        except BaseException as e:  # noqa: BLE001
             return [], f"{type(e).__name__}: {e}"
 
     # -- tracing -----------------------------------------------------------------------------

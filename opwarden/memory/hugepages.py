@@ -218,7 +218,7 @@ def _mapping(a: np.ndarray) -> Any:
     b = a
     while isinstance(b, np.ndarray):
         b = b.base
-    return b
+    return b.obj if isinstance(b, memoryview) else b  # (np.frombuffer's base is a memoryview)
 
 
 def protect(a: np.ndarray) -> bool:

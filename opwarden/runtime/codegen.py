@@ -6,8 +6,11 @@ after their last reader. A run is then a sequence of kernel calls with no interp
 no slot lists, no per-step dispatch, no dict copies.
 
 With ``contract`` the loop also enforces the cheap half of the contract check: every value a
-kernel receives is read-only (so writing into an input raises), and a kernel may not return one of
-its inputs (or a direct view of it) unless its contract declares that alias. Any exception leaves
+kernel receives is read-only (so writing into an input raises), a kernel may not return one of
+its inputs (or a direct view of it) unless its contract declares that alias, and each typed
+tensor output must be an array of the plan's dtype and, where the facts give it whole (symbolic
+dims bound from the feeds), shape: one identity test and two compares against constants, so a
+wrong result is blamed on the step that made it, not on the next one. Any exception leaves
 the loop as `LeanFault`; the session then reruns the whole run under the guard, which records the
 fault, falls back to the reference kernel and quarantines the variant.
 """
@@ -29,6 +32,10 @@ class LeanFault(Exception):
 
 
 class _AliasFault(Exception):
+    pass
+
+
+class _OutputFault(Exception):
     pass
 
 
@@ -78,6 +85,44 @@ def _alias(i: int) -> None:
     raise _AliasFault(f"step {i} returned one of its inputs (or a view of it), undeclared")
 
 
+def _bad_out(i: int, k: int, x: Any, shape: tuple | None, dtype: Any) -> None:
+    """The slow half of the output check: raises unless `x` passes after all (an ndarray
+    subclass, an equal but distinct dtype object)."""
+    if not isinstance(x, np.ndarray):
+        raise _OutputFault(f"step {i} output {k} is {type(x).__name__}, not a tensor")
+    if dtype is not None and x.dtype != dtype:
+        raise _OutputFault(f"step {i} output {k} has dtype {x.dtype}, the plan expects {dtype}")
+    if shape is not None and x.shape != shape:
+        raise _OutputFault(
+            f"step {i} output {k} has shape {list(x.shape)}, the plan expects {list(shape)}")
+
+
+def _dim_names(program: Any) -> dict[str, str]:
+    """Symbolic dim name -> the expression (over `feeds`) that binds it in a run."""
+    out: dict[str, str] = {}
+    for k, v in enumerate(program.graph.inputs):
+        shape = v.fact.shape if v.kind == "tensor" else None
+        for axis, d in enumerate(shape or ()):
+            if isinstance(d, str) and d not in out:
+                out[d] = f"feeds[{k}].shape[{axis}]"
+    return out
+
+
+def _expect(v: Any, dims: dict[str, str]) -> tuple[str | None, Any] | None:
+    """(shape expression or None, dtype or None) a typed tensor value is checked against;
+    None for values without a type (nothing to check)."""
+    from ..guard.checks import expected_dtype
+
+    if v is None or v.kind != "tensor" or v.fact.dtype is None:
+        return None
+    shape = v.fact.shape
+    expr = None
+    if shape is not None and all(isinstance(d, int) or d in dims for d in shape):
+        parts = [str(d) if isinstance(d, int) else f"_d{list(dims).index(d)}" for d in shape]
+        expr = f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+    return expr, expected_dtype(v.fact)
+
+
 def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> Any:
     """Python function ``run(feeds, captured) -> outputs`` equivalent to `program.run(calls)`."""
     from .executor import BoundGraph
@@ -89,12 +134,36 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         "_ro_out": _ro_out,
         "_feed": _feed,
         "_alias": _alias,
+        "_bad_out": _bad_out,
         "_ndarray": np.ndarray,
         "_BoundGraph": BoundGraph,
         "_LeanFault": LeanFault,
     }
     lines = ["def _run(feeds, captured):"]
     add = lines.append
+    dims = _dim_names(program) if contract else {}
+    for j, expr in enumerate(dims.values()):
+        add(f"    _d{j} = {expr}")
+    dtypes: dict[Any, str] = {}
+
+    def check(i: int, k: int, s: int) -> None:
+        """The output check of slot s (output k of step i)."""
+        want = _expect(program.values[s], dims)
+        if want is None:
+            return
+        shape, dt = want
+        tests = [f"type(s{s}) is not _ndarray"]
+        if shape is not None:
+            tests.append(f"s{s}.shape != {shape}")
+        dname = "None"
+        if dt is not None:
+            dname = dtypes.get(dt) or dtypes.setdefault(dt, f"_t{len(dtypes)}")
+            ns[dname] = dt
+            # builtin dtypes are singletons: `is not` is the fast test, _bad_out the exact one
+            tests.append(f"s{s}.dtype is not {dname}")
+        body.append(f"if {' or '.join(tests)}: _bad_out({i}, {k}, s{s}, "
+                    f"{shape if shape is not None else 'None'}, {dname})")
+
     for k, s in enumerate(program.input_slots):
         add(f"    s{s} = _feed(feeds[{k}])" if contract else f"    s{s} = feeds[{k}]")
     for k, s in enumerate(program.capture_slots):
@@ -165,6 +234,8 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
                 if contract:
                     body.append(f"_ro({target})")
             out_names = [target] if o >= 0 else []
+            if contract and o >= 0:
+                check(i, 0, o)
         else:
             needed = tuple(k for k, s in enumerate(outs) if s >= 0)
             body.append(f"_r = _many({call}, {len(outs)}, {needed!r})")
@@ -177,6 +248,8 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
                 else:
                     body.append(f"s{s} = _r[{k}]" + (f"; _ro(s{s})" if contract else ""))
                 out_names.append(f"s{s}")
+                if contract:
+                    check(i, k, s)
         if hook is not None:
             ns[f"h{i}"] = hook
             for k, s in enumerate(outs):
@@ -208,7 +281,9 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         body.append("pass")
     for line in body:
         add("        " + line)
-    add("    except Exception as e:")
+    add("    except (KeyboardInterrupt, GeneratorExit):")
+    add("        raise")
+    add("    except BaseException as e:  # a kernel's SystemExit is its fault too")
     add("        raise _LeanFault(i, e) from e")
     outs = ", ".join(ref(s) for s in program.output_slots)
     add(f"    return [{outs}]")

@@ -357,8 +357,10 @@ def _call_step(call: tuple, env: list[Any]) -> None:
             kw[k] = _bind(g, env)
     try:
         res = fn(*args, **kw)
-    except Exception as e:  # noqa: BLE001 - every kernel failure gets the node's context
-        raise _kernel_error(st, args, e) from e
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - every kernel failure (SystemExit too) gets
+        raise _kernel_error(st, args, e) from e  # the node's context
     _store(st, res, env)
     if hook is not None:
         hook(st, env)
@@ -374,13 +376,23 @@ def _one_step(call: tuple, env: list[Any], contract: bool, index: int) -> None:
     try:
         _call_step(call, env)
         _check_lean_contract(call, env)
-    except Exception as e:  # noqa: BLE001 - the session reruns the whole run under the guard
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - the session reruns the whole run under the guard
         raise LeanFault(index, e) from e
 
 
 def _check_lean_contract(call: tuple, env: list[Any]) -> None:
-    """What the lean loop checks: no undeclared output-is-input, outputs made read-only."""
+    """What the lean loop checks: typed outputs are arrays of the facts' dtype and static
+    shape (symbolic dims unchecked here), no undeclared output-is-input, outputs made
+    read-only."""
+    from ..guard.checks import output_faults
+
     st, _fn, ins, kw, _frees, _hook = call
+    bad = output_faults([env[s] if s >= 0 else None for s in st.outs],
+                        st.placement.node.outputs, {})
+    if bad:
+        raise ValueError(f"{bad[0][0]}: {bad[0][1]}")
     contract = st.placement.variant.op.contract
     allowed = contract.aliases(len(st.outs))
     args = [env[s] if s >= 0 else None for s in ins]

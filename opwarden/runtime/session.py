@@ -18,6 +18,8 @@ from ..ir.graph import Model, Value
 from ..ir.load import load
 from ..ir.validate import validate
 from ..memory import MemoryManager, MemoryPlan
+from ..memory.constants import freeze as freeze_constant
+from ..memory.constants import readonly_view
 from ..memory.hugepages import move_weights
 from ..passes import optimize
 from ..trace.records import OpRecord, chrome_trace, default_trace_path
@@ -246,6 +248,8 @@ class InferenceSession:
 
     def _run_guarded(self, feeds: list[Any], calls: list) -> list[Any]:
         self.guard.begin_run()
+        # Each step's output shape is checked against the facts with the feeds' dims bound.
+        self.guard.bind_dims(self.program, self.memory.signature(feeds)[1])
         try:
             return self.program.run_guarded(feeds, None, self.guard, calls)
         finally:
@@ -326,7 +330,7 @@ class InferenceSession:
             if v.name in feed:
                 values.append(self._check_feed(v, feed[v.name], dims))
             elif v.const is not None:
-                values.append(v.const)
+                values.append(freeze_constant(v.const))
             elif v.kind == "optional":
                 values.append(None)
             else:
@@ -340,14 +344,19 @@ class InferenceSession:
         if v.kind in ("sequence", "map"):
             if not isinstance(x, (list, tuple, dict)):
                 raise InputError(f"input {v.name!r} is a {v.kind}; got {type(x).__name__}")
-            return list(x) if isinstance(x, tuple) else x
+            return _readonly_items(x) if isinstance(x, (list, tuple)) else x
         if v.kind == "optional" and x is None:
             return None
         if v.kind == "optional" and isinstance(x, list):
-            return x
+            return _readonly_items(x)
         if not isinstance(x, np.ndarray):
             if isinstance(x, (np.generic, int, float, bool, list)):
-                x = np.asarray(x)
+                try:
+                    x = np.asarray(x)
+                except (ValueError, TypeError) as e:  # a ragged list, say
+                    raise InputError(
+                        f"input {v.name!r}: the {type(x).__name__} given is not a tensor: {e}"
+                    ) from None
             else:
                 raise InputError(f"input {v.name!r} must be a numpy array, got {type(x).__name__}")
         want = v.fact.dtype
@@ -376,7 +385,14 @@ class InferenceSession:
                             f"input {v.name!r} dimension {axis} ({d!r}) is {n}, but input "
                             f"{seen[1]!r} set {d!r} to {seen[0]}"
                         )
-        return x
+        # Kernels see the caller's memory through a read-only buffer: no kernel can make it
+        # writeable, and the caller's array keeps its own flags.
+        return readonly_view(x)
+
+
+def _readonly_items(xs: Any) -> list[Any]:
+    """A sequence feed as a new list of read-only views (the caller's list is not the run's)."""
+    return [readonly_view(a) if isinstance(a, np.ndarray) else a for a in xs]
 
 
 __all__ = ["InferenceSession", "NodeArg", "SessionOptions", "describe_value"]
@@ -386,8 +402,10 @@ def _unaliased(outs: list[Any], feeds: list[Any]) -> list[Any]:
     """The outputs, each copied where it is (a view of) one of the caller's feed arrays: an
     Identity, Reshape or Transpose output would otherwise change when the caller next writes
     into its input (ONNX Runtime's outputs never share the inputs' memory). NumPy collapses
-    view chains, so an array's `base` is the array owning the memory."""
+    view chains, so an array's `base` is the array owning the memory (for a feed seen through a
+    read-only buffer, views of it have the feed as base, the feed itself that buffer)."""
     roots = {id(f if f.base is None else f.base) for f in feeds if type(f) is np.ndarray}
+    roots |= {id(f) for f in feeds if type(f) is np.ndarray and f.base is not None}
     if not roots:
         return outs
     return [
