@@ -36,6 +36,7 @@ from .errors import (  # noqa: E402
     ModelError,
     OptionsError,
     OpwardenError,
+    RunTimeoutError,
     UnsupportedOpError,
 )
 from .ops import Sample, kernel, op  # noqa: E402
@@ -55,6 +56,7 @@ __all__ = [
     "NodeArg",
     "OptionsError",
     "OpwardenError",
+    "RunTimeoutError",
     "Sample",
     "SessionOptions",
     "UnsupportedOpError",

@@ -33,3 +33,7 @@ class OptionsError(OpwardenError):
 
 class MemoryLimitError(OpwardenError):
     """A model or a feed would need more memory than SessionOptions.memory_limit_bytes."""
+
+
+class RunTimeoutError(OpwardenError):
+    """A run passed SessionOptions.run_timeout_ms (checked between steps and loop iterations)."""

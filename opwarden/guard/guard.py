@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError, MemoryLimitError
+from ..errors import KernelError, MemoryLimitError, RunTimeoutError
 from ..trace.records import OpRecord
 from . import checks as C
 from .faults import FaultRecord, Quarantine, VariantStats
@@ -256,8 +256,8 @@ class Guard:
             return [], [("deadline", str(e))]
         except KernelCrash as e:  # an isolated kernel's worker process died (guard/isolate.py)
             return [], [("crash", str(e))]
-        except MemoryLimitError:
-            raise  # a refused allocation is the model's request, not a kernel fault
+        except (MemoryLimitError, RunTimeoutError):
+            raise  # a refused allocation or a passed run deadline: not a kernel fault
         except ValueError as e:
             if "read-only" in str(e) or "WRITEABLE" in str(e):
                 return [], [("mutation", f"kernel wrote into a read-only input: {e}")]
@@ -390,7 +390,7 @@ class Guard:
             kw = _ref_kw(kw)
         try:
             return self._as_list(st, fn(*args, **kw)), None
-        except (MemoryLimitError, *PASS_THROUGH):
+        except (MemoryLimitError, RunTimeoutError, *PASS_THROUGH):
             raise
         except BaseException as e:  # noqa: BLE001
             return [], f"{type(e).__name__}: {e}"

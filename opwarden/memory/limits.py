@@ -1,9 +1,15 @@
-"""Memory limits: the default budget, and allocation checks for ops whose size comes from data.
+"""Memory limits: the default budget, and allocation checks for sizes no plan fixes.
 
-Static shapes are checked when a plan is made. Some operators take their output size from input
-*values* (ConstantOfShape, Expand, Tile, Range, ...), which no plan can know; their kernels are
-wrapped so that the requested size is computed from the actual inputs and refused before any
-allocation when it exceeds the limit.
+A memory plan (per input-shape signature) checks every tensor whose shape the facts and the
+feeds' dims fix. What it cannot see is checked at run time, before the kernel allocates
+(`guard_allocation`, applied by `Program` to exactly those nodes, so a static graph pays
+nothing): outputs whose facts are unknown or depend on dims no plan resolves (data-dependent
+sizes, loop bodies), and operators whose output size comes from input *values* read from data
+(`VALUE_SHAPED`: Pad's pads, Resize's sizes, OneHot's depth, ...), whose facts could only come
+from the model's own declarations. The size is the operator's own shape rule evaluated on the
+actual inputs: onnx's node shape inference given the input shapes and the small input values
+(memoized per node), a custom operator's `.infer` rule, or a predictor in `PREDICTORS` where
+neither can tell (MaxUnpool's output_shape, NonZero, sequences).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import np_dtype_of
 from ..errors import MemoryLimitError
 
 DEFAULT_SHARE = 0.75  # of physical memory
@@ -84,20 +91,314 @@ def _range(start, limit, delta, **_):
     return max(int(np.ceil((e - s) / d)), 0) * _itemsize(start, 8)
 
 
-# op_type -> f(*inputs, **attrs) -> output bytes (computed from the actual input values)
+def _max_unpool(x, i, output_shape=None, *, kernel_shape=None, pads=None, strides=None, **_):
+    # The kernel scatters into the shape the pooling attributes give, then grows it to
+    # output_shape: both live at once.
+    nsp = np.ndim(x) - 2
+    if nsp < 1 or not kernel_shape:
+        return 0
+    s = list(strides or [1] * nsp)
+    p = list(pads or [0] * (2 * nsp))
+    spatial = [(n - 1) * si + int(k) - b - e
+               for n, si, k, b, e in zip(np.shape(x)[2:], s, kernel_shape, p[:nsp], p[nsp:])]
+    n = _count(list(np.shape(x)[:2]) + spatial)
+    if output_shape is not None:
+        n += _count(output_shape)
+    return n * _itemsize(x)
+
+
+def _nonzero(x, **_):
+    return max(np.ndim(x), 1) * int(np.count_nonzero(x)) * 8
+
+
+def _unique(x, **_):
+    return int(np.size(x)) * 8  # the inverse indices alone: one int64 per element
+
+
+def _concat_from_sequence(seq, **_):
+    return sum(t.nbytes for t in seq if isinstance(t, np.ndarray)) if isinstance(seq, list) else 0
+
+
+# op_type -> f(*inputs, **attrs) -> output bytes from the actual inputs, for what the general
+# rule (onnx's shape inference) cannot tell or tells slower
 PREDICTORS: dict[str, Callable[..., int]] = {
     "ConstantOfShape": _constant_of_shape,
     "Expand": _expand,
     "Tile": _tile,
     "Range": _range,
+    "MaxUnpool": _max_unpool,
+    "NonZero": _nonzero,
+    "Unique": _unique,
+    "ConcatFromSequence": _concat_from_sequence,
 }
 
+# Inputs whose values set the output size (default domain). A node that reads any of them from
+# data is checked whatever its output facts say: those could only come from declarations.
+VALUE_SHAPED: dict[str, tuple[int, ...]] = {
+    "ConstantOfShape": (0,),
+    "Expand": (1,),
+    "Tile": (1, 2),
+    "Range": (0, 1, 2),
+    "Pad": (1, 3),
+    "Resize": (1, 2, 3),
+    "Upsample": (1,),
+    "OneHot": (1,),
+    "MaxUnpool": (2,),
+    "Col2Im": (1, 2),
+    "CenterCropPad": (1, 2),
+    "STFT": (1, 3),
+    "DFT": (1, 2),
+    "HannWindow": (0,),
+    "HammingWindow": (0,),
+    "BlackmanWindow": (0,),
+    "MelWeightMatrix": (0, 1),
+    "AffineGrid": (1,),
+}
 
-def guard_allocation(fn: Callable[..., Any], node: Any, limit: int) -> Callable[..., Any]:
-    """Wrap a kernel whose output size comes from input values with a pre-allocation check."""
-    predict = PREDICTORS.get(node.op_type) if node.domain == "" else None
-    if predict is None:
+# Operators that never allocate more than they are given (views, shape queries, sequences of
+# the same tensors) and control flow, which checks its own iterations: never wrapped.
+UNCHECKED = frozenset({
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Shape", "Size",
+    "Slice", "Split", "Compress", "TopK", "SequenceConstruct", "SequenceInsert", "SequenceAt",
+    "SequenceErase", "SequenceLength", "SequenceEmpty", "SplitToSequence", "Optional",
+    "OptionalGetElement", "OptionalHasElement", "If", "Loop", "Scan", "SequenceMap",
+})
+
+SMALL_VALUE = 64  # elements: 0-D/1-D inputs up to this size are given to shape rules as values
+_MEMO_SIZE = 64  # shape-rule answers kept per node
+
+
+def _fact_bytes(fact: Any, dims: frozenset[str] | None) -> int | None:
+    """Bytes of a value with this fact when a plan fixes them, symbolic dims counted as 1 (the
+    plan checks those per signature); None when no plan fixes them.
+
+    `dims`: the symbolic dims a plan binds (the feeds'); None for graphs no plan covers, where
+    only fully static shapes count.
+    """
+    if fact.dtype is None or fact.dtype == "string" or fact.shape is None:
+        return None
+    n = 1
+    for d in fact.shape:
+        if isinstance(d, int):
+            n *= d
+        elif dims is None or d not in dims:
+            return None
+    try:
+        return n * np_dtype_of(fact.dtype).itemsize
+    except (KeyError, TypeError):
+        return None
+
+
+def needs_check(node: Any, limit: int, dims: frozenset[str] | None) -> bool:
+    """Whether a node's output size is left unchecked by the memory plan.
+
+    True when some output's size is not fixed by its facts (unknown, data-dependent, or in a
+    graph no plan covers and above the limit), or when the operator's size comes from input
+    values that are not constants.
+    """
+    if node.op_type in UNCHECKED and node.domain == "":
+        return False
+    if node.subgraphs():
+        return False
+    shaped = VALUE_SHAPED.get(node.op_type, ()) if node.domain == "" else ()
+    for k in shaped:
+        if k < len(node.inputs) and node.inputs[k] is not None and node.inputs[k].const is None:
+            return True
+    for v in node.outputs:
+        if v is None:
+            continue
+        if v.kind != "tensor":
+            return True
+        n = _fact_bytes(v.fact, dims)
+        if n is None and _no_bigger_than_an_input(v, node):
+            continue
+        if n is None or (dims is None and n > limit):
+            return True
+    return False
+
+
+def _no_bigger_than_an_input(v: Any, node: Any) -> bool:
+    """Whether shape inference gave output `v` an input's very shape (the same dims, symbolic
+    ones included) and no wider a dtype: an elementwise result, as big as what it was given."""
+    shape, dt = v.fact.shape, v.fact.dtype
+    if shape is None or dt is None or dt == "string":
+        return False
+    for u in node.inputs:
+        if u is not None and u.kind == "tensor" and u.fact.shape == shape and u.fact.dtype:
+            try:
+                if np_dtype_of(u.fact.dtype).itemsize >= np_dtype_of(dt).itemsize:
+                    return True
+            except (KeyError, TypeError):
+                continue
+    return False
+
+
+def _node_proto(node: Any) -> Any:
+    import onnx
+
+    from ..ir.export import attribute_proto
+
+    n = onnx.NodeProto()
+    n.op_type, n.domain = node.op_type, node.domain
+    n.input.extend(f"i{k}" if v is not None else "" for k, v in enumerate(node.inputs))
+    n.output.extend(f"o{k}" if v is not None else "" for k, v in enumerate(node.outputs))
+    types = getattr(node, "attr_types", {})
+    for k, val in node.attrs.items():
+        n.attribute.append(attribute_proto(k, val, types.get(k)))
+    return n
+
+
+def _is_value(a: np.ndarray) -> bool:
+    """Whether an input may be one whose values set sizes (a shape, pads, scales, a count)."""
+    return a.ndim <= 1 and a.size <= SMALL_VALUE and a.dtype.kind in "biuf"
+
+
+class _ShapeRule:
+    """Output bytes of one node from its actual inputs, by onnx's shape inference for the node
+    (input shapes, and the values of small inputs), memoized on what the rule reads."""
+
+    def __init__(self, node: Any, nhwc: tuple[int, ...]) -> None:
+        self.node = node
+        self.nhwc = nhwc  # inputs in channels-last physical layout
+        # inputs whose values may change between runs (a constant's are in every answer)
+        self.fed = frozenset(
+            k for k, v in enumerate(node.inputs) if v is not None and v.const is None
+        )
+        self.memo: dict[tuple, int] = {}
+        self.schema: Any = None
+        self.proto: Any = None
+        self.broken = False
+
+    def _prepare(self) -> bool:
+        import onnx
+
+        try:
+            self.schema = onnx.defs.get_schema(
+                self.node.op_type, self.node.opset, self.node.domain
+            )
+            self.proto = _node_proto(self.node)
+        except Exception:  # noqa: BLE001 - no schema or an attribute onnx cannot take
+            self.broken = True
+        return not self.broken
+
+    def __call__(self, *args: Any, **_: Any) -> int:
+        if self.proto is None and (self.broken or not self._prepare()):
+            return 0
+        key: list[Any] = []
+        for k, a in enumerate(args):
+            if type(a) is np.ndarray:
+                key.append(a.shape)
+                key.append(a.dtype.char)
+                if k in self.fed and _is_value(a):
+                    key.append(a.tobytes())
+            elif a is None:
+                key.append(None)
+            else:
+                return 0  # sequences, maps: not tensors onnx's rule can be given
+        t = tuple(key)
+        got = self.memo.get(t)
+        if got is None:
+            got = self._infer(args)
+            if len(self.memo) >= _MEMO_SIZE:
+                self.memo.clear()
+            self.memo[t] = got
+        return got
+
+    def _infer(self, args: tuple) -> int:
+        import onnx
+        from onnx import helper, numpy_helper
+
+        from ..dtypes import np_dtype, onnx_type
+
+        types, data = {}, {}
+        for k, a in enumerate(args):
+            if a is None:
+                continue
+            shape = list(a.shape)
+            if k in self.nhwc and len(shape) >= 3:
+                shape = [shape[0], shape[-1], *shape[1:-1]]  # the NCHW shape onnx's rule reads
+            try:
+                elem = onnx_type(a.dtype)
+            except (KeyError, TypeError):
+                return 0
+            types[f"i{k}"] = helper.make_tensor_type_proto(elem, shape)
+            if _is_value(a) and k not in self.nhwc:
+                data[f"i{k}"] = numpy_helper.from_array(a, f"i{k}")
+        try:
+            out = onnx.shape_inference.infer_node_outputs(
+                self.schema, self.proto, types, data,
+                opset_imports=[helper.make_opsetid(self.node.domain, self.node.opset)],
+            )
+        except Exception:  # noqa: BLE001 - inputs the rule rejects are the kernel's to report
+            return 0
+        total = 0
+        for tp in out.values():
+            if not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+                continue
+            n = 1
+            for d in tp.tensor_type.shape.dim:
+                if not d.HasField("dim_value"):
+                    n = 0  # an unknown dim: no size to hold against the limit
+                    break
+                n *= d.dim_value
+            try:
+                total += n * np_dtype(tp.tensor_type.elem_type).itemsize
+            except KeyError:
+                total += n
+        return total
+
+
+def _custom_rule(opdef: Any, node: Any) -> Callable[..., int]:
+    """Output bytes from a custom operator's `.infer` rule applied to the actual inputs."""
+    from ..contract import TensorFact
+    from ..dtypes import dtype_name
+
+    def rule(*args: Any, **kw: Any) -> int:
+        facts = [
+            TensorFact(dtype_name(a.dtype), tuple(a.shape)) if isinstance(a, np.ndarray) else None
+            for a in args
+        ]
+        attrs = {k: v for k, v in kw.items() if k not in ("out", "workspace", "noutputs")}
+        res = opdef.infer_fn(*facts, **attrs)
+        total = 0
+        for f in res if isinstance(res, (list, tuple)) else [res]:
+            if not isinstance(f, TensorFact) or f.shape is None or f.dtype in (None, "string"):
+                continue
+            if all(isinstance(d, int) for d in f.shape):
+                total += _count(f.shape) * np_dtype_of(f.dtype).itemsize
+        return total
+
+    return rule
+
+
+def size_rule(placement: Any) -> Callable[..., int]:
+    """f(*inputs, **kwargs) -> output bytes of this placed node, from the actual inputs."""
+    node = placement.node
+    if node.domain == "" and node.op_type in PREDICTORS:
+        return PREDICTORS[node.op_type]
+    opdef = placement.variant.op
+    if node.domain not in ("", "ai.onnx.ml") and getattr(opdef, "infer_fn", None) is not None:
+        return _custom_rule(opdef, node)
+    nhwc: tuple[int, ...] = ()
+    if placement.variant.layout == "NHWC":
+        from ..devices.base import sensitive_inputs
+
+        nhwc = tuple(sensitive_inputs(node))
+    return _ShapeRule(node, nhwc)
+
+
+def guard_allocation(
+    fn: Callable[..., Any], placement: Any, limit: int, dims: frozenset[str] | None = frozenset()
+) -> Callable[..., Any]:
+    """`fn`, checked before it runs against the limit when the plan leaves its size open.
+
+    `dims`: the symbolic dims the memory plan binds for this graph (None: no plan covers it,
+    as for loop bodies). Nodes the plan fixes get `fn` back unchanged.
+    """
+    node = placement.node
+    if not needs_check(node, limit, dims):
         return fn
+    predict = size_rule(placement)
 
     @functools.wraps(fn)
     def checked(*args: Any, **kw: Any) -> Any:
@@ -106,11 +407,28 @@ def guard_allocation(fn: Callable[..., Any], node: Any, limit: int) -> Callable[
         except Exception:  # noqa: BLE001 - malformed inputs are the kernel's to report
             need = 0
         if need > limit:
+            # No node name here: every run path prefixes the failing step's.
             raise MemoryLimitError(
-                f"node {node.label} would allocate {describe_bytes(need)}, more than the memory "
-                f"limit of {describe_bytes(limit)} (SessionOptions.memory_limit_bytes); refused "
+                f"its outputs would take {describe_bytes(need)} (inputs {_shapes(args)}), "
+                "more than the memory limit of "
+                f"{describe_bytes(limit)} (SessionOptions.memory_limit_bytes); refused "
                 "before allocating"
             )
         return fn(*args, **kw)
 
+    checked.size_rule = predict  # type: ignore[attr-defined]
     return checked
+
+
+def _shapes(args: tuple) -> str:
+    parts = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            # values for what reads as sizes (pads, scales, depth), shapes for the rest
+            small = a.ndim <= 1 and a.size <= 8 and a.dtype.kind in "biuf"
+            parts.append(f"{a.dtype} {a.tolist()}" if small else f"{a.dtype}{list(a.shape)}")
+        elif isinstance(a, list):
+            parts.append(f"sequence[{len(a)}]")
+        else:
+            parts.append("None" if a is None else type(a).__name__)
+    return ", ".join(parts)

@@ -6,11 +6,12 @@ slots that die after each step); `Program.run` only moves arrays between slots a
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError, OpwardenError
+from ..errors import KernelError, MemoryLimitError, OpwardenError, RunTimeoutError
 from ..ir.graph import Graph, Value
 from ..memory.constants import freeze as freeze_constant
 from ..memory.limits import guard_allocation
@@ -51,15 +52,44 @@ class Step:
         self.noutputs = len(outs) if placement.variant.wants_noutputs else 0
 
 
+class Deadline:
+    """A run's deadline (SessionOptions.run_timeout_ms): checked between the steps of guarded
+    runs and at every Loop/Scan iteration, which reach it through their BoundGraph body."""
+
+    __slots__ = ("at", "ms")
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+        self.at = time.monotonic() + ms / 1000.0
+
+    def check(self, where: str) -> None:
+        if time.monotonic() > self.at:
+            raise RunTimeoutError(
+                f"{where}: the run passed its deadline of {self.ms:g} ms "
+                "(SessionOptions.run_timeout_ms) and was stopped"
+            )
+
+
 class BoundGraph:
-    """A subgraph attribute at run time: call it with the subgraph's inputs, get its outputs."""
+    """A subgraph attribute at run time: call it with the subgraph's inputs, get its outputs.
 
-    __slots__ = ("program", "captured", "guard")
+    Control-flow kernels also read from it what bounds their iterations: `memory_limit` (the
+    session's) and `deadline` (the run's, or None).
+    """
 
-    def __init__(self, program: Program, captured: list[Any], guard: Any = None) -> None:
+    __slots__ = ("program", "captured", "guard", "deadline")
+
+    def __init__(
+        self, program: Program, captured: list[Any], guard: Any = None, deadline: Any = None
+    ) -> None:
         self.program = program
         self.captured = captured
         self.guard = guard
+        self.deadline = deadline
+
+    @property
+    def memory_limit(self) -> int | None:
+        return self.program.memory_limit
 
     @property
     def input_names(self) -> list[str]:
@@ -71,7 +101,9 @@ class BoundGraph:
 
     def __call__(self, *inputs: Any) -> list[Any]:
         if self.guard is not None:
-            return self.program.run_guarded(list(inputs), self.captured, self.guard)
+            return self.program.run_guarded(
+                list(inputs), self.captured, self.guard, deadline=self.deadline
+            )
         return self.program.run(list(inputs), self.captured)
 
 
@@ -91,9 +123,13 @@ class Program:
         memory_limit: int | None = None,
         parallel: bool = False,
         isolate: Any = None,
+        planned: bool = True,
     ) -> None:
         self.graph = graph
         self.memory_limit = memory_limit
+        # Symbolic dims a memory plan binds for this graph (the feeds'); None for subgraphs,
+        # which no plan covers: their sizes are checked as the kernels run (memory.limits).
+        plan_dims = _input_dims(graph) if planned else None
         self.isolate = isolate  # guard.isolate.Isolation: steps whose kernel runs in a worker
         self.slots: dict[int, int] = {}  # id(Value) -> slot
         self.values: list[Value | None] = []  # slot -> Value
@@ -119,7 +155,7 @@ class Program:
             if isolate is not None:
                 st.fn = isolate.wrap(st, self)
             if memory_limit is not None:
-                st.fn = guard_allocation(st.fn, node, memory_limit)
+                st.fn = guard_allocation(st.fn, pl, memory_limit, plan_dims)
             self.steps.append(st)
         self.output_slots = [self._slot(v) for v in graph.outputs]
         # Time of each step for memory planning: its index, or its wavefront when independent
@@ -166,7 +202,7 @@ class Program:
         return s
 
     def _sub(self, g: Graph, placements: dict[int, Placement]) -> tuple[Program, tuple[int, ...]]:
-        prog = Program(g, placements, self.memory_limit, isolate=self.isolate)
+        prog = Program(g, placements, self.memory_limit, isolate=self.isolate, planned=False)
         return prog, tuple(self._slot(v) for v in g.captures)
 
     def _plan_frees(self) -> None:
@@ -250,18 +286,31 @@ class Program:
         return [env[s] for s in self.output_slots]
 
     def run_guarded(
-        self, feeds: list[Any], captured: list[Any] | None, guard: Any, calls: list | None = None
+        self,
+        feeds: list[Any],
+        captured: list[Any] | None,
+        guard: Any,
+        calls: list | None = None,
+        deadline: Deadline | None = None,
     ) -> list[Any]:
         """`run` with every step under the guard (checks, fallback, deadlines, tracing)."""
         env = self._env(feeds, captured)
         fin: list[Any] = [None] * len(env)
         for st, _fn, ins, kw, _frees, hook in calls or self.calls:
+            if deadline is not None:
+                deadline.check(f"before node {st.placement.node.label}")
             args = [env[s] if s >= 0 else None for s in ins]
             if st.graphs:
                 kw = dict(kw)
                 for k, g in st.graphs.items():
-                    kw[k] = _bind(g, env, guard)
-            outs = guard.call(st, args, kw, fin)
+                    kw[k] = _bind(g, env, guard, deadline)
+            try:
+                outs = guard.call(st, args, kw, fin)
+            except (MemoryLimitError, RunTimeoutError) as e:
+                label = st.placement.node.label
+                if label in str(e):
+                    raise
+                raise type(e)(f"node {label}: {e}") from None
             for s, o in zip(st.outs, outs):
                 if s >= 0:
                     env[s] = o
@@ -437,11 +486,19 @@ class _ArenaViews:
         return x.copy()
 
 
-def _bind(g: Any, env: list[Any], guard: Any = None) -> Any:
+def _bind(g: Any, env: list[Any], guard: Any = None, deadline: Deadline | None = None) -> Any:
     if isinstance(g, list):
-        return [BoundGraph(p, [env[s] for s in caps], guard) for p, caps in g]
+        return [BoundGraph(p, [env[s] for s in caps], guard, deadline) for p, caps in g]
     prog, caps = g
-    return BoundGraph(prog, [env[s] for s in caps], guard)
+    return BoundGraph(prog, [env[s] for s in caps], guard, deadline)
+
+
+def _input_dims(graph: Graph) -> frozenset[str]:
+    """The symbolic dims of a graph's tensor inputs (what a memory plan binds per signature)."""
+    return frozenset(
+        d for v in graph.inputs if v.kind == "tensor" and v.fact.shape is not None
+        for d in v.fact.shape if isinstance(d, str)
+    )
 
 
 def _store(st: Step, res: Any, env: list[Any]) -> None:

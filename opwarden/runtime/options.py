@@ -33,6 +33,14 @@ _OPTIONS: dict[str, tuple[Any, str, Any]] = {
         "None or an int > 0",
         lambda v: v is None or (isinstance(v, int) and v > 0),
     ),
+    # A whole run's deadline, checked between steps and at every Loop/Scan iteration; runs
+    # with one take the guarded loop.
+    "run_timeout_ms": (
+        None,
+        "None or a number > 0",
+        lambda v: v is None
+        or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v == v),
+    ),
     "fallback": ("allow", "'allow' or 'forbid'", lambda v: v in ("allow", "forbid")),
     "intra_op_num_threads": (0, "an int >= 0", lambda v: isinstance(v, int) and v >= 0),
     "inter_op_num_threads": (0, "an int >= 0", lambda v: isinstance(v, int) and v >= 0),

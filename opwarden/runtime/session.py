@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import dtype_name
-from ..errors import InputError, ModelError, OptionsError, OpwardenError
+from ..errors import InputError, MemoryLimitError, ModelError, OptionsError, OpwardenError
 from ..guard.faults import FaultRecord
 from ..guard.guard import Guard
 from ..guard.isolate import isolation_for
@@ -24,7 +24,7 @@ from ..memory.hugepages import move_weights
 from ..passes import optimize
 from ..trace.records import OpRecord, chrome_trace, default_trace_path
 from .codegen import LeanFault
-from .executor import Program, describe_value
+from .executor import Deadline, Program, describe_value
 from .executor import _kernel_error as kernel_error
 from .options import SessionOptions
 from .place import Placement, place_model
@@ -197,6 +197,8 @@ class InferenceSession:
         run_options: Any = None,
     ) -> list[Any]:
         """Run the model; returns the requested outputs (all when output_names is None)."""
+        timeout = self.options.run_timeout_ms
+        deadline = None if timeout is None else Deadline(timeout)
         picks = self._output_indices(output_names)
         feeds = self._feeds(input_feed)
         g = self.guard
@@ -204,6 +206,7 @@ class InferenceSession:
         # An isolated kernel's crash must reach the guard: without the contract check the lean
         # loop would raise it instead of rerunning under the guard.
         lean = lean and ("contract" in g.checks or self._isolation is None)
+        lean = lean and deadline is None  # the guarded loop checks the run's deadline
         contract = "contract" in g.checks
         debug = self.options.debug_memory
         calls, fn, token = self.memory.calls_for(feeds, contract if lean and not debug else None)
@@ -215,7 +218,7 @@ class InferenceSession:
             elif fn is not None or (lean and not contract):
                 outs = self._run_lean(fn, feeds, calls, contract)
             else:
-                outs = self._run_guarded(feeds, calls)
+                outs = self._run_guarded(feeds, calls, deadline)
         finally:
             if token is not None:
                 token.release()
@@ -229,7 +232,8 @@ class InferenceSession:
         try:
             return fn(feeds, None)
         except LeanFault as e:
-            if contract:
+            # A refused allocation is refused again under the guard: no rerun for it.
+            if contract and not isinstance(e.error, MemoryLimitError):
                 # Rerun under the guard: it records the fault, falls back, quarantines.
                 return self._run_guarded(feeds, calls)
             raise kernel_error(self.program.steps[e.index], [], e.error) from e.error
@@ -242,16 +246,16 @@ class InferenceSession:
         try:
             return self.program.run_parallel(feeds, calls, self._pool, contract)
         except LeanFault as e:
-            if contract:
+            if contract and not isinstance(e.error, MemoryLimitError):
                 return self._run_guarded(feeds, calls)
             raise kernel_error(self.program.steps[e.index], [], e.error) from e.error
 
-    def _run_guarded(self, feeds: list[Any], calls: list) -> list[Any]:
+    def _run_guarded(self, feeds: list[Any], calls: list, deadline: Any = None) -> list[Any]:
         self.guard.begin_run()
         # Each step's output shape is checked against the facts with the feeds' dims bound.
         self.guard.bind_dims(self.program, self.memory.signature(feeds)[1])
         try:
-            return self.program.run_guarded(feeds, None, self.guard, calls)
+            return self.program.run_guarded(feeds, None, self.guard, calls, deadline)
         finally:
             self.guard.end_run()
 
