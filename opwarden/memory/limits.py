@@ -119,6 +119,28 @@ def _concat_from_sequence(seq, **_):
     return sum(t.nbytes for t in seq if isinstance(t, np.ndarray)) if isinstance(seq, list) else 0
 
 
+def _non_max_suppression(boxes, scores, max_output_boxes_per_class=None, *_, **__):
+    if np.ndim(scores) != 3:
+        return 0
+    b, c, n = np.shape(scores)
+    per_class = n
+    if max_output_boxes_per_class is not None and np.size(max_output_boxes_per_class):
+        per_class = min(n, max(int(np.asarray(max_output_boxes_per_class).reshape(-1)[0]), 0))
+    return b * c * per_class * 3 * 8
+
+
+def _image_decoder(encoded_stream, *, pixel_format="RGB", **_):
+    # The header tells the size: the decoded image in its own bands, then converted.
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(np.asarray(encoded_stream).tobytes())) as im:
+        w, h = im.size
+        bands = len(im.getbands())
+    return w * h * (bands + (1 if pixel_format == "Grayscale" else 3))
+
+
 # op_type -> f(*inputs, **attrs) -> output bytes from the actual inputs, for what the general
 # rule (onnx's shape inference) cannot tell or tells slower
 PREDICTORS: dict[str, Callable[..., int]] = {
@@ -130,6 +152,8 @@ PREDICTORS: dict[str, Callable[..., int]] = {
     "NonZero": _nonzero,
     "Unique": _unique,
     "ConcatFromSequence": _concat_from_sequence,
+    "NonMaxSuppression": _non_max_suppression,
+    "ImageDecoder": _image_decoder,
 }
 
 # Inputs whose values set the output size (default domain). A node that reads any of them from
@@ -153,6 +177,7 @@ VALUE_SHAPED: dict[str, tuple[int, ...]] = {
     "BlackmanWindow": (0,),
     "MelWeightMatrix": (0, 1),
     "AffineGrid": (1,),
+    "ImageDecoder": (0,),
 }
 
 # Operators that never allocate more than they are given (views, shape queries, sequences of

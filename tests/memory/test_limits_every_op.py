@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import tracemalloc
+import zlib
 
 import numpy as np
 import onnx
@@ -173,6 +174,44 @@ def center_crop_pad():
     return m, {"x": x, "shape": _i64(20000, 20000)}, {"x": x, "shape": _i64(2, 6)}
 
 
+def hann_window():
+    m = _model(
+        [helper.make_node("HannWindow", ["n"], ["y"], name="window")],
+        [("n", I64, [])],
+        [("y", F, None)],
+        opset=17,
+    )
+    return m, {"n": np.array(10**9, np.int64)}, {"n": np.array(5, np.int64)}
+
+
+def _png(width: int, height: int, body: bytes = b"") -> np.ndarray:
+    """PNG bytes: an RGB header of this size, then `body` (the IDAT chunk, or nothing)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (len(data).to_bytes(4, "big") + kind + data
+                + zlib.crc32(kind + data).to_bytes(4, "big"))
+
+    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + body + chunk(b"IEND", b"")
+    return np.frombuffer(data, np.uint8)
+
+
+def image_decoder():
+    pytest.importorskip("PIL")
+    m = _model(
+        [helper.make_node("ImageDecoder", ["bytes"], ["y"], name="decode")],
+        [("bytes", T.UINT8, ["n"])],
+        [("y", T.UINT8, None)],
+        opset=20,
+    )
+    # 10^8 pixels: under Pillow's own bomb threshold, 600 MB decoded and converted
+    big = _png(10000, 10000)
+    rows = zlib.compress(b"".join(b"\x00" + bytes(range(r, r + 9)) for r in range(2)))
+    idat = len(rows).to_bytes(4, "big") + b"IDAT" + rows + zlib.crc32(b"IDAT" + rows).to_bytes(
+        4, "big")
+    small = _png(3, 2, idat)  # 2 rows of 3 RGB pixels
+    return m, {"bytes": big}, {"bytes": small}
+
+
 def _loop_body(nodes, inputs, outputs):
     return helper.make_graph(
         nodes, "body",
@@ -251,6 +290,7 @@ CASES = {
     f.__name__: f
     for f in (pad, pad_declared_small, resize_sizes, resize_scales, upsample, one_hot,
               concat_of_feed, constant_of_shape, max_unpool, col2im, center_crop_pad,
+              hann_window, image_decoder,
               loop_scan_output, scan_outputs, loop_carried_sequence)
 }
 # Loops accumulate up to the limit before they refuse the next iteration; the others refuse
@@ -276,6 +316,7 @@ def _reference(case: str, m: onnx.ModelProto, feeds: dict) -> list:
     return ReferenceEvaluator(m).run(None, feeds)
 
 
+@pytest.mark.filterwarnings("ignore:Image size")  # Pillow's own note on the 10^8-pixel PNG
 @pytest.mark.parametrize("case", list(CASES))
 def test_feed_driven_size_is_refused_before_allocating(case):
     m, big, small = CASES[case]()
