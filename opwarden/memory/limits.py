@@ -425,8 +425,8 @@ def guard_allocation(
         return fn
     predict = size_rule(placement)
 
-    @functools.wraps(fn)
-    def checked(*args: Any, **kw: Any) -> Any:
+    def refuse(*args: Any, **kw: Any) -> None:
+        """Raise MemoryLimitError if these inputs would make outputs above the limit."""
         try:
             need = int(predict(*args, **kw))
         except Exception:  # noqa: BLE001 - malformed inputs are the kernel's to report
@@ -439,9 +439,14 @@ def guard_allocation(
                 f"{describe_bytes(limit)} (SessionOptions.memory_limit_bytes); refused "
                 "before allocating"
             )
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kw: Any) -> Any:
+        refuse(*args, **kw)
         return fn(*args, **kw)
 
     checked.size_rule = predict  # type: ignore[attr-defined]
+    checked.refuse = refuse  # type: ignore[attr-defined]  # for calls that bypass `checked`
     return checked
 
 

@@ -174,6 +174,20 @@ def center_crop_pad():
     return m, {"x": x, "shape": _i64(20000, 20000)}, {"x": x, "shape": _i64(2, 6)}
 
 
+def broadcast_of_reshaped():
+    # Shapes no fact knows (Reshape to fed shapes) broadcast to n * m elements.
+    m = _model(
+        [helper.make_node("Reshape", ["a", "sa"], ["ra"]),
+         helper.make_node("Reshape", ["b", "sb"], ["rb"]),
+         helper.make_node("Mul", ["ra", "rb"], ["y"], name="outer")],
+        [("a", F, ["n"]), ("sa", I64, [2]), ("b", F, ["m"]), ("sb", I64, [2])],
+        [("y", F, None)],
+    )
+    a, b = _f32(10000), _f32(10000)
+    big = {"a": a, "sa": _i64(10000, 1), "b": b, "sb": _i64(1, 10000)}
+    return m, big, {"a": _f32(3), "sa": _i64(3, 1), "b": _f32(4), "sb": _i64(1, 4)}
+
+
 def hann_window():
     m = _model(
         [helper.make_node("HannWindow", ["n"], ["y"], name="window")],
@@ -290,7 +304,7 @@ CASES = {
     f.__name__: f
     for f in (pad, pad_declared_small, resize_sizes, resize_scales, upsample, one_hot,
               concat_of_feed, constant_of_shape, max_unpool, col2im, center_crop_pad,
-              hann_window, image_decoder,
+              hann_window, image_decoder, broadcast_of_reshaped,
               loop_scan_output, scan_outputs, loop_carried_sequence)
 }
 # Loops accumulate up to the limit before they refuse the next iteration; the others refuse
@@ -356,6 +370,24 @@ def test_refusal_under_the_guard_names_the_node():
         sess.run(None, big)
     assert not sess.faults  # a refusal is not a kernel fault: nothing quarantined
     np.testing.assert_array_equal(sess.run(None, small)[0], _reference("one_hot", m, small)[0])
+
+
+def test_quarantined_variant_is_checked_too():
+    """A quarantined variant's node runs the reference kernel; the limit still holds there."""
+    m, big, small = concat_of_feed()
+    sess = opwarden.InferenceSession(m.SerializeToString(), memory_limit_bytes=LIMIT)
+    (st,) = sess.program.steps
+    assert not st.placement.variant.reference
+    sess.guard.quarantine.add(st.placement.variant.name, "test")
+    tracemalloc.start()
+    try:
+        with pytest.raises(MemoryLimitError, match="'concat'"):
+            sess.run(None, big)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20
+    np.testing.assert_array_equal(sess.run(None, small)[0], np.concatenate([small["x"]] * 16))
 
 
 def test_static_nodes_are_not_wrapped():
