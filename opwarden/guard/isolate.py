@@ -329,8 +329,11 @@ class Isolation:
             ws = kw.get("workspace")
             ws_desc = (ws.shape, ws.dtype) if isinstance(ws, np.ndarray) else None
             h = self._h
-            if h.proc is not None and (index >= self._forked_entries or not h.proc.is_alive()):
-                h.stop_worker(kill=True)  # died idle (killed from outside): not this call's fault
+            # A worker that died idle (killed from outside) is not this call's fault: its end of
+            # the pipe reads as closed (poll) before its exit status can be collected.
+            if h.proc is not None and (index >= self._forked_entries or h.conn.poll(0)
+                                       or not h.proc.is_alive()):
+                h.stop_worker(kill=True)
             if h.proc is None:
                 self._start(2 * end)
             elif end > self._size:
@@ -352,6 +355,11 @@ class Isolation:
                 data = h.conn.recv_bytes()
             except (EOFError, OSError):
                 raise self._crash(e) from None
+            except BaseException:
+                # Interrupted (KeyboardInterrupt, a deadline): the worker may still answer this
+                # call later, so it must not serve another.
+                h.stop_worker(kill=True)
+                raise
             status, payload, size = pickle.loads(data)
             if size > self._size:
                 self._map(size)  # the worker grew the file for its outputs

@@ -280,11 +280,16 @@ def test_worker_killed_while_idle_is_restarted_without_blame(variant):
 
 
 def _gone_or_zombie(pid: int) -> bool:
+    """Every thread of the process has exited (the leader turns zombie before its other threads,
+    such as an idle BLAS thread, are gone and the pipe closes)."""
     for _ in range(200):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(") ", 1)[1].startswith("Z"):
-                    return True
+            states = []
+            for t in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    states.append(f.read().rsplit(") ", 1)[1][0])
+            if all(s in "ZX" for s in states):
+                return True
         except FileNotFoundError:
             return True
         time.sleep(0.01)
