@@ -206,6 +206,8 @@ class InferenceSession:
         # An isolated kernel's crash must reach the guard: without the contract check the lean
         # loop would raise it instead of rerunning under the guard.
         lean = lean and ("contract" in g.checks or self._isolation is None)
+        if self._isolation is not None:
+            self._isolation.prestart()  # fork before this run's threads run kernels
         lean = lean and deadline is None  # the guarded loop checks the run's deadline
         contract = "contract" in g.checks
         debug = self.options.debug_memory
