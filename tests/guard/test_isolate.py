@@ -155,6 +155,35 @@ def test_crash_on_every_run_path(variant, opts):
         assert rec.status == "fallback" and "SIGSEGV" in rec.error
 
 
+def _two_branches() -> bytes:
+    """x -> IsoRelu (a) and x -> Neg -> IsoRelu (b), independent: one wavefront."""
+    nodes = [
+        helper.make_node("IsoRelu", ["x"], ["a"], name="a", domain=DOMAIN),
+        helper.make_node("Neg", ["x"], ["nx"], name="neg"),
+        helper.make_node("IsoRelu", ["nx"], ["b"], name="b", domain=DOMAIN),
+    ]
+    graph = helper.make_graph(
+        nodes, "branches",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3, 5]) for n in ("a", "b")],
+    )
+    return helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]).SerializeToString()
+
+
+def test_crash_in_the_parallel_loop(variant):
+    name = variant(IsoRelu, _segv, "isorelu.cpu.segv")
+    sess = ow.InferenceSession(_two_branches(), isolate=[name], inter_op_num_threads=2)
+    a, b = sess.run(None, {"x": X})
+    np.testing.assert_array_equal(a, np.maximum(X, 0))
+    np.testing.assert_array_equal(b, np.maximum(-X, 0))
+    assert [f.check for f in sess.faults] == ["crash"] and sess.faults[0].node in ("a", "b")
+    assert sess.program.levels is not None  # the wavefront loop ran it
+    assert _runs(MARKS[0]) == 1  # the other branch, waiting for the worker, is not run
+    sess.run(None, {"x": X})
+    assert len(sess.faults) == 1
+
+
 def test_on_fault_raise_names_node_and_crash(variant):
     variant(IsoRelu, _abort, "isorelu.cpu.abort")
     sess = ow.InferenceSession(RELU_MODEL, isolate="custom", on_fault="raise")
