@@ -97,6 +97,13 @@ def _bad_out(i: int, k: int, x: Any, shape: tuple | None, dtype: Any) -> None:
             f"step {i} output {k} has shape {list(x.shape)}, the plan expects {list(shape)}")
 
 
+def _out(i: int, k: int, x: Any, shape: tuple | None, dtype: Any) -> Any:
+    """Output `k` of step `i` as kept (`_one`), after the slow half of its check."""
+    x = _one(x)
+    _bad_out(i, k, x, shape, dtype)
+    return x
+
+
 def _dim_names(program: Any) -> dict[str, str]:
     """Symbolic dim name -> the expression (over `feeds`) that binds it in a run."""
     out: dict[str, str] = {}
@@ -135,6 +142,7 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         "_feed": _feed,
         "_alias": _alias,
         "_bad_out": _bad_out,
+        "_out": _out,
         "_ndarray": np.ndarray,
         "_BoundGraph": BoundGraph,
         "_LeanFault": LeanFault,
@@ -146,11 +154,12 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         add(f"    _d{j} = {expr}")
     dtypes: dict[Any, str] = {}
 
-    def check(i: int, k: int, s: int) -> None:
-        """The output check of slot s (output k of step i)."""
+    def check(i: int, k: int, s: int) -> tuple[str, str] | None:
+        """The output check of slot s (output k of step i): (a condition true when the value
+        may be wrong, the arguments of _bad_out/_out), or None when s has no type to check."""
         want = _expect(program.values[s], dims)
         if want is None:
-            return
+            return None
         shape, dt = want
         tests = [f"type(s{s}) is not _ndarray"]
         if shape is not None:
@@ -161,8 +170,7 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
             ns[dname] = dt
             # builtin dtypes are singletons: `is not` is the fast test, _bad_out the exact one
             tests.append(f"s{s}.dtype is not {dname}")
-        body.append(f"if {' or '.join(tests)}: _bad_out({i}, {k}, s{s}, "
-                    f"{shape if shape is not None else 'None'}, {dname})")
+        return " or ".join(tests), f"{i}, {k}, s{s}, {shape or 'None'}, {dname}"
 
     for k, s in enumerate(program.input_slots):
         add(f"    s{s} = _feed(feeds[{k}])" if contract else f"    s{s} = feeds[{k}]")
@@ -222,20 +230,27 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         if len(outs) == 1:
             o = outs[0]
             target = f"s{o}" if o >= 0 else "_"
+            want = check(i, 0, o) if contract and o >= 0 else None
+            body.append(f"{target} = {call}")
             if out_buf is not None and contract:
-                body.append(f"{target} = {call}")
-                body.append(
-                    f"{target} = r{i} if {target} is o{i} else _ro_out({target}, o{i}, r{i})")
+                if want is None:
+                    body.append(
+                        f"{target} = r{i} if {target} is o{i} else _ro_out({target}, o{i}, r{i})")
+                else:
+                    # The planned buffer has the plan's shape and dtype: only other results
+                    # are checked.
+                    body.append(f"if {target} is o{i}: {target} = r{i}")
+                    body.append("else:")
+                    body.append(f"    {target} = _ro_out({target}, o{i}, r{i})")
+                    body.append(f"    if {want[0]}: _bad_out({want[1]})")
             else:
-                body.append(f"{target} = {call}")
-                body.append(
-                    f"if type({target}) is not _ndarray: {target} = _one({target})"
-                )
+                if want is None:
+                    body.append(f"if type({target}) is not _ndarray: {target} = _one({target})")
+                else:
+                    body.append(f"if {want[0]}: {target} = _out({want[1]})")
                 if contract:
                     body.append(f"_ro({target})")
             out_names = [target] if o >= 0 else []
-            if contract and o >= 0:
-                check(i, 0, o)
         else:
             needed = tuple(k for k, s in enumerate(outs) if s >= 0)
             body.append(f"_r = _many({call}, {len(outs)}, {needed!r})")
@@ -248,8 +263,9 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
                 else:
                     body.append(f"s{s} = _r[{k}]" + (f"; _ro(s{s})" if contract else ""))
                 out_names.append(f"s{s}")
-                if contract:
-                    check(i, k, s)
+                want = check(i, k, s) if contract else None
+                if want is not None:
+                    body.append(f"if {want[0]}: _bad_out({want[1]})")
         if hook is not None:
             ns[f"h{i}"] = hook
             for k, s in enumerate(outs):
