@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import heapq
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -9,6 +11,7 @@ from typing import Any
 
 import onnx
 from google.protobuf.message import DecodeError
+from onnx import numpy_helper
 
 from ..contract import TensorFact
 from ..dtypes import dtype_name, np_dtype
@@ -20,6 +23,15 @@ from .tensors import payload_array, to_array
 from .wire import Payload, split_payloads
 
 MAX_FUNCTION_DEPTH = 32
+# Inlining model-local functions turns a few written nodes into many: functions that each call
+# the next twice double the count per level, so a 2 KB file can ask for 2^depth nodes, and each
+# costs ~50-150 us to load. Refused: more than MAX_INLINED_NODES in all, or more than
+# MAX_INLINE_GROWTH times the nodes the model writes once past INLINE_GROWTH_FLOOR (real models
+# that reuse functions stay far below both: a 100-layer network calling one layer function
+# grows about 100-fold but to a few 10^4 nodes).
+MAX_INLINED_NODES = 1_000_000
+MAX_INLINE_GROWTH = 100
+INLINE_GROWTH_FLOOR = 100_000
 
 
 @dataclass
@@ -172,6 +184,11 @@ def _types(g: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
             if vi.HasField("type")}
 
 
+# The attribute types pool geometry reads; others (tensors, which could name external files)
+# are left for the builder and validation.
+_GEOMETRY_ATTRS = (onnx.AttributeProto.INT, onnx.AttributeProto.INTS, onnx.AttributeProto.STRING)
+
+
 def _ceil_pool_fixes(g: onnx.GraphProto, types: dict) -> dict[str, tuple[int, list[int]]]:
     """Outputs of ceil_mode pools whose inferred shape is not the kernels' (see
     _pool_ceil_facts): name -> (element type, shape)."""
@@ -185,7 +202,7 @@ def _ceil_pool_fixes(g: onnx.GraphProto, types: dict) -> dict[str, tuple[int, li
         dims = t.tensor_type.shape.dim
         if any(not d.HasField("dim_value") for d in dims):
             continue
-        a = {at.name: attr_value(at) for at in n.attribute}
+        a = {at.name: attr_value(at) for at in n.attribute if at.type in _GEOMETRY_ATTRS}
         shape = _ceil_pool_shape(a, [d.dim_value for d in dims])
         if shape is None:
             continue
@@ -217,11 +234,70 @@ def _free_names(g: onnx.GraphProto) -> set[str]:
     return used - defined
 
 
+def _calls(n: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [sub for a in n.attribute
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))]
+
+
+def inlined_size(
+    nodes, functions: dict[tuple[str, str], onnx.FunctionProto], memo: dict | None = None,
+    active: tuple = (),
+) -> int:
+    """How many nodes `nodes` become once every model-local function call is inlined,
+    subgraphs included. Each function is counted once (memo), so this is linear in the model's
+    size even when inlining it is exponential; ModelError for a function that calls itself."""
+    memo = {} if memo is None else memo
+    total = 0
+    for n in nodes:
+        key = (n.domain, n.op_type)
+        fn = functions.get(key)
+        if fn is None:
+            total += 1 + sum(inlined_size(sub.node, functions, memo, active)
+                             for sub in _calls(n))
+            continue
+        if key in active:
+            chain = " -> ".join(f"{d}::{o}" for d, o in (*active, key))
+            raise ModelError(f"model-local function {key[0]}::{key[1]} calls itself ({chain})")
+        if key not in memo:
+            memo[key] = inlined_size(fn.node, functions, memo, (*active, key))
+        total += memo[key]
+    return total
+
+
+def _written(nodes) -> int:
+    return sum(1 + sum(_written(sub.node) for sub in _calls(n)) for n in nodes)
+
+
+def check_inlined_size(proto: onnx.ModelProto) -> int:
+    """Refuse, before inlining anything, a model whose function calls expand past
+    MAX_INLINED_NODES, or grow it more than MAX_INLINE_GROWTH-fold beyond
+    INLINE_GROWTH_FLOOR nodes. Returns the node count after inlining (0: no functions)."""
+    functions = {(f.domain, f.name): f for f in proto.functions}
+    if not functions:
+        return 0
+    memo: dict = {}
+    total = inlined_size(proto.graph.node, functions, memo)
+    written = _written(proto.graph.node) + sum(_written(f.node) for f in proto.functions)
+    limit = min(MAX_INLINED_NODES, max(INLINE_GROWTH_FLOOR, MAX_INLINE_GROWTH * written))
+    if total > limit:
+        key, size = max(memo.items(), key=lambda kv: kv[1])
+        raise ModelError(
+            f"inlining the model-local functions would turn the {written:,} nodes the model "
+            f"writes into {total:,}, more than the limit of {limit:,}; function "
+            f"{key[0]}::{key[1]} alone expands to {size:,} nodes per call"
+        )
+    return total
+
+
 def _expand_functions(
     nodes: list[onnx.NodeProto],
     functions: dict[tuple[str, str], onnx.FunctionProto],
     depth: int = 0,
+    budget: list[int] | None = None,
 ) -> list[onnx.NodeProto]:
+    """`nodes` with model-local function calls inlined. `budget` ([nodes left]) is shared by
+    every graph of one load: the backstop behind check_inlined_size for what it cannot see
+    (graph attributes a call passes into a function body)."""
     out: list[onnx.NodeProto] = []
     for n in nodes:
         fn = functions.get((n.domain, n.op_type))
@@ -230,12 +306,24 @@ def _expand_functions(
             continue
         if depth >= MAX_FUNCTION_DEPTH:
             raise ModelError(f"model-local function {n.domain}::{n.op_type} recurses too deeply")
-        out.extend(_expand_functions(inline(n, fn), functions, depth + 1))
+        if budget is not None:
+            budget[0] -= len(fn.node)
+            if budget[0] < 0:
+                raise ModelError(
+                    f"inlining model-local function {n.domain}::{n.op_type} (node "
+                    f"{n.name or n.op_type!r}) goes past the limit of {MAX_INLINED_NODES:,} "
+                    "inlined nodes"
+                )
+        out.extend(_expand_functions(inline(n, fn), functions, depth + 1, budget))
     return out
 
 
 def _toposort(nodes: list[onnx.NodeProto], available: set[str], graph_name: str):
-    """Stable topological order; raises ModelError on cycles or undefined inputs."""
+    """Stable topological order; raises ModelError on cycles or values produced twice.
+
+    Kahn's algorithm over a heap of ready indices: among the nodes whose inputs are ready the
+    earliest in file order goes first, so file order is kept wherever the dependencies allow
+    (and a file already in order comes back unchanged), in O(n log n)."""
     producer: dict[str, int] = {}
     for i, n in enumerate(nodes):
         for o in n.output:
@@ -246,32 +334,30 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str], graph_name: str)
                         f"(by node {n.name or n.op_type!r})"
                     )
                 producer[o] = i
-    deps: list[set[int]] = []
-    for n in nodes:
+    waiting = [0] * len(nodes)  # producers not yet placed
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
         names = {x for x in n.input if x}
-        for a in n.attribute:
-            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                names |= _free_names(sub)
-        deps.append({producer[x] for x in names if x in producer})
+        for sub in _calls(n):
+            names |= _free_names(sub)
+        deps = {producer[x] for x in names if x in producer}
+        waiting[i] = len(deps)
+        for d in deps:
+            users[d].append(i)
+    ready = [i for i, w in enumerate(waiting) if w == 0]  # ascending: already a heap
     order: list[int] = []
-    done: set[int] = set()
-    pending = list(range(len(nodes)))
-    while pending:
-        progress = [i for i in pending if deps[i] <= done]
-        if not progress:
-            stuck = nodes[pending[0]]
-            raise ModelError(
-                f"graph {graph_name!r} has a cycle through node {stuck.name or stuck.op_type!r}"
-            )
-        # Keep file order wherever the dependencies allow.
-        first = progress[0]
-        order.append(first)
-        done.add(first)
-        pending.remove(first)
-        if len(progress) == len(pending) + 1:
-            order.extend(pending)
-            done.update(pending)
-            pending = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) < len(nodes):
+        stuck = nodes[next(i for i, w in enumerate(waiting) if w)]
+        raise ModelError(
+            f"graph {graph_name!r} has a cycle through node {stuck.name or stuck.op_type!r}"
+        )
     return [nodes[i] for i in order]
 
 
@@ -286,19 +372,31 @@ class _Builder:
         self.types = types
         self.source = source
         self.names: set[str] = set()
+        self.budget = [MAX_INLINED_NODES]
+
+    def _tensor_reader(self, held: str):
+        """A tensor attribute's converter: external data from the model's folder only (onnx's
+        own reader would resolve it against the current directory), the rest as before."""
+        def read(t: onnx.TensorProto):
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                return to_array(t, self.base_dir, where=f"{held}, tensor {t.name!r}")
+            return numpy_helper.to_array(t)
+        return read
 
     def graph(self, gp: onnx.GraphProto, outer: Graph | None) -> Graph:
         g = Graph(gp.name or "graph", outer=outer)
         payloads = self.source.payloads if self.source is not None and outer is None else {}
+        where = "" if outer is None else f" of graph {g.name!r}"
         for t in gp.initializer:
             pl = payloads.get(t.name)
             if pl is not None:
                 arr = payload_array(t, self.source.buffer, pl)
             else:
-                arr = to_array(t, self.base_dir, self.owned)
+                arr = to_array(t, self.base_dir, self.owned, f"initializer {t.name!r}{where}")
             g.add_value(t.name, const=arr, fact=TensorFact(dtype_name(arr.dtype), arr.shape))
         for st in gp.sparse_initializer:
-            arr = _sparse_to_dense(st)
+            arr = _sparse_to_dense(st, self.base_dir,
+                                   f"sparse initializer {st.values.name!r}{where}")
             g.add_value(
                 st.values.name, const=arr, fact=TensorFact(dtype_name(arr.dtype), arr.shape)
             )
@@ -315,13 +413,14 @@ class _Builder:
         # The main graph's declared value_info already went through inference (self.types,
         # which corrected what contradicts the kernels); a subgraph's is read as declared.
         local_types = {vi.name: vi.type for vi in gp.value_info} if outer is not None else {}
-        protos = _expand_functions(list(gp.node), self.functions)
+        protos = _expand_functions(list(gp.node), self.functions, budget=self.budget)
         avail = set(g.values)
         corrected: set[int] = set()
         for i, n in enumerate(_toposort(protos, avail, g.name)):
             g.nodes.append(self.node(n, g, i, local_types))
             _pool_ceil_facts(g.nodes[-1], corrected)
             _custom_infer(g.nodes[-1])
+            _check_dims(g.nodes[-1])
         for vo in gp.output:
             v = g.lookup(vo.name)
             if v is None:
@@ -371,8 +470,11 @@ class _Builder:
         for a in n.attribute:
             if a.name in attrs:
                 raise ModelError(f"node {name!r} ({n.op_type}): attribute {a.name!r} given twice")
-            val = attr_value(a)
-            if a.type == onnx.AttributeProto.GRAPH:
+            held = f"node {name!r} ({n.op_type}) attribute {a.name!r}"
+            val = attr_value(a, self._tensor_reader(held))
+            if a.type == onnx.AttributeProto.SPARSE_TENSOR:
+                val = _sparse_embedded(val, self.base_dir, held)
+            elif a.type == onnx.AttributeProto.GRAPH:
                 val = self.graph(val, g)
             elif a.type == onnx.AttributeProto.GRAPHS:
                 val = [self.graph(sub, g) for sub in val]
@@ -472,17 +574,51 @@ def _custom_infer(node: Node) -> None:
                                 v.fact.shape if v.fact.shape is not None else fact.shape)
 
 
-def _sparse_to_dense(st: onnx.SparseTensorProto):
+def _sparse_to_dense(st: onnx.SparseTensorProto, base_dir: str | None = None,
+                     where: str = "sparse tensor"):
     import numpy as np
 
-    vals = to_array(st.values)
-    idx = to_array(st.indices).astype(np.int64)
+    vals = to_array(st.values, base_dir, where=f"{where} values")
+    idx = to_array(st.indices, base_dir, where=f"{where} indices").astype(np.int64)
     dims = tuple(int(d) for d in st.dims)
     dense = np.zeros(int(np.prod(dims)), dtype=vals.dtype)
     if idx.ndim == 2:
         idx = np.ravel_multi_index(tuple(idx.T), dims)
     dense[idx] = vals
     return dense.reshape(dims)
+
+
+def _sparse_embedded(sp: onnx.SparseTensorProto, base_dir: str | None, held: str):
+    """A sparse tensor attribute with its external values/indices read (confined to the model's
+    folder) into the message, so the kernel never resolves a location itself."""
+    parts = [f for f in ("values", "indices")
+             if getattr(sp, f).data_location == onnx.TensorProto.EXTERNAL]
+    if not parts:
+        return sp
+    out = onnx.SparseTensorProto()
+    out.CopyFrom(sp)
+    for f in parts:
+        t = getattr(sp, f)
+        arr = to_array(t, base_dir, where=f"{held}, sparse {f} {t.name!r}")
+        getattr(out, f).CopyFrom(numpy_helper.from_array(arr.copy(), t.name))
+    return out
+
+
+def _check_dims(node: Node) -> None:
+    """A negative dimension in an output's fact (shape inference's answer for, say, a Conv
+    kernel larger than its static input) is a model no feed can run; refused here, before
+    memory is planned from it."""
+    for k, v in enumerate(node.outputs):
+        shape = v.fact.shape if v is not None else None
+        if not shape:
+            continue
+        for axis, d in enumerate(shape):
+            if isinstance(d, int) and d < 0:
+                raise ModelError(
+                    f"node {node.label}: output {k} ({v.name!r}) has inferred shape "
+                    f"{list(shape)}, dimension {axis} is {d}; the node cannot produce it from "
+                    "its inputs' shapes"
+                )
 
 
 def load(source: Any) -> Model:
@@ -498,6 +634,46 @@ def load(source: Any) -> Model:
         raise ModelError(f"model cannot be loaded: {type(e).__name__}: {e}") from None
 
 
+# Domains whose versions onnx defines: a model importing a later version than the installed
+# onnx knows would otherwise run with the newest schemas onnx has, which may not mean the same.
+_ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training",
+                 "ai.onnx.preview")
+
+
+@functools.cache
+def known_opsets() -> dict[str, int]:
+    """The highest opset version of each onnx-defined domain the installed onnx knows."""
+    import onnx.defs
+
+    known = {d: 1 for d in _ONNX_DOMAINS}
+    for s in onnx.defs.get_all_schemas_with_history():
+        d = canonical_domain(s.domain)
+        if d in known:
+            known[d] = max(known[d], s.since_version)
+    known[""] = max(known[""], onnx.defs.onnx_opset_version())
+    # (release, IR version, ai.onnx, ai.onnx.ml, ai.onnx.training) rows
+    for row in onnx.helper.VERSION_TABLE:
+        for d, v in zip(("", "ai.onnx.ml", "ai.onnx.training"), row[2:]):
+            if v is not None:
+                known[d] = max(known[d], int(v))
+    return known
+
+
+def _check_versions(proto: onnx.ModelProto, opsets: dict[str, int]) -> None:
+    if proto.ir_version > onnx.IR_VERSION:
+        raise ModelError(
+            f"model has IR version {proto.ir_version}; the installed onnx "
+            f"{onnx.__version__} knows IR versions up to {onnx.IR_VERSION}"
+        )
+    known = known_opsets()
+    for d, v in opsets.items():
+        if d in known and v > known[d]:
+            raise ModelError(
+                f"model imports domain {d or 'ai.onnx'!r} at opset {v}, but the highest "
+                f"version the installed onnx {onnx.__version__} defines is {known[d]}"
+            )
+
+
 def _convert(src: Source) -> Model:
     proto, base_dir, owned = src.proto, src.base_dir, src.owned
     opsets: dict[str, int] = {}
@@ -507,7 +683,9 @@ def _convert(src: Source) -> Model:
         opsets[""] = 1 if proto.ir_version < 3 else 0
     if opsets.get("", 1) <= 0:
         raise ModelError("model imports the default domain at opset 0 or below")
+    _check_versions(proto, opsets)
     functions = {(f.domain, f.name): f for f in proto.functions}
+    check_inlined_size(proto)
     types = _infer(proto)
     builder = _Builder(opsets, functions, base_dir, owned, types, src)
     graph = builder.graph(proto.graph, None)

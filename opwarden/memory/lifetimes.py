@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import np_dtype_of
+from ..errors import ModelError
 from .planner import Buffer, MemoryPlan, align, build_plan
 
 
@@ -155,6 +156,15 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
         if tb is None:
             dynamic.append(v.name if v is not None else f"slot{s}")
         else:
+            if any(d < 0 for d in tb[1]):
+                # A fact written after loading (which refuses static negatives) resolved
+                # negative for these dims; a view of that shape cannot exist.
+                who = v.producer.label if v.producer is not None else "the graph"
+                raise ModelError(
+                    f"node {who}: output {v.name!r} would have shape {list(tb[1])} "
+                    f"(fact {list(v.fact.shape)}) for input dims {dims}; a dimension is "
+                    "negative"
+                )
             sized[s] = tb
 
     # View groups: an output that is a view of its input shares the input's buffer.

@@ -10,6 +10,7 @@ import onnx
 import onnx.defs
 
 from ..dtypes import typestr_to_dtype_name
+from ..errors import ModelError
 
 STANDARD_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 
@@ -92,13 +93,27 @@ _OPTION = {
 }
 
 
-def attr_value(attr: onnx.AttributeProto) -> Any:
+def _tensor_without_files(t: onnx.TensorProto) -> Any:
+    """A tensor attribute's array; external data is refused, since only the loader knows the
+    model's folder (onnx would read the location relative to the current directory)."""
+    from onnx import numpy_helper
+
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raise ModelError(
+            f"tensor {t.name!r} stores its data in an external file, but no model folder is "
+            "known here to read it from"
+        )
+    return numpy_helper.to_array(t)
+
+
+def attr_value(attr: onnx.AttributeProto, tensor: Any = None) -> Any:
     """Python value of an AttributeProto: str for strings, list for repeated, ndarray for tensors.
 
     GRAPH attributes come back as the GraphProto; the IR loader converts them to Graphs.
+    `tensor` converts TENSOR/TENSORS payloads (the loader passes one that reads external data
+    from the model's folder only); by default external data is refused.
     """
-    from onnx import numpy_helper
-
+    tensor = tensor or _tensor_without_files
     t = attr.type
     A = onnx.AttributeProto
     if t == A.INT:
@@ -108,7 +123,7 @@ def attr_value(attr: onnx.AttributeProto) -> Any:
     if t == A.STRING:
         return attr.s.decode("utf-8", errors="replace")
     if t == A.TENSOR:
-        return numpy_helper.to_array(attr.t)
+        return tensor(attr.t)
     if t == A.GRAPH:
         return attr.g
     if t == A.INTS:
@@ -118,7 +133,7 @@ def attr_value(attr: onnx.AttributeProto) -> Any:
     if t == A.STRINGS:
         return [s.decode("utf-8", errors="replace") for s in attr.strings]
     if t == A.TENSORS:
-        return [numpy_helper.to_array(x) for x in attr.tensors]
+        return [tensor(x) for x in attr.tensors]
     if t == A.GRAPHS:
         return list(attr.graphs)
     if t == A.SPARSE_TENSOR:
