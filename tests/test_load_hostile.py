@@ -348,8 +348,9 @@ def test_highest_known_opset_and_own_domains_still_load():
 def test_ir_version_zero_or_unknown_is_refused(ir):
     m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])])
     m.ir_version = ir
-    with pytest.raises(ow.ModelError, match=f"ir_version is {ir}|IR version {ir}"):
-        load(m.SerializeToString())
+    for source in (m.SerializeToString(), m):
+        with pytest.raises(ow.ModelError, match=f"ir_version is {ir}|IR version {ir}"):
+            load(source)
 
 
 # -- malformed graphs (already refused: kept so) -------------------------------------------------

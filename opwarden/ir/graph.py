@@ -76,6 +76,8 @@ class Graph:
     values: dict[str, Value] = field(default_factory=dict)
     outer: Graph | None = None
     captures: list[Value] = field(default_factory=list)
+    # ids of `captures`: a body reading thousands of outer values must not search the list
+    _captured: set[int] = field(default_factory=set, repr=False)
 
     def lookup(self, name: str) -> Value | None:
         """Find a value by name here or in an enclosing graph (recording the capture)."""
@@ -85,7 +87,8 @@ class Graph:
         if self.outer is None:
             return None
         v = self.outer.lookup(name)
-        if v is not None and v not in self.captures:
+        if v is not None and id(v) not in self._captured:
+            self._captured.add(id(v))
             self.captures.append(v)
         return v
 

@@ -660,6 +660,8 @@ def known_opsets() -> dict[str, int]:
 
 
 def _check_versions(proto: onnx.ModelProto, opsets: dict[str, int]) -> None:
+    if proto.ir_version <= 0:  # (a parsed file was checked already; a ModelProto was not)
+        raise ModelError(f"not a valid ONNX model: ir_version is {proto.ir_version}")
     if proto.ir_version > onnx.IR_VERSION:
         raise ModelError(
             f"model has IR version {proto.ir_version}; the installed onnx "
