@@ -23,12 +23,15 @@ KNOWN_OPEN = {
     # A list (or dict) fed to a sequence/optional input is passed through unchecked: its
     # non-array elements come back as outputs (session feed validation; ragged list feeds).
     "escape:BadOutput@session.run": "sequence feeds holding non-arrays reach the outputs",
-    # Loop with a huge trip count from a feed runs without end (Loop deadlines, ops/control.py).
-    "hang:Hang@opwarden/ops/*": "Loop trip count from a feed (e.g. 2**63-1) never ends",
-    "hang:Hang@opwarden/runtime/*": "Loop trip count from a feed (e.g. 2**63-1) never ends",
-    "hang:Hang@opwarden/memory/*": "Loop trip count from a feed (e.g. 2**63-1) never ends",
-    # onnx's C++ shape inference segfaults on some attributes the loader passes to it
-    # (LayerNormalization axis=2**63-1 with 3 outputs), ir/load.py:_infer.
+    # Loop whose trip count comes from a feed (2**63-1) or whose condition never turns false
+    # runs without end (Loop deadlines, ops/control.py); the worker may die while being killed.
+    "hang:Hang@* via opwarden/ops/control.py:Loop": "Loop without a deadline",
+    "crash:Crash@* via opwarden/ops/control.py:Loop": "Loop without a deadline",
+    # ConstantOfShape's pre-allocation check walks a huge shape feed (a (2**20, 4) broadcast
+    # view) in Python (memory/limits.py:_count).
+    "hang:Hang@opwarden/memory/limits.py:_count": "ConstantOfShape limit check on a huge shape",
+    # onnx's C++ shape inference segfaults on what the loader hands it (LayerNormalization
+    # axis=2**63-1 with 3 outputs; value_info with elem_type -3), ir/load.py:_infer.
     "crash:Crash@opwarden/ir/load.py:_infer": "onnx shape inference segfaults",
 }
 

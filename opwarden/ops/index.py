@@ -349,7 +349,8 @@ def NonZero(X):
     return np.asarray(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)
 
 
-@op("Unique", since=11)
+# ONNX allows only 0 and 1; ORT sorts only for 1, NumPy's truth test for any non-zero value.
+@op("Unique", since=11, contract=Contract(allowed={"sorted": one_of(0, 1)}))
 def Unique(X, *, axis=None, sorted=1):  # noqa: A002  (ONNX attribute name)
     """Unique values or slices with first indices, inverse indices and counts (ONNX Unique-11)."""
     if axis is None:

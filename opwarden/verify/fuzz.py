@@ -1219,7 +1219,12 @@ def _rel(path: str) -> str:
     return path[k + 1 :] if k >= 0 else os.path.basename(path)
 
 
-def check_example(ex: Example, memory_limit: int, compare_ort: bool = False) -> dict[str, Any]:
+def check_example(
+    ex: Example,
+    memory_limit: int,
+    compare_ort: bool = False,
+    on_phase: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run one example in this process; a dict with status ok/refused/escape/mismatch."""
     import opwarden as ow
 
@@ -1251,6 +1256,8 @@ def check_example(ex: Example, memory_limit: int, compare_ort: bool = False) -> 
         )
     if res["status"] == "ok" and compare_ort and ex.deterministic:
         res["phase"] = "ort"
+        if on_phase is not None:
+            on_phase("ort")  # a crash or hang from here on is ONNX Runtime's
         diff = _compare_ort(ex, outs)
         if diff:
             res.update(status="mismatch", error="Mismatch", message=diff, where="ort")
@@ -1263,8 +1270,11 @@ def _compare_ort(ex: Example, ours: Any) -> str | None:
         import onnxruntime as ort
     except ImportError:
         return None
-    if not all(isinstance(v, np.ndarray) and v.dtype != object for v in ex.feeds.values()):
-        return None
+    if not all(
+        isinstance(v, np.ndarray) and v.dtype != object and v.dtype.isnative
+        for v in ex.feeds.values()
+    ):
+        return None  # ORT reads non-native byte orders as native ones
     try:
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
@@ -1322,7 +1332,10 @@ def _worker(args: Any) -> int:
             os.abort()
         if inject.get(k) == "hang":
             time.sleep(3600)
-        res = check_example(ex, cfg["memory_limit"], cfg["compare_ort"])
+        def phase(name: str, k: int = k) -> None:
+            pipe.write(json.dumps({"entering": name, "index": k}) + "\n")
+
+        res = check_example(ex, cfg["memory_limit"], cfg["compare_ort"], phase)
         faulthandler.cancel_dump_traceback_later()
         res["done"] = k
         pipe.write(json.dumps(res, default=str) + "\n")
@@ -1336,7 +1349,7 @@ def _worker(args: Any) -> int:
 @dataclass
 class Result:
     index: int
-    status: str  # ok | refused | escape | mismatch | hang | crash | generator
+    status: str  # ok | refused | escape | mismatch | hang | crash | generator | peer
     seed_name: str = ""
     mutations: list[str] = field(default_factory=list)
     error: str = ""
@@ -1344,6 +1357,7 @@ class Result:
     where: str = ""
     phase: str = ""
     detail: str = ""  # traceback or the worker's last stderr lines
+    stack: list[str] = field(default_factory=list)  # opwarden frames of a hang or crash
 
     @property
     def signature(self) -> str:
@@ -1392,16 +1406,22 @@ class Report:
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+_DUMP = re.compile(r"^(?:Timeout \(|Fatal Python error)", re.M)
 
 
-def _stack_where(text: str) -> str:
-    """The innermost opwarden frame of a faulthandler dump (the first thread listed)."""
-    block = text.split("\n\n")[0] if "Thread" in text else text
+def _stack(text: str) -> tuple[str, list[str]]:
+    """Innermost frame and opwarden frames (innermost first) of the last faulthandler dump."""
+    starts = [m.start() for m in _DUMP.finditer(text)]
+    block = text[starts[-1] :] if starts else text
+    block = block.split("\n\n")[0] if "Thread" in block or "thread" in block else block
     frames = _FRAME.findall(block)
-    for path, _line, fn in frames:  # faulthandler lists the innermost frame first
-        if f"{os.sep}opwarden{os.sep}" in path and not path.endswith("verify/fuzz.py"):
-            return f"{_rel(path)}:{fn}"
-    return f"{_rel(frames[0][0])}:{frames[0][2]}" if frames else "?"
+    ours = [
+        f"{_rel(p)}:{fn}"
+        for p, _line, fn in frames
+        if f"{os.sep}opwarden{os.sep}" in p and not p.endswith("verify/fuzz.py")
+    ]
+    where = ours[0] if ours else (f"{_rel(frames[0][0])}:{frames[0][2]}" if frames else "?")
+    return where, ours
 
 
 def campaign(
@@ -1490,6 +1510,8 @@ def _run_worker(
                 if "ready" in msg:
                     nxt = k
                     deadline = time.monotonic() + timeout
+                elif "entering" in msg and current is not None:
+                    current["phase"] = msg["entering"]
                 elif "start" in msg:
                     current = msg
                     deadline = time.monotonic() + timeout
@@ -1523,10 +1545,15 @@ def _tail(err: Any, n: int = 4000) -> str:
 
 def _lost(current: dict[str, Any], status: str, message: str, err: Any) -> Result:
     text = _tail(err)
+    where, stack = _stack(text)
+    phase = current.get("phase", "ours")
+    if phase == "ort":  # ONNX Runtime's crash or hang, not ours
+        message = f"ONNX Runtime {status}: {message}"
+        status = "peer"
     return Result(
         current["start"], status, current.get("seed_name", ""), current.get("mutations", []),
         error="Hang" if status == "hang" else "Crash", message=message,
-        where=_stack_where(text), phase="?", detail=text,
+        where=where, phase=phase, detail=text, stack=stack,
     )  # fmt: skip
 
 
@@ -1539,8 +1566,15 @@ def _finished(current: dict[str, Any], msg: dict[str, Any]) -> Result:
 
 
 def matches(result: Result, patterns: Iterable[str]) -> bool:
-    """Whether a result's signature matches one of the (fnmatch) patterns."""
-    return any(fnmatch.fnmatchcase(result.signature, p) for p in patterns)
+    """Whether a result matches one of the fnmatch patterns: ``SIGNATURE`` or
+    ``SIGNATURE via FRAME`` (FRAME: one of the opwarden frames of a hang's or crash's stack)."""
+    for p in patterns:
+        sig, _, via = p.partition(" via ")
+        if not fnmatch.fnmatchcase(result.signature, sig):
+            continue
+        if not via or any(fnmatch.fnmatchcase(f, via) for f in result.stack):
+            return True
+    return False
 
 
 def reproduce(
