@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import np_dtype_of
+from ..ir.graph import Declared
 from ..memory.constants import is_constant
 
 # "mutation" (inputs compared before and after each kernel) comes only with "all".
@@ -83,8 +84,23 @@ def numeric_faults(
     return found
 
 
+def checked_shape(shape: Any) -> tuple | None:
+    """The part of a fact's shape a kernel is held to: the shape with the dims only the model's
+    declaration gives (ir.graph.Declared) as None, or None when the rank itself is only
+    declared (no dim verified). A wrong declaration is the model's fault, not the kernel's."""
+    if shape is None:
+        return None
+    ok = [type(d) is int or type(d) is str for d in shape]
+    if all(ok):
+        return tuple(shape)
+    if not any(ok) and any(type(d) is Declared for d in shape):
+        return None
+    return tuple(d if k else None for d, k in zip(shape, ok))
+
+
 def fact_faults(outs: list[Any], facts: list[Any], checks: frozenset[str]) -> list[tuple[str, str]]:
-    """Output dtype/shape differing from the shape/type rule's prediction (static parts only)."""
+    """Output dtype/shape differing from the shape/type rule's prediction (static, verified
+    parts only)."""
     found: list[tuple[str, str]] = []
     for i, (o, fact) in enumerate(zip(outs, facts)):
         if fact is None or not isinstance(o, np.ndarray):
@@ -95,9 +111,10 @@ def fact_faults(outs: list[Any], facts: list[Any], checks: frozenset[str]) -> li
                 found.append(
                     ("dtype", f"output {i} has dtype {got}, the rule predicts {fact.dtype}")
                 )
-        if "shape" in checks and fact.shape is not None:
-            if o.ndim != len(fact.shape) or any(
-                isinstance(d, int) and d != n for d, n in zip(fact.shape, o.shape)
+        shape = checked_shape(fact.shape) if "shape" in checks else None
+        if shape is not None:
+            if o.ndim != len(shape) or any(
+                type(d) is int and d != n for d, n in zip(shape, o.shape)
             ):
                 found.append(
                     (
@@ -161,9 +178,9 @@ def expected_shape(fact: Any, dims: dict[str, int]) -> tuple[int, ...] | None:
         return None
     out = []
     for d in shape:
-        if isinstance(d, int):
+        if type(d) is int:
             out.append(d)
-        elif isinstance(d, str) and d in dims:
+        elif type(d) is str and d in dims:
             out.append(dims[d])
         else:
             return None
@@ -175,8 +192,9 @@ def output_faults(
 ) -> list[tuple[str, str]]:
     """The cheap default check of a step's results against the plan's static facts: each
     typed tensor output must be an array ("outputs") of the predicted dtype ("dtype") and shape
-    ("shape": rank and every dim known, symbolic ones bound by `dims`). Catching these at the
-    step blames them on the kernel that made them, not on the next node that trips over them."""
+    ("shape": rank and every dim known, symbolic ones bound by `dims`; dims only the model
+    declares are not held against it, see checked_shape). Catching these at the step blames
+    them on the kernel that made them, not on the next node that trips over them."""
     for k, (o, v) in enumerate(zip(outs, values)):
         if v is None or v.kind != "tensor" or v.fact.dtype is None:
             continue
@@ -187,11 +205,11 @@ def output_faults(
         if want is not None and o.dtype != want:
             return [("dtype", f"output {k} has dtype {o.dtype.name}, the plan expects "
                               f"{v.fact.dtype}")]
-        shape = v.fact.shape
+        shape = checked_shape(v.fact.shape)
         if shape is None:
             continue
         if o.ndim != len(shape) or any(
-            (d if isinstance(d, int) else dims.get(d, n) if isinstance(d, str) else n) != n
+            (d if type(d) is int else dims.get(d, n) if type(d) is str else n) != n
             for d, n in zip(shape, o.shape)
         ):
             want_shape = [dims.get(d, d) if isinstance(d, str) else d for d in shape]

@@ -6,6 +6,7 @@ import functools
 import heapq
 import mmap
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from ..dtypes import dtype_name, np_dtype
 from ..errors import ModelError
 from ..ops.schema import attr_value, canonical_domain
 from .functions import inline
-from .graph import Graph, Model, Node, Value
+from .graph import Graph, Model, Node, Value, declared_only, declared_value, mark_declared
 from .tensors import payload_array, to_array
 from .wire import Payload, split_payloads
 
@@ -141,42 +142,166 @@ def _light_copy(proto: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
-def _infer(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Types of every value shape inference can tell (failures leave facts unknown)."""
+@dataclass
+class Inferred:
+    """What shape inference tells about a model's values, and how its declarations fared.
+
+    `types`: the verified types by name: inferred from the graph inputs, initializers and each
+    operator's shape rule, with the declared value_info and graph-output shapes left out
+    (declared element types kept). `hints`: the facts planning and the passes see where the
+    declarations say more than inference could check (a custom operator without a rule, a dim
+    inference left unknown), those dims marked declared-only (DeclaredDim). `notes`: one line
+    per declaration that contradicts inference (the inferred fact wins, as in ONNX Runtime's
+    lenient merge). `declared`: graph outputs whose declared shape is more than was verified."""
+
+    types: dict[str, onnx.TypeProto]
+    hints: dict[str, tuple] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    declared: dict[str, tuple] = field(default_factory=dict)
+
+
+def _tensor_shape(tp: onnx.TypeProto | None) -> tuple | None:
+    if tp is None or tp.WhichOneof("value") not in ("tensor_type", "sparse_tensor_type"):
+        return None
+    return type_fact(tp)[1].shape
+
+
+def _strip_declared(g: onnx.GraphProto) -> dict[str, tuple]:
+    """Clear the shapes of `g`'s value_info and outputs (element types stay: inference needs
+    them where it cannot tell, custom operators); returns the declared shapes by name."""
+    declared: dict[str, tuple] = {}
+    for vi in list(g.value_info) + list(g.output):
+        which = vi.type.WhichOneof("value")
+        if which not in ("tensor_type", "sparse_tensor_type"):
+            continue
+        tt = getattr(vi.type, which)
+        if tt.HasField("shape"):
+            declared.setdefault(vi.name, _tensor_shape(vi.type))
+            tt.ClearField("shape")
+    return declared
+
+
+def _set_shape(g: onnx.GraphProto, name: str, elem: int, shape) -> None:
+    """Give inference `shape` for `name` (a graph output's type, else a value_info entry)."""
+    vi = onnx.helper.make_tensor_value_info(name, elem, list(shape))
+    outs = [vo for vo in g.output if vo.name == name]
+    if outs:
+        outs[0].CopyFrom(vi)
+        return
+    kept = [v for v in g.value_info if v.name != name]
+    del g.value_info[:]
+    g.value_info.extend(kept)
+    g.value_info.append(vi)
+
+
+def _run_inference(light: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    return _types(onnx.shape_inference.infer_shapes(
+        light, check_type=False, strict_mode=False).graph)
+
+
+def _merge_declared(decl: tuple, inf: tuple | None) -> tuple[str, tuple | None]:
+    """How a declared shape compares with the inferred one: ("conflict", None) when they
+    cannot both hold; ("adds", merged) when the declaration gives dims inference left
+    unknown (merged: inferred dims, declared ones where inference knows none); ("refines",
+    None) when it only pins inferred symbols ('N' -> 7: the symbol, bound from the feeds, is
+    the checked fact); ("agrees", None) otherwise."""
+    if inf is None:
+        return "adds", decl
+    if len(decl) != len(inf):
+        return "conflict", None
+    merged, adds, refines = [], False, False
+    for d, i in zip(decl, inf):
+        if isinstance(i, int):
+            if isinstance(d, int) and d != i:
+                return "conflict", None
+            merged.append(i)
+        elif isinstance(i, str):
+            refines = refines or isinstance(d, int)
+            merged.append(i)
+        else:
+            adds = adds or d is not None
+            merged.append(d)
+    if adds:
+        return "adds", tuple(merged)
+    return ("refines" if refines else "agrees"), None
+
+
+def _infer(proto: onnx.ModelProto) -> Inferred:
+    """Types of every value shape inference can tell (failures leave facts unknown), checked
+    against the model's declarations (see Inferred)."""
     try:
         light = _light_copy(proto)
-        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
-        g = inferred.graph
+        declared = _strip_declared(light.graph)
+        types = _run_inference(light)
     except Exception:  # noqa: BLE001 - onnx's inference raises on many malformed models
-        return _types(proto.graph)
-    types = _types(g)
+        # Nothing verified: every declaration stands, as a hint only.
+        from .graph import mark_declared
+
+        types = _types(proto.graph)
+        hints = {vi.name: mark_declared(_tensor_shape(vi.type))
+                 for vi in list(proto.graph.value_info) + list(proto.graph.output)
+                 if _tensor_shape(vi.type) is not None}
+        return Inferred(types, hints)
     fixes = _ceil_pool_fixes(light.graph, types)
     if fixes:
         # Inference again with the pools' true shapes given: everything after them follows.
-        # Shapes declared downstream of them (value_info, graph outputs: an exporter may have
-        # written onnx's answer there) would contradict it, so they go first.
-        after = set(fixes)
-        for n in light.graph.node:
-            if any(i in after for i in n.input):
-                after.update(o for o in n.output if o)
-        kept = [vi for vi in light.graph.value_info if vi.name not in after]
-        del light.graph.value_info[:]
-        light.graph.value_info.extend(kept)
-        for vo in light.graph.output:
-            if vo.name in after and vo.type.HasField("tensor_type"):
-                vo.type.tensor_type.ClearField("shape")
         for name, (elem, shape) in fixes.items():
-            outs = [vo for vo in light.graph.output if vo.name == name]
-            if outs:
-                outs[0].CopyFrom(onnx.helper.make_tensor_value_info(name, elem, shape))
-            else:
-                light.graph.value_info.append(onnx.helper.make_tensor_value_info(name, elem, shape))
+            _set_shape(light.graph, name, elem, shape)
         try:
-            types = _types(onnx.shape_inference.infer_shapes(
-                light, check_type=False, strict_mode=False).graph)
+            types = _run_inference(light)
         except Exception:  # noqa: BLE001 - keep the first answer; the builder corrects the pools
             pass
-    return types
+    return _check_declared(light, types, declared, {o.name for o in proto.graph.output})
+
+
+def _check_declared(light: onnx.ModelProto, types: dict[str, onnx.TypeProto],
+                    declared: dict[str, tuple], outputs: set[str]) -> Inferred:
+    """Compare the declarations with the verified `types`; where they add dims, infer once
+    more with them given, so what follows from them is known too (as hints)."""
+    from .graph import mark_declared
+
+    out = Inferred(types)
+    adds: dict[str, tuple] = {}
+    for name, decl in declared.items():
+        if decl is None:
+            continue
+        inf = _tensor_shape(types.get(name))
+        verdict, merged = _merge_declared(decl, inf)
+        if verdict == "conflict":
+            what = "graph output" if name in outputs else "value"
+            out.notes.append(
+                f"{what} {name!r}: the model declares shape {list(decl)}, but shape inference "
+                f"gives {list(inf)}; the inferred shape is used")
+            continue
+        if verdict == "adds":
+            adds[name] = merged
+        if name in outputs and verdict in ("adds", "refines"):
+            out.declared[name] = decl
+    if not adds:
+        return out
+    for name, shape in adds.items():
+        tp = types.get(name)
+        elem = tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else 0
+        if elem:
+            _set_shape(light.graph, name, elem, shape)
+    try:
+        given = _run_inference(light)
+    except Exception:  # noqa: BLE001 - the declarations contradict each other: no propagation
+        given = {}
+    given_shapes = {n: _tensor_shape(tp) for n, tp in given.items()}
+    given_shapes.update({n: s for n, s in adds.items() if given_shapes.get(n) is None})
+    for name, shape in given_shapes.items():
+        if shape is None:
+            continue
+        inf = _tensor_shape(types.get(name))
+        if inf is None:
+            out.hints[name] = mark_declared(shape)
+        elif len(inf) == len(shape) and inf != shape:
+            axes = {k for k, (i, d) in enumerate(zip(inf, shape)) if i is None and d is not None}
+            if axes:
+                hint = tuple(d if k in axes else i for k, (i, d) in enumerate(zip(inf, shape)))
+                out.hints[name] = mark_declared(hint, axes)
+    return out
 
 
 def _types(g: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
@@ -363,13 +488,16 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str], graph_name: str)
 
 class _Builder:
     def __init__(
-        self, opsets: dict[str, int], functions, base_dir, owned, types, source=None
+        self, opsets: dict[str, int], functions, base_dir, owned, inferred: Inferred,
+        source=None
     ) -> None:
         self.opsets = opsets
         self.functions = functions
         self.base_dir = base_dir
         self.owned = owned
-        self.types = types
+        self.types = inferred.types
+        self.hints = inferred.hints
+        self.notes = list(inferred.notes)
         self.source = source
         self.names: set[str] = set()
         self.budget = [MAX_INLINED_NODES]
@@ -410,8 +538,8 @@ class _Builder:
         for name, v in g.values.items():
             if v.const is not None:
                 g.initializers[name] = v
-        # The main graph's declared value_info already went through inference (self.types,
-        # which corrected what contradicts the kernels); a subgraph's is read as declared.
+        # The main graph's declared value_info was checked against inference (self.types,
+        # self.hints); a subgraph's is read as declared, its dims declared-only.
         local_types = {vi.name: vi.type for vi in gp.value_info} if outer is not None else {}
         protos = _expand_functions(list(gp.node), self.functions, budget=self.budget)
         avail = set(g.values)
@@ -419,7 +547,7 @@ class _Builder:
         for i, n in enumerate(_toposort(protos, avail, g.name)):
             g.nodes.append(self.node(n, g, i, local_types))
             _pool_ceil_facts(g.nodes[-1], corrected)
-            _custom_infer(g.nodes[-1])
+            _custom_infer(g.nodes[-1], self.notes)
             _check_dims(g.nodes[-1])
         for vo in gp.output:
             v = g.lookup(vo.name)
@@ -429,7 +557,8 @@ class _Builder:
                 )
             kind, fact = type_fact(vo.type)
             if v.fact.dtype is None and fact.dtype is not None:
-                v.fact = fact
+                # only the declaration knows it (the main graph's went through _infer)
+                v.fact = TensorFact(fact.dtype, mark_declared(fact.shape))
                 v.kind = kind
             g.outputs.append(v)
         g.rebuild_uses()
@@ -485,8 +614,16 @@ class _Builder:
             if not o:
                 node.outputs.append(None)
                 continue
-            tp = local_types.get(o) or self.types.get(o)
-            kind, fact = type_fact(tp) if tp is not None else ("tensor", TensorFact(None, None))
+            tp = local_types.get(o)
+            if tp is not None:
+                kind, fact = type_fact(tp)
+                fact = TensorFact(fact.dtype, mark_declared(fact.shape))
+            else:
+                tp = self.types.get(o)
+                kind, fact = type_fact(tp) if tp is not None else ("tensor", TensorFact(None, None))
+                hint = self.hints.get(o)
+                if hint is not None:
+                    fact = TensorFact(fact.dtype, hint)
             v = g.values.get(o) if reuse else None
             if v is None:
                 v = g.add_value(o, kind=kind, fact=fact)
@@ -542,8 +679,10 @@ def _pool_ceil_facts(node: Node, corrected: set[int]) -> None:
             corrected.add(id(v))
 
 
-def _custom_infer(node: Node) -> None:
-    """Fill unknown output facts of a custom-domain node from its operator's `.infer` rule."""
+def _custom_infer(node: Node, notes: list[str] | None = None) -> None:
+    """Fill unknown output facts of a custom-domain node from its operator's `.infer` rule; a
+    rule's shape also replaces one only the declaration gave (a conflict is noted). Dims the
+    rule derives from declared-only input dims stay declared-only."""
     from ..errors import OpwardenError
     from ..ops import REGISTRY
     from ..ops.schema import STANDARD_DOMAINS
@@ -566,12 +705,32 @@ def _custom_infer(node: Node) -> None:
     except Exception:  # noqa: BLE001 - a rule that cannot decide leaves the facts unknown
         return
     res = list(res) if isinstance(res, (tuple, list)) else [res]
+    tainted = any(v is not None and _has_declared(v.fact.shape) for v in node.inputs)
     for v, fact in zip(node.outputs, res):
         if v is None or not isinstance(fact, TensorFact):
             continue
-        if v.fact.dtype is None or v.fact.shape is None:
-            v.fact = TensorFact(v.fact.dtype or fact.dtype,
-                                v.fact.shape if v.fact.shape is not None else fact.shape)
+        cur, ruled = v.fact.shape, fact.shape
+        if ruled is not None and tainted:
+            ruled = mark_declared(ruled)
+        if ruled is not None and _has_declared(cur):
+            if notes is not None and _contradicts(cur, ruled):
+                notes.append(
+                    f"value {v.name!r}: the model declares shape {list(cur)}, but the shape "
+                    f"rule of {opdef.qualname} gives {list(ruled)}; the rule's shape is used")
+            cur = None
+        if v.fact.dtype is None or cur is None:
+            v.fact = TensorFact(v.fact.dtype or fact.dtype, cur if cur is not None else ruled)
+
+
+def _has_declared(shape) -> bool:
+    return shape is not None and any(declared_only(d) for d in shape)
+
+
+def _contradicts(a: tuple, b: tuple) -> bool:
+    """Can no tensor have both shapes (rank, or a static dim, differs)?"""
+    a, b = [declared_value(d) for d in a], [declared_value(d) for d in b]
+    return len(a) != len(b) or any(
+        isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(a, b))
 
 
 def _sparse_to_dense(st: onnx.SparseTensorProto, base_dir: str | None = None,
@@ -625,13 +784,17 @@ def load(source: Any) -> Model:
     """Parse and convert a model; raises ModelError (never another type) on malformed input."""
     src = read_source(source)
     try:
-        return _convert(src)
+        model = _convert(src)
     except ModelError:
         raise
     except (RecursionError, MemoryError) as e:
         raise ModelError(f"model cannot be loaded: {type(e).__name__}") from None
     except Exception as e:  # noqa: BLE001 - corrupt protobufs surface as assorted errors
         raise ModelError(f"model cannot be loaded: {type(e).__name__}: {e}") from None
+    for note in model.notes:
+        # ONNX Runtime's "Error merging shape info ... Falling back to lenient merge"
+        warnings.warn(f"opwarden: {note}", RuntimeWarning, stacklevel=2)
+    return model
 
 
 # Domains whose versions onnx defines: a model importing a later version than the installed
@@ -688,8 +851,8 @@ def _convert(src: Source) -> Model:
     _check_versions(proto, opsets)
     functions = {(f.domain, f.name): f for f in proto.functions}
     check_inlined_size(proto)
-    types = _infer(proto)
-    builder = _Builder(opsets, functions, base_dir, owned, types, src)
+    inferred = _infer(proto)
+    builder = _Builder(opsets, functions, base_dir, owned, inferred, src)
     graph = builder.graph(proto.graph, None)
     return Model(
         graph=graph,
@@ -700,4 +863,6 @@ def _convert(src: Source) -> Model:
         functions=functions,
         metadata={p.key: p.value for p in proto.metadata_props},
         buffer=src.buffer,
+        notes=builder.notes,
+        declared=inferred.declared,
     )

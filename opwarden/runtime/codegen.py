@@ -92,9 +92,11 @@ def _bad_out(i: int, k: int, x: Any, shape: tuple | None, dtype: Any) -> None:
         raise _OutputFault(f"step {i} output {k} is {type(x).__name__}, not a tensor")
     if dtype is not None and x.dtype != dtype:
         raise _OutputFault(f"step {i} output {k} has dtype {x.dtype}, the plan expects {dtype}")
-    if shape is not None and x.shape != shape:
+    if shape is not None and (len(x.shape) != len(shape) or any(
+            d is not None and d != n for d, n in zip(shape, x.shape))):
+        want = ["?" if d is None else d for d in shape]  # ?: only the model declares it
         raise _OutputFault(
-            f"step {i} output {k} has shape {list(x.shape)}, the plan expects {list(shape)}")
+            f"step {i} output {k} has shape {list(x.shape)}, the plan expects {want}")
 
 
 def _out(i: int, k: int, x: Any, shape: tuple | None, dtype: Any) -> Any:
@@ -115,19 +117,28 @@ def _dim_names(program: Any) -> dict[str, str]:
     return out
 
 
-def _expect(v: Any, dims: dict[str, str]) -> tuple[str | None, Any] | None:
-    """(shape expression or None, dtype or None) a typed tensor value is checked against;
-    None for values without a type (nothing to check)."""
-    from ..guard.checks import expected_dtype
+def _expect(v: Any, dims: dict[str, str]) -> tuple[str | None, list[str], Any] | None:
+    """(shape expression or None, the shape tests over "{x}", dtype or None) a typed tensor
+    value is checked against; None for values without a type (nothing to check). A shape with
+    dims only the model declares (checks.checked_shape) is None there, and its other dims are
+    tested one by one; a whole shape is one compare against a constant tuple."""
+    from ..guard.checks import checked_shape, expected_dtype
+    from ..ir.graph import Declared
 
     if v is None or v.kind != "tensor" or v.fact.dtype is None:
         return None
-    shape = v.fact.shape
-    expr = None
-    if shape is not None and all(isinstance(d, int) or d in dims for d in shape):
-        parts = [str(d) if isinstance(d, int) else f"_d{list(dims).index(d)}" for d in shape]
-        expr = f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
-    return expr, expected_dtype(v.fact)
+    shape = checked_shape(v.fact.shape)
+    if shape is None or not all(type(d) is int or d in dims or (d is None and type(e) is Declared)
+                                for d, e in zip(shape, v.fact.shape)):
+        return None, [], expected_dtype(v.fact)  # a dim unknown, or unbound in a run
+    parts = ["None" if d is None else str(d) if type(d) is int else f"_d{list(dims).index(d)}"
+             for d in shape]
+    expr = f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+    if None not in shape:
+        return expr, [f"{{x}}.shape != {expr}"], expected_dtype(v.fact)
+    tests = [f"len({{x}}.shape) != {len(shape)}"]
+    tests += [f"{{x}}.shape[{a}] != {p}" for a, p in enumerate(parts) if p != "None"]
+    return expr, tests, expected_dtype(v.fact)
 
 
 def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> Any:
@@ -160,10 +171,9 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         want = _expect(program.values[s], dims)
         if want is None:
             return None
-        shape, dt = want
+        shape, shape_tests, dt = want
         tests = [f"type(s{s}) is not _ndarray"]
-        if shape is not None:
-            tests.append(f"s{s}.shape != {shape}")
+        tests += [t.format(x=f"s{s}") for t in shape_tests]
         dname = "None"
         if dt is not None:
             dname = dtypes.get(dt) or dtypes.setdefault(dt, f"_t{len(dtypes)}")
