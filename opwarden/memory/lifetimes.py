@@ -24,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,18 +64,33 @@ def tensor_bytes(fact: Any, dims: dict[str, int]) -> tuple[int, tuple[int, ...],
     return int(np.prod(shape, dtype=np.int64)) * dt.itemsize, shape, dt
 
 
-_WS_CACHE: dict[Any, bool] = {}
+# Weak: a step's kernel may be a `specialize` closure holding packed weights, which must go
+# with its session. Kernels that cannot be weakly referenced (builtins) are cached strongly;
+# they live as long as their module anyway.
+_WS_CACHE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_WS_STRONG: dict[Any, bool] = {}
 
 
 def takes_workspace(fn: Any) -> bool:
     """Does a kernel function accept a ``workspace=`` keyword?"""
-    got = _WS_CACHE.get(fn)
+    try:
+        got = _WS_CACHE.get(fn)
+        weak = True
+    except TypeError:  # not weakly referenceable (or unhashable)
+        got = _WS_STRONG.get(fn) if getattr(fn, "__hash__", None) is not None else None
+        weak = False
     if got is None:
         try:
             got = "workspace" in inspect.signature(fn).parameters
         except (TypeError, ValueError):
             got = False
-        _WS_CACHE[fn] = got
+        try:
+            if weak:
+                _WS_CACHE[fn] = got
+            else:
+                _WS_STRONG[fn] = got
+        except TypeError:
+            pass  # unhashable: asked again next time
     return got
 
 
@@ -184,15 +200,16 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
             tainted.add(s)
     bad_roots = {groups.find(s) for s in tainted}
 
-    def g_last(root: int, members: dict[int, list[int]]) -> int:
-        return max(last[m] for m in members[root])
-
     members: dict[int, list[int]] = {}
     for s in first:
         members.setdefault(groups.find(s), []).append(s)
 
     # Concat slices (before in place, which then leaves the slices alone).
     slice_of = _concat_slices(steps, external, sized, groups, members, bad_roots)
+
+    # The last step of each group, kept current as in place merges groups (a chain run in
+    # place is one group of every value: recomputing it per step was quadratic).
+    g_last = {root: max(last[m] for m in ms) for root, ms in members.items()}
 
     # In place: output 0 joins a dying input's group.
     for i0, st in enumerate(steps):
@@ -221,13 +238,15 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
                 # that input reads.
                 continue
             ra = groups.find(a)
-            if ra in bad_roots or g_last(ra, members) != i:
+            if ra in bad_roots or g_last[ra] != i:
                 continue
             if sized[a][0] != sized[o][0] or sized[a][2] != sized[o][2]:
                 continue
             root = groups.union(ra, ro)
-            merged = members.pop(ra) + members.pop(ro)
+            merged = members.pop(ra)
+            merged.extend(members.pop(ro))  # in place: the group grows by one per step
             members[root] = merged
+            g_last[root] = max(g_last.pop(ra), g_last.pop(ro))
             break
 
     # One buffer per clean group.
@@ -393,6 +412,7 @@ def _concat_slices(
             slice_of[x] = (c, axis, lo, hi)
             rc, rx = groups.find(c), groups.find(x)
             root = groups.union(rc, rx)
-            merged = members.pop(rc, []) + members.pop(rx, [])
+            merged = members.pop(rc, [])
+            merged.extend(members.pop(rx, []))  # a Concat of many slices: no recopying
             members[root] = merged
     return slice_of

@@ -295,8 +295,7 @@ def activation_of(rw: Rewriter, c: Node | None, y: Value) -> tuple[str, list[flo
 
 def _fuse(rw: Rewriter, op_type: str, nodes: list[Node], inputs, attrs, attr_types) -> None:
     out = nodes[-1].outputs[0]
-    for n in nodes:
-        rw.remove(n)
+    rw.remove_all(nodes)
     fused = rw.make_node(op_type, inputs, [out], attrs, name=f"{nodes[0].name}_fused",
                          attr_types=attr_types)
     rw.place(fused, nodes[-1])
