@@ -14,7 +14,7 @@ from ..errors import InputError, MemoryLimitError, ModelError, OptionsError, Opw
 from ..guard.faults import FaultRecord
 from ..guard.guard import Guard
 from ..guard.isolate import isolation_for
-from ..ir.graph import Model, Value
+from ..ir.graph import Model, Value, declared_value
 from ..ir.load import load
 from ..ir.validate import validate
 from ..memory import MemoryManager, MemoryPlan
@@ -108,7 +108,8 @@ def _type_str(v: Value) -> str:
 
 
 def _node_arg(v: Value) -> NodeArg:
-    shape = None if v.fact.shape is None else list(v.fact.shape)
+    # dims only the model declares are reported as declared (ORT reports the declaration)
+    shape = None if v.fact.shape is None else [declared_value(d) for d in v.fact.shape]
     return NodeArg(v.name, shape, _type_str(v))
 
 
@@ -147,6 +148,10 @@ class InferenceSession:
         self._inputs = [v for v in self.model.graph.inputs if v.name not in init]
         self._overridable = [v for v in self.model.graph.inputs if v.name in init]
         self._outputs = list(self.model.graph.outputs)
+        # Outputs whose declared shape inference could not vouch for: warned about once each
+        # when a run's result differs from it (as ORT does), never a fault.
+        self._declared = {k: self.model.declared[v.name] for k, v in enumerate(self._outputs)
+                          if v.name in self.model.declared}
 
     def _prepare(self, source: Any) -> None:
         """load -> validate -> place -> compile."""
@@ -224,7 +229,26 @@ class InferenceSession:
         finally:
             if token is not None:
                 token.release()
+        if self._declared:
+            self._warn_declared(outs)
         return _unaliased([outs[i] for i in picks], feeds)
+
+    def _warn_declared(self, outs: list[Any]) -> None:
+        import warnings
+
+        for k, decl in list(self._declared.items()):
+            x = outs[k]
+            if not isinstance(x, np.ndarray):
+                continue
+            if len(decl) == x.ndim and all(not isinstance(d, int) or d == n
+                                           for d, n in zip(decl, x.shape)):
+                continue
+            self._declared.pop(k, None)
+            want = "{" + ",".join("?" if d is None else str(d) for d in decl) + "}"
+            warnings.warn(
+                f"opwarden: expected shape from model of {want} does not match actual shape "
+                f"of {{{','.join(map(str, x.shape))}}} for output {self._outputs[k].name!r}",
+                RuntimeWarning, stacklevel=3)
 
     def _run_lean(self, fn: Any, feeds: list[Any], calls: list, contract: bool) -> list[Any]:
         if fn is None:  # a private arena (concurrent run): the generic loop
