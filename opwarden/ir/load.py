@@ -161,9 +161,15 @@ class Inferred:
 
 
 def _tensor_shape(tp: onnx.TypeProto | None) -> tuple | None:
-    if tp is None or tp.WhichOneof("value") not in ("tensor_type", "sparse_tensor_type"):
+    """A tensor type's shape as type_fact reads it (None: not a tensor, or no shape)."""
+    which = tp.WhichOneof("value") if tp is not None else None
+    if which not in ("tensor_type", "sparse_tensor_type"):
         return None
-    return type_fact(tp)[1].shape
+    tt = getattr(tp, which)
+    if not tt.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                 for d in tt.shape.dim)
 
 
 def _strip_declared(g: onnx.GraphProto) -> dict[str, tuple]:
@@ -251,13 +257,14 @@ def _infer(proto: onnx.ModelProto) -> Inferred:
             types = _run_inference(light)
         except Exception:  # noqa: BLE001 - keep the first answer; the builder corrects the pools
             pass
-    return _check_declared(light, types, declared, {o.name for o in proto.graph.output})
+    return _check_declared(types, declared, {o.name for o in proto.graph.output})
 
 
-def _check_declared(light: onnx.ModelProto, types: dict[str, onnx.TypeProto],
-                    declared: dict[str, tuple], outputs: set[str]) -> Inferred:
-    """Compare the declarations with the verified `types`; where they add dims, infer once
-    more with them given, so what follows from them is known too (as hints)."""
+def _check_declared(types: dict[str, onnx.TypeProto], declared: dict[str, tuple],
+                    outputs: set[str]) -> Inferred:
+    """Compare the declarations with the verified `types`. Declared dims inference left
+    unknown become hints (not propagated by a second inference: nothing plans from a hint,
+    and exporters declare the values that follow too)."""
     from .graph import mark_declared
 
     out = Inferred(types)
@@ -277,30 +284,10 @@ def _check_declared(light: onnx.ModelProto, types: dict[str, onnx.TypeProto],
             adds[name] = merged
         if name in outputs and verdict in ("adds", "refines"):
             out.declared[name] = decl
-    if not adds:
-        return out
     for name, shape in adds.items():
-        tp = types.get(name)
-        elem = tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else 0
-        if elem:
-            _set_shape(light.graph, name, elem, shape)
-    try:
-        given = _run_inference(light)
-    except Exception:  # noqa: BLE001 - the declarations contradict each other: no propagation
-        given = {}
-    given_shapes = {n: _tensor_shape(tp) for n, tp in given.items()}
-    given_shapes.update({n: s for n, s in adds.items() if given_shapes.get(n) is None})
-    for name, shape in given_shapes.items():
-        if shape is None:
-            continue
         inf = _tensor_shape(types.get(name))
-        if inf is None:
-            out.hints[name] = mark_declared(shape)
-        elif len(inf) == len(shape) and inf != shape:
-            axes = {k for k, (i, d) in enumerate(zip(inf, shape)) if i is None and d is not None}
-            if axes:
-                hint = tuple(d if k in axes else i for k, (i, d) in enumerate(zip(inf, shape)))
-                out.hints[name] = mark_declared(hint, axes)
+        axes = None if inf is None else {k for k, i in enumerate(inf) if i is None}
+        out.hints[name] = mark_declared(shape, axes)
     return out
 
 
