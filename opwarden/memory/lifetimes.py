@@ -32,6 +32,7 @@ import numpy as np
 
 from ..dtypes import np_dtype_of
 from ..errors import ModelError
+from ..ir.graph import Declared
 from .planner import Buffer, MemoryPlan, align, build_plan
 
 
@@ -41,6 +42,8 @@ def resolve_shape(shape: Any, dims: dict[str, int]) -> tuple[int, ...] | None:
         return None
     out = []
     for d in shape:
+        if type(d) is Declared:  # sizes a buffer; its kernel gets it once a run confirms it
+            d = d.value  # (Program.bind)
         if isinstance(d, int):
             out.append(d)
         elif isinstance(d, str) and d in dims:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError, MemoryLimitError, OpwardenError, RunTimeoutError
-from ..ir.graph import Graph, Value
+from ..ir.graph import Declared, Graph, Value
 from ..memory.constants import freeze as freeze_constant
 from ..memory.limits import guard_allocation
 from .place import Placement
@@ -251,22 +251,36 @@ class Program:
             if st.noutputs:
                 kw["noutputs"] = st.noutputs
             hook = None
+            fn = st.fn
             if binding is not None and arena is not None:
                 region = binding.out_region.get(i)
+                view = None
                 if region is not None:
                     off, shape, dt, chain = region
                     n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
                     view = arena[off : off + n].view(dt).reshape(shape)
                     for axis, lo, hi in chain:  # a slice of a Concat's output
                         view = view[(slice(None),) * axis + (slice(lo, hi),)]
-                    kw["out"] = view
+                    if self._declared_out(st, bool(chain)):
+                        fn = Tentative(fn, view, self.values[st.outs[0]].name)
+                    else:
+                        kw["out"] = view
                 ws = binding.ws_region.get(i)
-                if ws is not None:
+                if ws is not None and not any(
+                        _has_declared(self.values[s]) for s in st.ins if s >= 0):
                     kw["workspace"] = arena[ws[0] : ws[0] + ws[1]]
                 if i in binding.view_checks or region is not None:
-                    hook = _ArenaViews(arena, kw.get("out"))
-            calls.append((st, st.fn, st.ins, kw, st.frees, hook))
+                    hook = _ArenaViews(arena, view)
+            calls.append((st, fn, st.ins, kw, st.frees, hook))
         return calls
+
+    def _declared_out(self, st: Step, sliced: bool) -> bool:
+        """Is step st's planned output buffer sized from dims only the model declares (its
+        own, or a Concat's it is a slice of)?"""
+        v = self.values[st.outs[0]]
+        return _has_declared(v) or sliced and any(
+            n.op_type == "Concat" and any(_has_declared(o) for o in n.outputs)
+            for n, _k in v.uses)
 
     def compile(self, calls: list | None = None, contract: bool = False) -> Any:
         """The lean run function for a call list (see codegen.py)."""
@@ -457,6 +471,49 @@ def _check_lean_contract(call: tuple, env: list[Any]) -> None:
                 raise ValueError(f"output {k} aliases input {a}, undeclared")
         if x.flags.writeable and x is not kw.get("out"):
             x.flags.writeable = False
+
+
+def _has_declared(v: Value | None) -> bool:
+    shape = v.fact.shape if v is not None else None
+    return shape is not None and any(type(d) is Declared for d in shape)
+
+
+class Tentative:
+    """A kernel whose planned out= buffer is sized from a shape only the model declares (a
+    custom operator without a shape rule, say). A stale declaration must not break the run
+    (ONNX Runtime trusts the kernel), and a wrong-sized out= either fails the kernel or, worse,
+    broadcasts into it: so the first call runs without the buffer, and its result decides.
+    Matching the buffer, later calls get it; otherwise they never do (warned once)."""
+
+    def __init__(self, fn: Any, out: np.ndarray, name: str) -> None:
+        self.fn, self.out, self.name = fn, out, name
+        self.ro = out.view()  # what later steps see: the buffer stays writable for the next run
+        self.ro.flags.writeable = False
+        self.state: bool | None = None  # None: not yet called; then whether it matched
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped kernel's attributes (refuse)
+        return getattr(self.__dict__["fn"], name)
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        if self.state:
+            r = self.fn(*args, out=self.out, **kw)
+            if type(r) is tuple:
+                return (self.ro if r[0] is self.out else r[0], *r[1:])
+            return self.ro if r is self.out else r
+        r = self.fn(*args, **kw)
+        if self.state is None:
+            x = r[0] if type(r) is tuple else r
+            self.state = (type(x) is np.ndarray and x.shape == self.out.shape
+                          and x.dtype == self.out.dtype)
+            if not self.state:
+                import warnings
+
+                warnings.warn(
+                    f"opwarden: value {self.name!r} has shape "
+                    f"{list(getattr(x, 'shape', ()))}, but the model declares "
+                    f"{list(self.out.shape)}; the declaration is ignored", RuntimeWarning,
+                    stacklevel=2)
+        return r
 
 
 class _ArenaViews:
