@@ -4,7 +4,9 @@ A buffer lives from the step that produces it to the last step that reads it (in
 buffers may share bytes only if their lifetimes do not intersect. Offsets are chosen before the
 first run by trying a few greedy orders (largest first into the best-fitting gap; by start time)
 and keeping the smallest arena; `lower_bound_bytes` — the most bytes live at any one step — is
-what no plan can beat.
+what no plan can beat, so the orders stop at the first plan that meets it, and a seeded search
+over perturbed orders runs only when none does. A placement costs O(log steps) merges of short
+range lists (`_greedy`), so planning stays near-linear in the number of buffers.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import numpy as np
 
 ALIGNMENT = 64
 SEARCH_TRIES = 48  # perturbed orders tried when the greedy plans miss the lower bound
+# Buffers placed by the search at most: plans of more than SEARCH_BUDGET / SEARCH_TRIES
+# buffers try fewer orders (at least 2), so a hostile 20k-buffer model costs a few greedy
+# passes, not 48. Plans of up to 2048 buffers (every zoo model) are unaffected.
+SEARCH_BUDGET = SEARCH_TRIES * 2048
 
 
 def align(n: int, a: int = ALIGNMENT) -> int:
@@ -84,8 +90,8 @@ def _greedy(order, sizes, firsts, lasts) -> tuple[list[int], int]:
     leaves = 1
     while leaves < len(times):
         leaves *= 2
-    own: dict[int, tuple[list[int], list[int]]] = {}
-    sub: dict[int, tuple[list[int], list[int]]] = {}
+    own: list[tuple[list[int], list[int]] | None] = [None] * (2 * leaves)
+    sub: list[tuple[list[int], list[int]] | None] = [None] * (2 * leaves)
     placed: list[tuple[int, int, int, int]] = []  # for the rare zero-size buffer
     top = 0
     if any(f > last for f, last in zip(firsts, lasts)):
@@ -122,40 +128,37 @@ def _greedy(order, sizes, firsts, lasts) -> tuple[list[int], int]:
         if size <= 0:
             best = _scan_gaps(size, f, last, placed)
         else:
-            runs = [r for r in (sub.get(c) for c in canon) if r is not None]
-            runs += [r for r in (own.get(u) for u in path) if r is not None]
+            runs = [sub[c] for c in canon if sub[c] is not None]
+            runs += [own[u] for u in path if own[u] is not None]
             best = _best_gap(size, runs)
         end = best + size
         offsets[i] = best
         placed.append((best, end, f, last))
         if end > top:
             top = end
-        for c in canon:
-            _add_range(own, c, best, end)
-        for u in canon:
-            _add_range(sub, u, best, end)
-        for u in path:
-            _add_range(sub, u, best, end)
+        # Merge the closed range [best, end] into each node's sorted, disjoint ranges.
+        for table, nodes in ((own, canon), (sub, canon), (sub, path)):
+            for u in nodes:
+                r = table[u]
+                if r is None:
+                    table[u] = ([best], [end])
+                    continue
+                starts, ends = r
+                lo = bisect_left(ends, best)  # the first range ending at or after best
+                hi = bisect_right(starts, end, lo)  # past the last starting at or before end
+                if lo == hi:
+                    starts.insert(lo, best)
+                    ends.insert(lo, end)
+                else:
+                    if starts[lo] > best:
+                        starts[lo] = best
+                    if ends[hi - 1] < end:
+                        ends[hi - 1] = end
+                    if hi - lo > 1:
+                        del starts[lo + 1 : hi]
+                        ends[lo] = ends[hi - 1]
+                        del ends[lo + 1 : hi]
     return offsets, top
-
-
-def _add_range(table, node, o, e):
-    """Merge the closed byte range [o, e] into node's sorted, disjoint ranges."""
-    r = table.get(node)
-    if r is None:
-        table[node] = ([o], [e])
-        return
-    starts, ends = r
-    i = bisect_left(ends, o)  # first range ending at or after o (touching ranges merge)
-    j = bisect_right(starts, e, i)  # past the last range starting at or before e
-    if i == j:
-        starts.insert(i, o)
-        ends.insert(i, e)
-    else:
-        s = starts[i] if starts[i] < o else o
-        t = ends[j - 1] if ends[j - 1] > e else e
-        starts[i:j] = [s]
-        ends[i:j] = [t]
 
 
 def _best_gap(size, runs) -> int:
@@ -167,6 +170,8 @@ def _best_gap(size, runs) -> int:
         starts, ends = runs[0]
         pairs = zip(starts, ends)
     else:
+        if sum([len(r[0]) for r in runs]) > _VECTOR_RANGES:
+            return _best_gap_np(size, runs)
         pairs = sorted(p for starts, ends in runs for p in zip(starts, ends))
     prev = 0
     best, best_gap = -1, -1
@@ -177,6 +182,26 @@ def _best_gap(size, runs) -> int:
         if e > prev:
             prev = e
     return best if best >= 0 else prev
+
+
+_VECTOR_RANGES = 96  # more ranges than this to merge: sort and scan them in NumPy
+
+
+def _best_gap_np(size, runs) -> int:
+    """`_best_gap` over many ranges (a fragmented arena) with array operations."""
+    starts = np.concatenate([np.asarray(r[0], dtype=np.int64) for r in runs])
+    ends = np.concatenate([np.asarray(r[1], dtype=np.int64) for r in runs])
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)  # ends are >= 0, the scan's first `prev`
+    prev = np.empty_like(reach)
+    prev[0] = 0
+    prev[1:] = reach[:-1]
+    gaps = starts - prev
+    fit = np.flatnonzero(gaps >= size)
+    if not len(fit):
+        return int(reach[-1])
+    return int(prev[fit[np.argmin(gaps[fit])]])  # argmin: the lowest of the smallest
 
 
 def _scan_gaps(size, f, last, placed) -> int:
@@ -261,7 +286,8 @@ def assign_offsets(
     assert best is not None
     # Still above the lower bound: a seeded search over perturbed size orders (deterministic).
     rng = np.random.default_rng(0)
-    for _ in range(SEARCH_TRIES if best[1] > bound else 0):
+    tries = min(SEARCH_TRIES, max(2, SEARCH_BUDGET // n))
+    for _ in range(tries if best[1] > bound else 0):
         noise = rng.uniform(0.7, 1.3, n).tolist()
         order = sorted(idx, key=lambda i: (-sizes[i] * noise[i], i))
         offs, top = _greedy(order, sizes, firsts, lasts)
