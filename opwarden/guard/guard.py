@@ -99,10 +99,14 @@ def _views(outs: list[Any], args: list[Any], kw: dict[str, Any]) -> list[bool]:
             and any(np.may_share_memory(o, a) for a in ins) for o in outs]
 
 
-def _ref_kw(kw: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments for the reference kernel: planned buffers are for the fast variant."""
-    if "out" in kw or "workspace" in kw:
-        return {k: v for k, v in kw.items() if k not in ("out", "workspace")}
+def _ref_kw(kw: dict[str, Any], st: Any) -> dict[str, Any]:
+    """Keyword arguments for the reference kernel: planned buffers are for the fast variant,
+    and `noutputs` goes only to a reference that takes it (BatchNormalization-14's does not)."""
+    wants = st.ref.wants_noutputs
+    if "out" in kw or "workspace" in kw or ("noutputs" in kw) != wants:
+        kw = {k: v for k, v in kw.items() if k not in ("out", "workspace", "noutputs")}
+        if wants:
+            kw["noutputs"] = len(st.outs)
     return kw
 
 
@@ -387,7 +391,7 @@ class Guard:
     def _plain(self, st, args, kw, reference: bool = False):
         fn = st.ref.fn if reference else st.fn
         if reference:
-            kw = _ref_kw(kw)
+            kw = _ref_kw(kw, st)
         try:
             return self._as_list(st, fn(*args, **kw)), None
         except (MemoryLimitError, RunTimeoutError, *PASS_THROUGH):

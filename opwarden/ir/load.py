@@ -475,9 +475,11 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str], graph_name: str)
 
 class _Builder:
     def __init__(
-        self, opsets: dict[str, int], functions, base_dir, owned, inferred: Inferred,
+        self, opsets: dict[str, int], functions, base_dir, owned, inferred: Inferred | dict,
         source=None
     ) -> None:
+        if not isinstance(inferred, Inferred):  # types alone (decompositions, runtime.place)
+            inferred = Inferred(inferred)
         self.opsets = opsets
         self.functions = functions
         self.base_dir = base_dir
@@ -838,6 +840,9 @@ def _convert(src: Source) -> Model:
     _check_versions(proto, opsets)
     functions = {(f.domain, f.name): f for f in proto.functions}
     check_inlined_size(proto)
+    from .validate import sanity_before_inference  # what would crash onnx's inference
+
+    sanity_before_inference(proto)
     inferred = _infer(proto)
     builder = _Builder(opsets, functions, base_dir, owned, inferred, src)
     graph = builder.graph(proto.graph, None)

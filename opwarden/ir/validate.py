@@ -111,6 +111,117 @@ def _check_dtypes(node: Node, s: Schema) -> None:
             bound.setdefault(p.type_str, (v.fact.dtype, what))
 
 
+# Integer attributes onnx's C++ shape inference reads as axes or dimension counts: values far
+# past any rank (LayerNormalization axis=2**31 and up, GatherND batch_dims=-7) make it index
+# out of bounds and crash the interpreter. No model has a rank near this bound.
+_INDEX_ATTRS = frozenset({"axis", "axes", "perm", "batch_dims", "batch_axis", "time_axis"})
+MAX_INDEX_ATTR = 1 << 20
+# Attributes that count dimensions and must not be negative.
+_NON_NEGATIVE = {("GatherND", "batch_dims")}
+_ELEM_TYPES = frozenset(onnx.TensorProto.DataType.values())
+
+
+def sanity_before_inference(proto: onnx.ModelProto) -> None:
+    """Refuse (ModelError) what crashes onnx's own shape inference rather than being
+    diagnosed by it: index-like integer attributes of absurd magnitude, element types that are
+    not TensorProto data types, and negative declared dims, in the main graph, every subgraph
+    and every function body. Runs on the protobuf, before `onnx.shape_inference`."""
+    _check_graphs(proto.graph, "graph")
+    for f in proto.functions:
+        for i, n in enumerate(f.node):
+            label = f"function {f.domain}/{f.name} node {_name(n, i)} ({n.op_type})"
+            _check_node_attrs(n, label)
+            for where, sub in (x for a in n.attribute for x in _attr_graphs(a, label)):
+                _check_graphs(sub, where)
+
+
+def _check_graphs(graph: onnx.GraphProto, label: str) -> None:
+    for where, g in _proto_graphs(graph, label):
+        for field_ in ("input", "output", "value_info"):
+            for vi in getattr(g, field_):
+                _check_type(vi.type, f"{where} {field_} {vi.name!r}")
+        for t in g.initializer:
+            if t.data_type not in _ELEM_TYPES:
+                raise ModelError(
+                    f"{where} initializer {t.name!r} has data_type {t.data_type}, which is "
+                    "not a TensorProto data type"
+                )
+        for i, n in enumerate(g.node):
+            _check_node_attrs(n, f"{where} node {_name(n, i)} ({n.op_type})")
+
+
+def _name(n: onnx.NodeProto, i: int) -> str:
+    return repr(n.name) if n.name else f"#{i}"
+
+
+def _attr_graphs(a: onnx.AttributeProto, label: str):
+    if a.type == onnx.AttributeProto.GRAPH:
+        yield f"{label} attribute {a.name!r}", a.g
+    elif a.type == onnx.AttributeProto.GRAPHS:
+        for j, sub in enumerate(a.graphs):
+            yield f"{label} attribute {a.name!r}[{j}]", sub
+
+
+def _proto_graphs(g: onnx.GraphProto, where: str):
+    """(description, graph) for g and every subgraph in it, iteratively (deep nesting)."""
+    stack = [(where, g)]
+    while stack:
+        where, g = stack.pop()
+        yield where, g
+        for i, n in enumerate(g.node):
+            label = f"{where} node {_name(n, i)} ({n.op_type})"
+            for a in n.attribute:
+                stack.extend(_attr_graphs(a, label))
+
+
+def _check_node_attrs(n: onnx.NodeProto, label: str) -> None:
+    for a in n.attribute:
+        if a.name not in _INDEX_ATTRS:
+            continue
+        vals = [a.i] if a.type == onnx.AttributeProto.INT else (
+            list(a.ints) if a.type == onnx.AttributeProto.INTS else [])
+        for v in vals:
+            if abs(v) > MAX_INDEX_ATTR:
+                raise ModelError(
+                    f"{label}: attribute {a.name!r} = {v} is not a plausible axis or rank "
+                    f"(|value| > {MAX_INDEX_ATTR})"
+                )
+            if v < 0 and (n.op_type, a.name) in _NON_NEGATIVE and n.domain in ("", "ai.onnx"):
+                raise ModelError(f"{label}: attribute {a.name!r} = {v} must not be negative")
+
+
+def _check_type(tp: onnx.TypeProto, what: str) -> None:
+    """Element types and dims of a (possibly nested) TypeProto, iteratively."""
+    stack = [tp]
+    while stack:
+        t = stack.pop()
+        which = t.WhichOneof("value")
+        if which in ("tensor_type", "sparse_tensor_type"):
+            tt = getattr(t, which)
+            if tt.elem_type not in _ELEM_TYPES:
+                raise ModelError(
+                    f"{what} has element type {tt.elem_type}, which is not a TensorProto "
+                    "data type"
+                )
+            for k, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    raise ModelError(
+                        f"{what} declares dimension {k} as {d.dim_value}; dims cannot be "
+                        "negative"
+                    )
+        elif which == "sequence_type":
+            stack.append(t.sequence_type.elem_type)
+        elif which == "optional_type":
+            stack.append(t.optional_type.elem_type)
+        elif which == "map_type":
+            if t.map_type.key_type not in _ELEM_TYPES:
+                raise ModelError(
+                    f"{what} has map key type {t.map_type.key_type}, which is not a "
+                    "TensorProto data type"
+                )
+            stack.append(t.map_type.value_type)
+
+
 def graphs_of(model: Model) -> list[Graph]:
     """The main graph and every subgraph, outermost first."""
     out = [model.graph]

@@ -102,25 +102,28 @@ class MemoryManager:
             self._cache.move_to_end(key)
             return entry
         with self._plan_lock:
+            # Single tensors first: sizes past the limit (or int64) never reach the planner.
+            self._check_limit(None, dims)
             binding = analyze(self.program, dims, signature=key)
             self.plans_built += 1
-            self._check_limit(binding.plan, dims)
+            self._check_limit(binding.plan, dims, tensors=False)
             entry = _Entry(binding)
             self._cache[key] = entry
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return entry
 
-    def _check_limit(self, plan: MemoryPlan, dims: dict[str, int]) -> None:
-        """Refuse, before allocating anything, a plan whose memory exceeds the limit."""
+    def _check_limit(self, plan: MemoryPlan | None, dims: dict[str, int],
+                     tensors: bool = True) -> None:
+        """Refuse, before allocating anything, a plan whose memory exceeds the limit (plan
+        None: only a single tensor above it; tensors False: only the plan's total)."""
         biggest = None
-        for v in self.program.values:
+        for v in self.program.values if tensors else ():
             if v is None or v.kind != "tensor" or v.const is not None:
                 continue
             tb = tensor_bytes(v.fact, dims)
             if tb is not None and (biggest is None or tb[0] > biggest[0]):
                 biggest = (tb[0], v, tb[1])
-        need = plan.lower_bound_bytes + plan.outputs_bytes
         where = f" (input dims {dims})" if dims else ""
         if biggest is not None and biggest[0] > self.limit:
             nbytes, v, shape = biggest
@@ -131,6 +134,7 @@ class MemoryManager:
                 f"{describe_bytes(self.limit)} (SessionOptions.memory_limit_bytes); refused "
                 "before allocating"
             )
+        need = 0 if plan is None else plan.lower_bound_bytes + plan.outputs_bytes
         if need > self.limit:
             raise MemoryLimitError(
                 f"the model needs at least {describe_bytes(need)} of activations and outputs"

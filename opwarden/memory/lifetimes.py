@@ -64,7 +64,8 @@ def tensor_bytes(fact: Any, dims: dict[str, int]) -> tuple[int, tuple[int, ...],
         dt = np_dtype_of(fact.dtype)
     except (KeyError, TypeError):
         return None
-    return int(np.prod(shape, dtype=np.int64)) * dt.itemsize, shape, dt
+    # Python ints (object dtype): an int64 product of huge dims wraps to a small size
+    return int(np.prod(shape, dtype=object)) * dt.itemsize, shape, dt
 
 
 # Weak: a step's kernel may be a `specialize` closure holding packed weights, which must go

@@ -47,13 +47,24 @@ def describe_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+# Element counts past this are above any limit: counting stops there, so a shape of a million
+# dims (a broadcast feed) costs one pass, not a product of a million big integers.
+_PAST_ANY_LIMIT = 1 << 64
+
+
 def _count(shape: Any) -> int:
-    dims = [int(d) for d in np.asarray(shape).reshape(-1)]
-    if any(d < 0 for d in dims):
+    a = np.asarray(shape).reshape(-1)
+    if a.dtype.kind not in "biu":
+        a = a.astype(np.int64)
+    if a.size and (a < 0).any():
         return 0  # invalid shapes are the kernel's to report
+    if a.size and (a == 0).any():
+        return 0
     n = 1
-    for d in dims:
+    for d in a.tolist():
         n *= d
+        if n > _PAST_ANY_LIMIT:
+            return n
     return n
 
 
@@ -66,7 +77,7 @@ def _constant_of_shape(shape, *, value=None, **_):
 
 
 def _expand(x, shape, **_):
-    want = [int(d) for d in np.asarray(shape).reshape(-1)]
+    want = np.asarray(shape).reshape(-1).tolist()
     have = list(np.shape(x))
     n = max(len(want), len(have))
     want = [1] * (n - len(want)) + want
@@ -75,9 +86,10 @@ def _expand(x, shape, **_):
 
 
 def _tile(x, repeats, **_):
-    reps = [int(r) for r in np.asarray(repeats).reshape(-1)]
-    if len(reps) != np.ndim(x):
+    reps = np.asarray(repeats).reshape(-1)
+    if reps.size != np.ndim(x):
         return 0
+    reps = reps.tolist()
     return _count([d * r for d, r in zip(np.shape(x), reps)]) * _itemsize(x)
 
 

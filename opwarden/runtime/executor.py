@@ -257,7 +257,7 @@ class Program:
                 view = None
                 if region is not None:
                     off, shape, dt, chain = region
-                    n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+                    n = int(np.prod(shape, dtype=object)) * np.dtype(dt).itemsize
                     view = arena[off : off + n].view(dt).reshape(shape)
                     for axis, lo, hi in chain:  # a slice of a Concat's output
                         view = view[(slice(None),) * axis + (slice(lo, hi),)]

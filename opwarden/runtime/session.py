@@ -134,6 +134,7 @@ class InferenceSession:
                 setattr(self.options, k, v)
         self.providers = normalize_providers(providers)
         self.source = path_or_bytes  # kept for tools that need the model as written (grad)
+        self._structured: dict[str, Any] | None = None  # declared sequence/map/optional types
         self.guard = Guard(self.options)
         self._isolation = isolation_for(self.options, self.guard)  # before any work: names
         try:
@@ -371,14 +372,14 @@ class InferenceSession:
         return values
 
     def _check_feed(self, v: Value, x: Any, dims: dict[str, tuple[int, str]]) -> Any:
-        if v.kind in ("sequence", "map"):
-            if not isinstance(x, (list, tuple, dict)):
-                raise InputError(f"input {v.name!r} is a {v.kind}; got {type(x).__name__}")
-            return _readonly_items(x) if isinstance(x, (list, tuple)) else x
-        if v.kind == "optional" and x is None:
-            return None
-        if v.kind == "optional" and isinstance(x, list):
-            return _readonly_items(x)
+        if v.kind in ("sequence", "map", "optional"):
+            if self._structured is None:
+                self._structured = _structured_types(self.source, self.model.graph.inputs)
+            tp = self._structured.get(v.name)
+            if tp is not None or v.kind != "optional":
+                return _structured_feed(f"input {v.name!r}", tp, v.kind, x)
+            if x is None:
+                return None
         if not isinstance(x, np.ndarray):
             if isinstance(x, (np.generic, int, float, bool, list)):
                 try:
@@ -417,12 +418,136 @@ class InferenceSession:
                         )
         # Kernels see the caller's memory through a read-only buffer: no kernel can make it
         # writeable, and the caller's array keeps its own flags.
-        return readonly_view(x)
+        return readonly_view(_native(x))
 
 
-def _readonly_items(xs: Any) -> list[Any]:
-    """A sequence feed as a new list of read-only views (the caller's list is not the run's)."""
-    return [readonly_view(a) if isinstance(a, np.ndarray) else a for a in xs]
+def _native(x: np.ndarray) -> np.ndarray:
+    """x in the machine's byte order (values kept): kernels, and the outputs, never see a
+    big-endian dtype on a little-endian machine."""
+    return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
+
+
+def _structured_types(source: Any, inputs: list[Value]) -> dict[str, Any]:
+    """TypeProtos of the sequence, map and optional graph inputs (the graph keeps only their
+    kind): read again from the model, weights left unparsed, for models that have such inputs."""
+    if all(v.kind == "tensor" for v in inputs):
+        return {}
+    from ..ir.load import read_source
+
+    try:
+        graph = read_source(source).proto.graph
+    except OpwardenError:
+        return {}
+    kinds = {v.name for v in inputs if v.kind != "tensor"}
+    return {vi.name: vi.type for vi in graph.input if vi.name in kinds}
+
+
+_KINDS = {"sequence_type": "sequence", "map_type": "map", "optional_type": "optional",
+          "tensor_type": "tensor"}
+
+
+def _structured_feed(what: str, tp: Any, kind: str, x: Any) -> Any:
+    """A sequence, map or optional feed checked against its declared type `tp` (None: only
+    the kind is known), rebuilt as new containers of read-only native-order arrays: every
+    sequence element a tensor of the declared element type, every map key and value of the
+    declared key and value types."""
+    if tp is not None:
+        kind = _KINDS.get(tp.WhichOneof("value") or "", "unknown")
+    if kind == "optional":
+        return None if x is None else _structured_feed(
+            what, tp.optional_type.elem_type if tp is not None else None, "unknown", x)
+    if kind == "sequence":
+        if not isinstance(x, (list, tuple)):
+            raise InputError(f"{what} is a sequence (a list of arrays); got {type(x).__name__}")
+        elem = tp.sequence_type.elem_type if tp is not None else None
+        return [_structured_feed(f"{what} element {i}", elem, "tensor", a)
+                for i, a in enumerate(x)]
+    if kind == "map":
+        if not isinstance(x, dict):
+            raise InputError(f"{what} is a map (a dict); got {type(x).__name__}")
+        if tp is None:
+            return dict(x)
+        key_dt = _elem_dtype(tp.map_type.key_type)
+        val_tp = tp.map_type.value_type
+        out = {}
+        for k, val in x.items():
+            out[_map_key(what, key_dt, k)] = _map_value(f"{what} value for key {k!r}", val_tp, val)
+        return out
+    if kind == "tensor":
+        dt = _elem_dtype(tp.tensor_type.elem_type) if tp is not None else None
+        return readonly_view(_native(_tensor_item(what, dt, x)))
+    if isinstance(x, np.ndarray):  # a type onnx has no feed for (sparse): left to the kernels
+        return readonly_view(_native(x))
+    if isinstance(x, (list, tuple)):
+        return _structured_feed(what, None, "sequence", x)
+    return x
+
+
+def _elem_dtype(elem_type: int) -> np.dtype | None:
+    from ..dtypes import np_dtype
+
+    try:
+        return np.dtype(np_dtype(elem_type)) if elem_type else None
+    except (KeyError, TypeError):
+        return None
+
+
+def _tensor_item(what: str, dt: np.dtype | None, x: Any) -> np.ndarray:
+    """x as a tensor of dtype `dt`: arrays must have it; Python lists and scalars are
+    converted to it where the conversion keeps their kind (numbers to a numeric type, str to
+    string); ragged lists and other objects are refused."""
+    if not isinstance(x, np.ndarray):
+        if isinstance(x, np.generic):
+            x = np.asarray(x)
+        elif isinstance(x, (list, tuple, bool, int, float, str)):
+            try:
+                a = np.asarray(x)
+            except (ValueError, TypeError) as e:  # a ragged list, say
+                raise InputError(f"{what}: the {type(x).__name__} given is not a tensor: {e}") \
+                    from None
+            if a.dtype.kind == "U" and (dt is None or dt.kind == "O"):
+                x = a.astype(object)
+            elif a.dtype.kind in "biuf" and (dt is None or (
+                    dt.kind in "biuf" and np.can_cast(a.dtype, dt, "same_kind"))):
+                x = a if dt is None else a.astype(dt)
+            else:
+                raise InputError(
+                    f"{what}: a {type(x).__name__} of {a.dtype} values cannot be a tensor of "
+                    f"{'the declared type' if dt is None else dtype_name(dt)}"
+                )
+        else:
+            raise InputError(f"{what} must be a numpy array, got {type(x).__name__}")
+    if dt is not None and dtype_name(x.dtype) != dtype_name(dt):
+        raise InputError(f"{what} expects dtype {dtype_name(dt)}, got {dtype_name(x.dtype)}")
+    if dt is not None and dt.kind == "O" and x.dtype != object:
+        x = x.astype(object)
+    return x
+
+
+def _map_key(what: str, dt: np.dtype | None, k: Any) -> Any:
+    if dt is None:
+        return k
+    if dt.kind == "O":
+        if isinstance(k, str):
+            return str(k)
+        raise InputError(f"{what}: key {k!r} must be a string, got {type(k).__name__}")
+    if isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
+        k = int(k)
+        info = np.iinfo(dt) if dt.kind in "iu" else None
+        if info is not None and info.min <= k <= info.max:
+            return k
+        raise InputError(f"{what}: key {k} is out of range for {dtype_name(dt)} keys")
+    raise InputError(
+        f"{what}: key {k!r} must be an integer ({dtype_name(dt)}), got {type(k).__name__}"
+    )
+
+
+def _map_value(what: str, tp: Any, val: Any) -> Any:
+    if tp.WhichOneof("value") != "tensor_type":
+        return _structured_feed(what, tp, "unknown", val)
+    a = _tensor_item(what, _elem_dtype(tp.tensor_type.elem_type), val)
+    a = _native(a)
+    return a[()] if a.ndim == 0 else readonly_view(a)  # scalars as NumPy scalars, as maps hold
 
 
 __all__ = ["InferenceSession", "NodeArg", "SessionOptions", "describe_value"]
