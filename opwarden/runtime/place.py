@@ -30,7 +30,7 @@ from ..devices.copy import clamp_range, round_to
 from ..dtypes import onnx_type
 from ..errors import UnsupportedOpError
 from ..ir.functions import inline
-from ..ir.graph import Graph, Node, Value
+from ..ir.graph import Graph, Node, Value, declared_value
 from ..ir.validate import check_node
 from ..ops.base import Variant
 from ..ops.schema import context_function_body, onnx_function_body
@@ -426,6 +426,7 @@ def _nbytes(v: Value, compute_dtype: str | None) -> int:
         return 0
     n = 1
     for d in shape:
+        d = declared_value(d)  # an estimate: a declaration counts as what it says
         n *= d if isinstance(d, int) else 1  # symbolic dims count as 1: a lower bound
     if compute_dtype is not None and v.fact.dtype in ("float32", "float64"):
         item = np.dtype(np.float16).itemsize if compute_dtype != "float32" else 4
