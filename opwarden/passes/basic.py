@@ -209,11 +209,21 @@ def identity_elimination(rw: Rewriter) -> None:
 
 def dead_code_elimination(rw: Rewriter) -> None:
     """Remove nodes none of whose outputs is read or is a graph output."""
+    # Uses lost to removed readers are counted and the use lists filtered once at the end:
+    # removing readers one by one rescans a value's uses per reader (quadratic when a value
+    # that transpose cancellation left feeding thousands of dead nodes is read by all).
+    dropped: dict[int, int] = {}
+    dead: list[Node] = []
     for node in reversed(rw.graph.nodes):
         if id(node) in rw.removed:
             continue
-        if any(v is not None and (v.uses or id(v) in rw.outputs) for v in node.outputs):
+        if any(v is not None and (len(v.uses) > dropped.get(id(v), 0) or id(v) in rw.outputs)
+               for v in node.outputs):
             continue
-        rw.remove(node)
+        for v in node.inputs:
+            if v is not None:
+                dropped[id(v)] = dropped.get(id(v), 0) + 1
+        dead.append(node)
         rw.stats[node.op_type] += 1
         rw.changes += 1
+    rw.remove_all(dead)

@@ -131,6 +131,23 @@ def _count_use_reads(data: bytes, level: int) -> int:
     return _CountingUses.reads
 
 
+def _transposes(n: int) -> bytes:
+    # Each Transpose undoes the one before: cancellation leaves thousands of dead nodes all
+    # reading the chain's input, which dead-code elimination then removes.
+    perms = ([0, 2, 3, 1], [0, 3, 1, 2])
+    nodes = [helper.make_node("Transpose", [f"v{i}"], [f"v{i + 1}"], perm=perms[i % 2])
+             for i in range(n)]
+    g = helper.make_graph(
+        nodes, "t", [helper.make_tensor_value_info("v0", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info(f"v{n}", TensorProto.FLOAT, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_cancelled_transposes_are_removed_reading_uses_linearly():
+    n = 2000
+    assert _count_use_reads(_transposes(n), 3) < 20 * n
+
+
 def test_fusing_and_eliminating_a_wide_graph_reads_uses_linearly():
     n = 2000
     # Relus fused into one FusedElementwise (n readers of x removed at once); Identities
