@@ -201,3 +201,45 @@ def test_bad_element_types_and_negative_dims_are_refused_before_inference():
         sanity_before_inference(model(TensorProto.FLOAT, -5))
     sanity_before_inference(model(TensorProto.FLOAT, 2))
     assert _crash_free_load(model(-3, -5).SerializeToString()).startswith("ModelError")
+
+
+def _nested_ifs(depth, leaf, elem=TensorProto.FLOAT16, extra=()):
+    """`depth` Ifs, each branch the next If, around `leaf` (a node x -> o0), every output
+    declared `elem`."""
+    vi = helper.make_tensor_value_info
+    inner = helper.make_graph([leaf], "b0", [], [vi("o0", elem, [2])])
+    for d in range(1, depth + 1):
+        other = helper.make_graph([helper.make_node("Identity", ["x"], [f"e{d}"])], f"e{d}", [],
+                                  [vi(f"e{d}", elem, [2])])  # fmt: skip
+        node = helper.make_node("If", ["c"], [f"o{d}"], name=f"if{d}", then_branch=inner,
+                                else_branch=other)  # fmt: skip
+        inner = helper.make_graph([node], f"b{d}", [], [vi(f"o{d}", elem, [2])])
+    g = helper.make_graph(
+        list(inner.node), "main",
+        [vi("x", TensorProto.FLOAT, [2]), vi("c", TensorProto.BOOL, []), *extra],
+        [vi(f"o{depth}", elem, [2])],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return ow.InferenceSession(m.SerializeToString())
+
+
+def test_a_fault_in_nested_ifs_is_handled_once_where_it_happens():
+    # fuzz seed 11 / 8202, 17804: an output whose dtype differs from the declared one, 25 Ifs
+    # deep; each If's recorded fault reran it (and everything below): 2**25 runs
+    s = _nested_ifs(12, helper.make_node("Neg", ["x"], ["o0"], name="neg"))
+    (y,) = s.run(None, {"x": np.ones(2, np.float32), "c": np.array(True)})
+    np.testing.assert_array_equal(y, [-1.0, -1.0])
+    assert s.guard.stats["neg.ref"].calls == 1  # was 2**12
+    assert s.guard.stats["if.ref"].calls == 12
+    assert len(s.faults) == 13 and all(f.action == "recorded" for f in s.faults)
+
+
+def test_a_kernel_error_deep_in_nested_ifs_names_its_own_node_once():
+    leaf = helper.make_node("Reshape", ["x", "bad"], ["o0"], name="reshape")
+    s = _nested_ifs(12, leaf, TensorProto.FLOAT,
+                    [helper.make_tensor_value_info("bad", TensorProto.INT64, [1])])
+    with pytest.raises(ow.KernelError) as e:
+        s.run(None, {"x": np.ones(2, np.float32), "c": np.array(True),
+                     "bad": np.array([5], np.int64)})
+    msg = str(e.value)
+    assert "reshape" in msg and "'if" not in msg, msg  # not re-blamed on the 12 Ifs around it

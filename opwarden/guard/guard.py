@@ -33,6 +33,13 @@ class DeadlineExceeded(Exception):
 PASS_THROUGH = (KeyboardInterrupt, GeneratorExit)
 
 
+class HandledFault(KernelError):
+    """A fault the guard has already recorded and answered at its own node. Raised out of a
+    subgraph, it passes through every enclosing If/Loop/Scan unchanged: the enclosing node is
+    not at fault, and rerunning it on its reference would rerun the whole subgraph (twice per
+    nesting level)."""
+
+
 class _DeadlineWorker:
     """One daemon thread that runs kernels under a deadline. A kernel past its deadline is
     abandoned with its thread, which finishes on its own; being a daemon it never holds the
@@ -210,7 +217,7 @@ class Guard:
             self._kernel_s = time.perf_counter() - t_start
             stats.fallbacks += 1
             if err is not None:
-                raise KernelError(f"node {pl.node.label}: the reference kernel (variant "
+                raise HandledFault(f"node {pl.node.label}: the reference kernel (variant "
                                   f"{var.name} is quarantined) failed: {err}")
             faults: list[tuple[str, str]] = [("quarantined", self.quarantine.reason(var.name))]
         else:
@@ -228,7 +235,7 @@ class Guard:
                             self._restore(a, c)
                     pristine = [c if c is not None else a for a, c in zip(pristine or args, snaps)]
             if faults:
-                outs, status = self._on_fault(st, pristine or args, kw, faults, stats)
+                outs, status = self._on_fault(st, pristine or args, kw, faults, stats, outs)
         if rec is not None:
             self._finish(rec, outs, t_start, status, faults, st.ref.name)
             rec.output_views = _views(outs, args, kw)
@@ -260,8 +267,8 @@ class Guard:
             return [], [("deadline", str(e))]
         except KernelCrash as e:  # an isolated kernel's worker process died (guard/isolate.py)
             return [], [("crash", str(e))]
-        except (MemoryLimitError, RunTimeoutError):
-            raise  # a refused allocation or a passed run deadline: not a kernel fault
+        except (MemoryLimitError, RunTimeoutError, HandledFault):
+            raise  # a refused allocation, a passed run deadline, a fault answered inside
         except ValueError as e:
             if "read-only" in str(e) or "WRITEABLE" in str(e):
                 return [], [("mutation", f"kernel wrote into a read-only input: {e}")]
@@ -337,7 +344,7 @@ class Guard:
             raise KernelError(f"kernel returned {len(outs)} outputs, node needs {n}")
         return [np.asarray(o) if isinstance(o, np.generic) else o for o in outs[:n]]
 
-    def _on_fault(self, st, args, kw, faults, stats) -> tuple[list[Any], str]:
+    def _on_fault(self, st, args, kw, faults, stats, outs=()) -> tuple[list[Any], str]:
         pl = st.placement
         var = pl.variant
         kind, detail = faults[0]
@@ -359,24 +366,26 @@ class Guard:
         if self.on_fault == "raise":
             rec.action = "raise"
             self.faults.append(rec)
-            raise KernelError(f"{where}: {detail}")
+            raise HandledFault(f"{where}: {detail}")
         if var.reference:
             if kind in ("exception", "deadline", "mutation", "outputs"):
                 rec.action = "raise"
                 self.faults.append(rec)
-                raise KernelError(
+                raise HandledFault(
                     f"{where} (the reference kernel; nothing to fall back to): {detail}"
                 )
-            # A reference kernel disagreeing with a check is recorded, not hidden or retried.
+            # A reference kernel disagreeing with a check is recorded, not hidden or retried:
+            # its outputs stand (rerunning an If/Loop would rerun its whole body).
             rec.action = "recorded"
             self.faults.append(rec)
-            outs, _ = self._plain(st, args, kw)
-            return outs, "ok"
+            if not outs:
+                outs, _ = self._plain(st, args, kw)
+            return list(outs), "ok"
         ref_outs, ref_err = self._plain(st, args, kw, reference=True)
         if ref_err is not None:
             rec.action = "raise"
             self.faults.append(rec)
-            raise KernelError(f"{where}; the reference kernel failed too: {ref_err}")
+            raise HandledFault(f"{where}; the reference kernel failed too: {ref_err}")
         if kind in ("nan", "inf") and all(k in ("nan", "inf") for k, _ in faults):
             ref_bad = any((C.has_nan(o) if kind == "nan" else C.has_inf(o)) for o in ref_outs)
             if ref_bad:  # the math itself gives NaN/Inf here: an anomaly, not a faulty kernel
@@ -394,7 +403,7 @@ class Guard:
             kw = _ref_kw(kw, st)
         try:
             return self._as_list(st, fn(*args, **kw)), None
-        except (MemoryLimitError, RunTimeoutError, *PASS_THROUGH):
+        except (MemoryLimitError, RunTimeoutError, HandledFault, *PASS_THROUGH):
             raise
         except BaseException as e:  # noqa: BLE001
             return [], f"{type(e).__name__}: {e}"
