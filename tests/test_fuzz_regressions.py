@@ -243,3 +243,96 @@ def test_a_kernel_error_deep_in_nested_ifs_names_its_own_node_once():
                      "bad": np.array([5], np.int64)})
     msg = str(e.value)
     assert "reshape" in msg and "'if" not in msg, msg  # not re-blamed on the 12 Ifs around it
+
+
+def _loop11():
+    import warnings
+
+    import onnx.backend.test.case.node as suite
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from onnx.backend.test.case.node import loop  # noqa: F401 - registers the cases
+    case = next(c for c in suite._NodeTestCases if c.name == "test_loop11")
+    return case.model.SerializeToString()
+
+
+def _loop11_feeds(trip):
+    return {"trip_count": np.array(trip, np.int64), "cond": np.array(True),
+            "y": np.array([5], np.float32)}  # fmt: skip
+
+
+@pytest.mark.parametrize("trip", [0, -1])
+def test_zero_trip_loop_scan_output_has_the_body_outputs_shape(trip):
+    # ORT gives [0, 1] (the body's scan output is [1]); was [0]
+    res_y, res_scan = ow.InferenceSession(_loop11()).run(None, _loop11_feeds(trip))
+    np.testing.assert_array_equal(res_y, [5.0])
+    assert res_scan.shape == (0, 1) and res_scan.dtype == np.float32
+
+
+def _scan(n_rows_dim="N"):
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "row"], ["s_out"]),
+         helper.make_node("Identity", ["s_out"], ["row_out"])],
+        "body", [vi("s_in", TensorProto.FLOAT, [3]), vi("row", TensorProto.FLOAT, [3])],
+        [vi("s_out", TensorProto.FLOAT, [3]), vi("row_out", TensorProto.FLOAT, [3])],
+    )  # fmt: skip
+    g = helper.make_graph(
+        [helper.make_node("Scan", ["s0", "x"], ["s", "rows"], name="scan", body=body,
+                          num_scan_inputs=1)],
+        "g", [vi("s0", TensorProto.FLOAT, [3]), vi("x", TensorProto.FLOAT, [n_rows_dim, 3])],
+        [vi("s", TensorProto.FLOAT, [3]), vi("rows", TensorProto.FLOAT, [n_rows_dim, 3])],
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_zero_length_scan_output_has_the_body_outputs_shape():
+    s, rows = ow.InferenceSession(_scan()).run(
+        None, {"s0": np.ones(3, np.float32), "x": np.zeros((0, 3), np.float32)}
+    )
+    np.testing.assert_array_equal(s, [1.0, 1.0, 1.0])
+    assert rows.shape == (0, 3) and rows.dtype == np.float32
+
+
+def test_a_loop_that_never_ends_stops_at_the_memory_limit_or_the_deadline():
+    # test_loop11 with 2**63-1 trips: after five iterations the body emits empty slices forever
+    sess = ow.InferenceSession(_loop11(), ow.SessionOptions(memory_limit_bytes=1 << 20))
+    with pytest.raises(ow.MemoryLimitError, match="Loop: after .* iterations"):
+        sess.run(None, _loop11_feeds(2**63 - 1))
+    timed = ow.InferenceSession(_loop11(), ow.SessionOptions(run_timeout_ms=50))
+    with pytest.raises(ow.RunTimeoutError, match="Loop"):
+        timed.run(None, _loop11_feeds(2**63 - 1))
+    assert timed.run(None, _loop11_feeds(3))[0].tolist() == [5.0 + 1 + 2 + 3]  # still usable
+
+
+def test_fuzz_sessions_of_iterating_models_run_under_a_deadline():
+    # fuzz seed 11 / 18378: a Scan over a (2**20, 3) broadcast feed, ~25 us an iteration
+    # (minutes under the guard), was a hang of the worker, not an error
+    from opwarden.verify import fuzz
+
+    feeds = {"s0": np.ones(3, np.float32),
+             "x": np.broadcast_to(np.ones(3, np.float32), (1 << 20, 3))}  # fmt: skip
+    ex = fuzz.Example(0, 0, "scan", [], _scan(), feeds)
+    res = fuzz.check_example(ex, 256 << 20, run_timeout_ms=50)
+    assert res["status"] == "refused" and res["error"] == "RunTimeoutError", res
+    assert not fuzz._iterates(_identity_model_bytes())
+
+
+def _identity_model_bytes():
+    m = one_node("Identity", [("x", TensorProto.FLOAT, [2])], [("y", TensorProto.FLOAT, [2])])
+    return m.SerializeToString()
+
+
+def test_a_sequence_reaching_a_tensor_input_is_refused_at_load():
+    # fuzz: OptionalGetElement of an optional sequence fed Selu, which ran on the list
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
+    g = helper.make_graph(
+        [helper.make_node("Optional", ["s"], ["o"], name="opt"),
+         helper.make_node("OptionalGetElement", ["o"], ["e"], name="get"),
+         helper.make_node("Selu", ["e"], ["y"], name="selu")],
+        "g", [seq], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(ow.ModelError, match=r"'selu' \(Selu\): input 0 .*'e'.* is a sequence"):
+        ow.InferenceSession(m.SerializeToString())

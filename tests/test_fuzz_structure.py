@@ -19,31 +19,8 @@ EXTRA_SEEDS = ("tests.models:small_cnn", "tests.models:small_cnn(batch=2, opset=
 
 # Escapes already routed to their owners, matched on Result.signature (status:error@where,
 # fnmatch patterns). Each entry goes once its fix lands; anything not listed fails the test.
-KNOWN_OPEN = {
-    # A list (or dict) fed to a sequence/optional input is passed through unchecked: its
-    # non-array elements come back as outputs (session feed validation; ragged list feeds).
-    "escape:BadOutput@session.run": "sequence feeds holding non-arrays reach the outputs",
-    # Loop whose trip count comes from a feed (2**63-1) or whose condition never turns false
-    # runs without end (Loop deadlines, ops/control.py); the worker may die while being killed.
-    "hang:Hang@* via opwarden/ops/control.py:Loop": "Loop without a deadline",
-    "crash:Crash@* via opwarden/ops/control.py:Loop": "Loop without a deadline",
-    # ConstantOfShape's pre-allocation check walks a huge shape feed (a (2**20, 4) broadcast
-    # view) in Python (memory/limits.py:_count).
-    "hang:Hang@opwarden/memory/limits.py:*": "ConstantOfShape limit check on a huge shape",
-    # onnx's C++ shape inference segfaults on what the loader hands it (LayerNormalization
-    # axis=2**63-1 with 3 outputs; value_info with elem_type -3), ir/load.py:_infer.
-    "crash:Crash@opwarden/ir/load.py:_infer": "onnx shape inference segfaults",
-    # Found by this fuzzer, routed (not yet owned by an open item):
-    # a value_info declaring a dim of 2**62 reaches the arena binding, whose reshape raises
-    # ValueError out of session.run (runtime/executor.py:bind, memory plan).
-    "escape:ValueError@opwarden/runtime/executor.py:bind": "huge declared dims reach bind",
-    # a failing node nested 25 If levels deep: every level's guard falls back and reruns the
-    # level below, 2**25 runs (guard fallback inside If).
-    "hang:Hang@* via opwarden/ops/control.py:If": "guard fallback reruns nested Ifs",
-    # the guard's alias check on a broadcast (zero-stride) feed of 2**20 elements never ends
-    # (guard/checks.py:alias_faults).
-    "hang:Hang@opwarden/guard/checks.py:alias_faults": "alias check on a broadcast feed",
-}
+# (Empty: every escape found so far has its fix and a test in tests/test_fuzz_regressions.py.)
+KNOWN_OPEN: dict[str, str] = {}
 
 
 def test_structure_fuzz_escapes_only_opwarden_errors():

@@ -92,6 +92,12 @@ def _check_dtypes(node: Node, s: Schema) -> None:
     bound: dict[str, tuple[str, str]] = {}
     for i, v in enumerate(node.inputs):
         p = s.input_param(i)
+        if v is not None and p is not None and v.kind in ("sequence", "map", "optional") and (
+                s.allowed_dtypes(p.type_str) is not None):  # a constraint of tensor types only
+            raise ModelError(
+                f"node {node.label}: input {i} ({p.name!r} = {v.name!r}) is a {v.kind}, but "
+                f"{node.op_type}-{s.since} takes a tensor ({p.type_str}) there"
+            )
         if v is None or p is None or v.kind != "tensor" or v.fact.dtype is None:
             continue
         allowed = s.allowed_dtypes(p.type_str)

@@ -19,9 +19,11 @@ from .base import op
 
 CONTROL = Contract(nan="propagate", thread_safe=True)
 
-# What an accumulated scan element costs beyond its data: the array object and its list slot
-# (a Loop emitting one scalar per iteration holds ~15x its data this way).
-_ELEMENT_BYTES = 128
+# What an accumulated scan element costs beyond its data: the array object, its data block
+# and its list slot (measured: ~170 B for an empty array, ~100 B for a scalar; a Loop emitting
+# one scalar per iteration holds ~20x its data this way). Under-counting it lets a loop that
+# never stops (an empty slice emitted each iteration) pass the memory limit in real memory.
+_ELEMENT_BYTES = 176
 
 
 def _held(x: Any) -> int:
@@ -120,6 +122,26 @@ def _stack(parts: list, like=None) -> np.ndarray:
     return np.zeros((0,), dtype=like if like is not None else np.float32)
 
 
+def _no_iterations(body: Any, k: int) -> np.ndarray:
+    """Scan output k (index among the body's outputs) of a loop that ran no iteration: shape
+    [0, *per-iteration shape] from the body's output facts, as ONNX Runtime gives it (dims
+    they leave open are 0); [0] float32 where the facts know nothing."""
+    from ..dtypes import np_dtype_of
+    from ..ir.graph import declared_value
+
+    program = getattr(body, "program", None)
+    outs = program.graph.outputs if program is not None else ()
+    fact = outs[k].fact if k < len(outs) and outs[k] is not None else None
+    if fact is None or fact.shape is None:
+        return np.zeros((0,), np.float32)
+    try:
+        dtype = np_dtype_of(fact.dtype) if fact.dtype else np.float32
+    except (KeyError, TypeError):
+        dtype = np.float32
+    dims = [declared_value(d) for d in fact.shape]
+    return np.zeros((0, *[d if isinstance(d, int) and d >= 0 else 0 for d in dims]), dtype)
+
+
 @op("Loop", since=1, contract=CONTROL)
 def Loop(M=None, cond=None, *v_initial, body=None):
     """Generic loop with trip count and condition; scan outputs stacked (ONNX Loop-1..21)."""
@@ -147,11 +169,11 @@ def Loop(M=None, cond=None, *v_initial, body=None):
     if scans is None:
         scans = [[] for _ in range(n_scan)]
     stacked = []
-    for acc in scans:
+    for j, acc in enumerate(scans):
         if acc and isinstance(acc[0], list):
             stacked.append(acc)
         else:
-            stacked.append(_stack(acc))
+            stacked.append(_stack(acc) if acc else _no_iterations(body, 1 + n_carried + j))
     return tuple(carried) + tuple(stacked)
 
 
@@ -191,10 +213,10 @@ def Scan(
     out_axes = list(scan_output_axes or [0] * n_out)
     out_dirs = list(scan_output_directions or [0] * n_out)
     ys = []
-    for acc, a, d in zip(accs, out_axes, out_dirs):
+    for j, (acc, a, d) in enumerate(zip(accs, out_axes, out_dirs)):
         if d:
             acc = acc[::-1]
-        y = _stack(acc)
+        y = _stack(acc) if acc else _no_iterations(body, n_state + j)
         ys.append(np.moveaxis(y, 0, a % y.ndim) if y.ndim > 1 else y)
     return tuple(state) + tuple(ys)
 

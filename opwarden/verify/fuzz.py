@@ -1219,13 +1219,48 @@ def _rel(path: str) -> str:
     return path[k + 1 :] if k >= 0 else os.path.basename(path)
 
 
+# Operators whose iterations the model or the feeds set (a trip count of 2**63-1, a condition
+# that stays true, a scan over a 2**20-row broadcast feed): such a run may legitimately go on
+# far past the per-example timeout (test_loop11 with 2**63-1 trips: ~70 us an iteration, 2M
+# iterations until 256 MiB of empty scan elements), so their sessions get a run deadline, the
+# documented defence (SessionOptions.run_timeout_ms), and passing it is a refusal. Other
+# examples run without one: a deadline takes the guarded path, and the lean path must be
+# fuzzed too.
+ITERATING_OPS = frozenset({"Loop", "Scan", "SequenceMap"})
+RUN_TIMEOUT_MS = 2000.0
+
+
+def _iterates(model: bytes) -> bool:
+    """Whether the model (any graph, subgraph or function body) holds an iterating operator."""
+    import onnx
+
+    m = onnx.ModelProto()
+    try:
+        m.ParseFromString(model)
+    except Exception:  # noqa: BLE001 - a model that does not parse is refused at load
+        return False
+    stack = [m.graph, *m.functions]
+    while stack:
+        g = stack.pop()
+        for n in g.node:
+            if n.op_type in ITERATING_OPS:
+                return True
+            for a in n.attribute:
+                if a.HasField("g"):
+                    stack.append(a.g)
+                stack.extend(a.graphs)
+    return False
+
+
 def check_example(
     ex: Example,
     memory_limit: int,
     compare_ort: bool = False,
     on_phase: Callable[[str], None] | None = None,
+    run_timeout_ms: float | None = RUN_TIMEOUT_MS,
 ) -> dict[str, Any]:
-    """Run one example in this process; a dict with status ok/refused/escape/mismatch."""
+    """Run one example in this process; a dict with status ok/refused/escape/mismatch.
+    Models with iterating operators run under `run_timeout_ms` (see ITERATING_OPS)."""
     import opwarden as ow
 
     res: dict[str, Any] = {"status": "ok"}
@@ -1234,6 +1269,8 @@ def check_example(
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             opts = ow.SessionOptions(memory_limit_bytes=memory_limit, intra_op_num_threads=1)
+            if run_timeout_ms is not None and _iterates(ex.model):
+                opts.run_timeout_ms = run_timeout_ms
             res["phase"] = "load"
             sess = ow.InferenceSession(ex.model, opts)
             res["phase"] = "run"
