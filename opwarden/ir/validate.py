@@ -134,18 +134,19 @@ def sanity_before_inference(proto: onnx.ModelProto) -> None:
     and every function body. Runs on the protobuf, before `onnx.shape_inference`."""
     _check_graphs(proto.graph, "graph")
     for f in proto.functions:
+        where = f"function {f.domain}/{f.name}"
         for i, n in enumerate(f.node):
-            label = f"function {f.domain}/{f.name} node {_name(n, i)} ({n.op_type})"
-            _check_node_attrs(n, label)
-            for where, sub in (x for a in n.attribute for x in _attr_graphs(a, label)):
-                _check_graphs(sub, where)
+            _check_node_attrs(n, where, i)
+            for label, sub in _attr_graphs(n, where, i):
+                _check_graphs(sub, label)
 
 
 def _check_graphs(graph: onnx.GraphProto, label: str) -> None:
+    # Labels are built only for an error or a subgraph: this runs over every node of a load.
     for where, g in _proto_graphs(graph, label):
         for field_ in ("input", "output", "value_info"):
             for vi in getattr(g, field_):
-                _check_type(vi.type, f"{where} {field_} {vi.name!r}")
+                _check_type(vi.type, where, field_, vi.name)
         for t in g.initializer:
             if t.data_type not in _ELEM_TYPES:
                 raise ModelError(
@@ -153,19 +154,23 @@ def _check_graphs(graph: onnx.GraphProto, label: str) -> None:
                     "not a TensorProto data type"
                 )
         for i, n in enumerate(g.node):
-            _check_node_attrs(n, f"{where} node {_name(n, i)} ({n.op_type})")
+            _check_node_attrs(n, where, i)
 
 
-def _name(n: onnx.NodeProto, i: int) -> str:
-    return repr(n.name) if n.name else f"#{i}"
+def _label(n: onnx.NodeProto, where: str, i: int) -> str:
+    return f"{where} node {repr(n.name) if n.name else f'#{i}'} ({n.op_type})"
 
 
-def _attr_graphs(a: onnx.AttributeProto, label: str):
-    if a.type == onnx.AttributeProto.GRAPH:
-        yield f"{label} attribute {a.name!r}", a.g
-    elif a.type == onnx.AttributeProto.GRAPHS:
-        for j, sub in enumerate(a.graphs):
-            yield f"{label} attribute {a.name!r}[{j}]", sub
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
+
+
+def _attr_graphs(n: onnx.NodeProto, where: str, i: int):
+    for a in n.attribute:
+        if a.type == _GRAPH:
+            yield f"{_label(n, where, i)} attribute {a.name!r}", a.g
+        elif a.type == _GRAPHS:
+            for j, sub in enumerate(a.graphs):
+                yield f"{_label(n, where, i)} attribute {a.name!r}[{j}]", sub
 
 
 def _proto_graphs(g: onnx.GraphProto, where: str):
@@ -175,12 +180,10 @@ def _proto_graphs(g: onnx.GraphProto, where: str):
         where, g = stack.pop()
         yield where, g
         for i, n in enumerate(g.node):
-            label = f"{where} node {_name(n, i)} ({n.op_type})"
-            for a in n.attribute:
-                stack.extend(_attr_graphs(a, label))
+            stack.extend(_attr_graphs(n, where, i))
 
 
-def _check_node_attrs(n: onnx.NodeProto, label: str) -> None:
+def _check_node_attrs(n: onnx.NodeProto, where: str, i: int) -> None:
     for a in n.attribute:
         if a.name not in _INDEX_ATTRS:
             continue
@@ -189,14 +192,16 @@ def _check_node_attrs(n: onnx.NodeProto, label: str) -> None:
         for v in vals:
             if abs(v) > MAX_INDEX_ATTR:
                 raise ModelError(
-                    f"{label}: attribute {a.name!r} = {v} is not a plausible axis or rank "
-                    f"(|value| > {MAX_INDEX_ATTR})"
+                    f"{_label(n, where, i)}: attribute {a.name!r} = {v} is not a plausible "
+                    f"axis or rank (|value| > {MAX_INDEX_ATTR})"
                 )
             if v < 0 and (n.op_type, a.name) in _NON_NEGATIVE and n.domain in ("", "ai.onnx"):
-                raise ModelError(f"{label}: attribute {a.name!r} = {v} must not be negative")
+                raise ModelError(
+                    f"{_label(n, where, i)}: attribute {a.name!r} = {v} must not be negative"
+                )
 
 
-def _check_type(tp: onnx.TypeProto, what: str) -> None:
+def _check_type(tp: onnx.TypeProto, where: str, field_: str, name: str) -> None:
     """Element types and dims of a (possibly nested) TypeProto, iteratively."""
     stack = [tp]
     while stack:
@@ -206,14 +211,14 @@ def _check_type(tp: onnx.TypeProto, what: str) -> None:
             tt = getattr(t, which)
             if tt.elem_type not in _ELEM_TYPES:
                 raise ModelError(
-                    f"{what} has element type {tt.elem_type}, which is not a TensorProto "
-                    "data type"
+                    f"{where} {field_} {name!r} has element type {tt.elem_type}, which is not "
+                    "a TensorProto data type"
                 )
             for k, d in enumerate(tt.shape.dim):
-                if d.HasField("dim_value") and d.dim_value < 0:
+                if d.dim_value < 0:  # 0 when unset or a dim_param
                     raise ModelError(
-                        f"{what} declares dimension {k} as {d.dim_value}; dims cannot be "
-                        "negative"
+                        f"{where} {field_} {name!r} declares dimension {k} as {d.dim_value}; "
+                        "dims cannot be negative"
                     )
         elif which == "sequence_type":
             stack.append(t.sequence_type.elem_type)
@@ -222,8 +227,8 @@ def _check_type(tp: onnx.TypeProto, what: str) -> None:
         elif which == "map_type":
             if t.map_type.key_type not in _ELEM_TYPES:
                 raise ModelError(
-                    f"{what} has map key type {t.map_type.key_type}, which is not a "
-                    "TensorProto data type"
+                    f"{where} {field_} {name!r} has map key type {t.map_type.key_type}, which "
+                    "is not a TensorProto data type"
                 )
             stack.append(t.map_type.value_type)
 
