@@ -336,3 +336,17 @@ def test_a_sequence_reaching_a_tensor_input_is_refused_at_load():
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.raises(ow.ModelError, match=r"'selu' \(Selu\): input 0 .*'e'.* is a sequence"):
         ow.InferenceSession(m.SerializeToString())
+
+
+@pytest.mark.parametrize("attr,value", [("kernel_shape", [-(2**63), 2]), ("strides", [0, 1]),
+                                        ("dilations", [1, -1])])  # fmt: skip
+def test_non_positive_window_attributes_are_refused(attr, value):
+    # fuzz seed 303 / 2475 (cnn seed, MaxPool kernel_shape[0] -> -2**63): the pooling
+    # kernel's band planning never finished
+    attrs = {"kernel_shape": [2, 2], attr: value}
+    m = one_node(
+        "MaxPool", [("x", TensorProto.FLOAT, [1, 2, 6, 6])], [("y", TensorProto.FLOAT, None)],
+        **attrs,
+    )  # fmt: skip
+    with pytest.raises(ow.ModelError, match=f"'n0' \\(MaxPool\\): attribute '{attr}'"):
+        ow.InferenceSession(m.SerializeToString())

@@ -59,8 +59,22 @@ def _range(lo: int, hi: int) -> str:
     return f"exactly {lo}" if lo == hi else f"{lo} to {hi}"
 
 
+# Window attributes ONNX defines as positive: a zero or negative one (kernel_shape -2**63)
+# sends the pooling kernels' band planning into an endless loop.
+_POSITIVE_INTS = frozenset({"kernel_shape", "strides", "dilations"})
+
+
 def _check_attrs(node: Node, s: Schema) -> None:
     types = getattr(node, "attr_types", {})
+    if node.domain == "":
+        for name in _POSITIVE_INTS.intersection(node.attrs):
+            vals = node.attrs[name]
+            if isinstance(vals, (list, tuple)) and any(
+                    isinstance(v, int) and v < 1 for v in vals):
+                raise ModelError(
+                    f"node {node.label}: attribute {name!r} = {list(vals)} must hold positive "
+                    "values"
+                )
     for name in node.attrs:
         spec = s.attrs.get(name)
         if spec is None:
