@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import fnmatch
+import functools
 import importlib
 import json
 import math
@@ -502,6 +503,17 @@ def _node_scope(model: Any, rng: np.random.Generator) -> tuple[_Scope, int] | No
     return s, int(rng.integers(len(s.nodes)))
 
 
+def _on_a_node(fn: Any) -> Any:
+    """A mutator of one node, picked at random in any graph scope (None: there is none)."""
+
+    @functools.wraps(fn)
+    def mutate(model: Any, rng: np.random.Generator) -> str | None:
+        got = _node_scope(model, rng)
+        return None if got is None else fn(model, rng, *got)
+
+    return mutate
+
+
 def _random_ints(rng: np.random.Generator) -> list[int]:
     r = rng.random()
     if r < 0.15:
@@ -554,11 +566,8 @@ def _random_attr(name: str, rng: np.random.Generator) -> Any:
     return a
 
 
-def m_swap_op(model: Any, rng: np.random.Generator) -> str | None:
-    got = _node_scope(model, rng)
-    if got is None:
-        return None
-    s, i = got
+@_on_a_node
+def m_swap_op(model: Any, rng: np.random.Generator, s: _Scope, i: int) -> str | None:
     n = s.nodes[i]
     k = len(n.input)
     r = rng.random()
@@ -576,11 +585,8 @@ def m_swap_op(model: Any, rng: np.random.Generator) -> str | None:
     return f"swap_op {s.where} node {i} {old!r} -> {new!r}"
 
 
-def m_rewire(model: Any, rng: np.random.Generator) -> str | None:
-    got = _node_scope(model, rng)
-    if got is None:
-        return None
-    s, i = got
+@_on_a_node
+def m_rewire(model: Any, rng: np.random.Generator, s: _Scope, i: int) -> str | None:
     n = s.nodes[i]
     r = rng.random()
     if r < 0.1:
@@ -600,21 +606,15 @@ def m_rewire(model: Any, rng: np.random.Generator) -> str | None:
     return f"rewire {s.where} node {i} {n.op_type}: input {j} {old!r} -> {target!r}"
 
 
-def m_drop_node(model: Any, rng: np.random.Generator) -> str | None:
-    got = _node_scope(model, rng)
-    if got is None:
-        return None
-    s, i = got
+@_on_a_node
+def m_drop_node(model: Any, rng: np.random.Generator, s: _Scope, i: int) -> str | None:
     op = s.nodes[i].op_type
     del s.nodes[i]
     return f"drop_node {s.where} node {i} {op}"
 
 
-def m_dup_node(model: Any, rng: np.random.Generator) -> str | None:
-    got = _node_scope(model, rng)
-    if got is None:
-        return None
-    s, i = got
+@_on_a_node
+def m_dup_node(model: Any, rng: np.random.Generator, s: _Scope, i: int) -> str | None:
     n = copy.deepcopy(s.nodes[i])
     renamed = rng.random() < 0.5
     if renamed:  # a dead copy with fresh outputs, else a second producer of the same values
@@ -637,11 +637,8 @@ def m_reorder(model: Any, rng: np.random.Generator) -> str | None:
     return f"reorder {s.where} nodes {order.tolist()}"
 
 
-def m_node_outputs(model: Any, rng: np.random.Generator) -> str | None:
-    got = _node_scope(model, rng)
-    if got is None:
-        return None
-    s, i = got
+@_on_a_node
+def m_node_outputs(model: Any, rng: np.random.Generator, s: _Scope, i: int) -> str | None:
     n = s.nodes[i]
     r = rng.random()
     if r < 0.35 or not len(n.output):
@@ -695,11 +692,8 @@ def m_graph_io(model: Any, rng: np.random.Generator) -> str | None:
     return None
 
 
-def m_attr(model: Any, rng: np.random.Generator) -> str | None:
-    got = _node_scope(model, rng)
-    if got is None:
-        return None
-    s, i = got
+@_on_a_node
+def m_attr(model: Any, rng: np.random.Generator, s: _Scope, i: int) -> str | None:
     n = s.nodes[i]
     r = rng.random()
     attrs = n.attribute
