@@ -49,10 +49,10 @@ def resolve_model(spec: str) -> tuple[bytes, str]:
 
 def make_feeds(sess: Any, inputs: list[str] | None = None, seed: int = 0) -> dict[str, Any]:
     """Seeded random feeds for the session's inputs, overridden by NAME=FILE.npy items."""
-    from .cli import _parse_inputs, _random_feeds
+    from .feeds import parse_inputs, random_feeds
 
-    feeds = _random_feeds(sess, seed)
-    feeds.update(_parse_inputs(inputs or []))
+    feeds = random_feeds(sess, seed)
+    feeds.update(parse_inputs(inputs or []))
     return feeds
 
 

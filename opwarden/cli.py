@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from .feeds import parse_inputs as _parse_inputs
+from .feeds import random_feeds as _random_feeds
+
 
 def _console():
     from rich.console import Console
@@ -34,43 +37,6 @@ def _model_source(arg: str | None) -> tuple[Any, str]:
     if not os.path.exists(arg) and arg in zoo.LIGHT_MODELS:
         return zoo.build(arg, seed=0).SerializeToString(), f"light {arg} (seeded weights)"
     return arg, arg
-
-
-def _parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
-    from .errors import InputError
-
-    feeds = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep:
-            raise InputError(f"--input expects NAME=FILE.npy, got {item!r}")
-        try:
-            feeds[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise InputError(f"--input {name}: cannot read {path!r}: {e}") from None
-    return feeds
-
-
-def _random_feeds(sess, seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
-    from .errors import InputError
-
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for a in sess.get_inputs():
-        if not a.type.startswith("tensor("):
-            raise InputError(f"input {a.name!r} is a {a.type}; pass it with --input")
-        dims = [d if isinstance(d, int) else batch for d in (a.shape or [])]
-        dt = a.type[7:-1]
-        dt = {"float": "float32", "double": "float64"}.get(dt, dt)
-        if dt.startswith("float") or dt == "bfloat16":
-            feeds[a.name] = rng.standard_normal(dims).astype(dt)
-        elif dt == "bool":
-            feeds[a.name] = rng.integers(0, 2, dims).astype(bool)
-        elif dt == "string":
-            feeds[a.name] = np.full(dims, "a", dtype=object)
-        else:
-            feeds[a.name] = rng.integers(0, 10, dims).astype(dt)
-    return feeds
 
 
 def cmd_run(args: argparse.Namespace) -> int:
