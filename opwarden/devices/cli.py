@@ -4,69 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 from typing import Any
 
-
-def summarize(rows: list[dict[str, Any]], report: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Summary of an explanation: per-device counts, fallbacks with reasons, inserted nodes."""
-    report = report or {}
-    devs = report.get("devices") or []
-    model_rows = [r for r in rows if not r.get("inserted")]
-    first = devs[0] if devs else (model_rows[0]["device"] if model_rows else "cpu")
-    by_device = Counter(r["device"] for r in model_rows)
-    falls = [
-        {
-            "name": r["name"],
-            "op_type": r["op_type"],
-            "device": r["device"],
-            "reason": r.get("reason") or "",
-        }
-        for r in model_rows
-        if r["device"] != first
-    ]
-    inserted = Counter(r["inserted"] for r in rows if r.get("inserted"))
-    n = len(model_rows)
-    text = f"{first} runs {by_device.get(first, 0)} of {n} nodes"
-    if falls:
-        where = Counter(f["device"] for f in falls)
-        dest = ", ".join(f"{k} ({v})" if len(where) > 1 else k for k, v in where.items())
-        items = "; ".join(f"{f['name']} ({f['op_type']}): {f['reason']}" for f in falls[:10])
-        more = f"; and {len(falls) - 10} more" if len(falls) > 10 else ""
-        text += f"; {len(falls)} fall back to {dest}: {items}{more}"
-    transposes = report.get("transposes_inserted", inserted.get("transpose", 0))
-    copies = report.get("copies_inserted", inserted.get("copy", 0))
-    text += f". Inserted: {transposes} transpose(s), {copies} copy node(s)"
-    if report.get("views_inserted"):
-        text += f", {report['views_inserted']} layout view(s) (no data moved)"
-    if report.get("transposes_cancelled"):
-        text += f"; {report['transposes_cancelled']} model transpose(s) cancelled"
-    if report.get("channel_shuffles_nhwc"):
-        text += f"; {report['channel_shuffles_nhwc']} channel shuffle(s) kept in NHWC"
-        if report.get("channel_shuffles_folded"):
-            text += f" ({report['channel_shuffles_folded']} folded into depthwise convolutions)"
-    decomposed = sorted({r["decomposed_from"] for r in model_rows if r.get("decomposed_from")})
-    if decomposed:
-        text += f"; decomposed: {', '.join(decomposed)}"
-    sim = report.get("simulated") or []
-    if sim:
-        text += f". SIMULATED: {', '.join(sim)} (device profile executed on the host)"
-    return {
-        "text": text,
-        "first_device": first,
-        "nodes": n,
-        "by_device": dict(by_device),
-        "fallbacks": falls,
-        "transposes_inserted": transposes,
-        "copies_inserted": copies,
-        "views_inserted": report.get("views_inserted", 0),
-        "transposes_cancelled": report.get("transposes_cancelled", 0),
-        "nhwc_nodes": report.get("nhwc_nodes", 0),
-        "channel_shuffles_nhwc": report.get("channel_shuffles_nhwc", 0),
-        "channel_shuffles_folded": report.get("channel_shuffles_folded", 0),
-        "decomposed": decomposed,
-        "simulated": sim,
-    }
+from ..runtime.explain import summarize
 
 
 def explain_json(sess: Any) -> dict[str, Any]:

@@ -323,7 +323,7 @@ class InferenceSession:
 
     def explain_summary(self) -> dict[str, Any]:
         """Per device node counts, fallbacks with reasons, inserted copies/transposes, a line."""
-        from ..devices.cli import summarize
+        from .explain import summarize
 
         return summarize(self.explain(), getattr(self.placements, "report", {}))
 
