@@ -243,7 +243,7 @@ class Device:
         if not ok:
             return False, f"{self.name} runs on {host.name}, which cannot: {hwhy}"
         if quarantine is not None:
-            from ..runtime.place import select
+            from .variants import select
 
             var, _ = select(node, host.name, "NCHW", quarantine)
             if var is not None and f"{var.name}@{self.name}" in quarantine:
@@ -268,7 +268,7 @@ class Device:
     def _host_accepts(self, node: Any, quarantine: Any) -> tuple[bool, str]:
         if self.layouts_for(node, quarantine):
             return True, ""
-        from ..runtime.place import select
+        from .variants import select
 
         if node.opdef is None:
             return False, f"no implementation of {node.op_type} at opset {node.opset}"
@@ -290,7 +290,7 @@ class Device:
             out = [lay for lay in ("NHWC", "NCHW") if lay in lays or "any" in lays]
             out.sort(key=lambda lay: lay != self.preferred_layout)
             return tuple(out)
-        from ..runtime.place import select
+        from .variants import select
 
         out = []
         for lay in ("NHWC", "NCHW") if sens else ("NCHW",):
