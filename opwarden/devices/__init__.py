@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..contract.layout import LAYOUT_SENSITIVE
 from .base import (
-    LAYOUT_SENSITIVE,
     Device,
     OpCapability,
     devices,

@@ -13,39 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contract.layout import sensitive_inputs
 from ..errors import OptionsError
 from .constraints import Constraint
-
-# Operators whose activation tensor has a channel axis that a layout (NCHW/NHWC) places:
-# op_type -> indices of the activation inputs. Output 0 is the activation output.
-LAYOUT_SENSITIVE: dict[str, tuple[int, ...]] = {
-    "Conv": (0,),
-    "ConvTranspose": (0,),
-    "MaxPool": (0,),
-    "AveragePool": (0,),
-    "LpPool": (0,),
-    "GlobalAveragePool": (0,),
-    "GlobalMaxPool": (0,),
-    "GlobalLpPool": (0,),
-    "BatchNormalization": (0,),
-    "InstanceNormalization": (0,),
-    "GroupNormalization": (0,),
-    "LRN": (0,),
-    "Resize": (0,),
-    "Upsample": (0,),
-    "DepthToSpace": (0,),
-    "SpaceToDepth": (0,),
-    "FusedConv": (0, 3),
-}
-
-
-def sensitive_inputs(node: Any) -> tuple[int, ...]:
-    """Activation input indices of a layout-sensitive node (empty for other nodes)."""
-    if node.domain == "opwarden":
-        return LAYOUT_SENSITIVE["FusedConv"] if node.op_type == "FusedConv" else ()
-    if node.domain or node.op_type == "FusedConv":
-        return ()
-    return LAYOUT_SENSITIVE.get(node.op_type, ())
 
 
 def data_dtype(node: Any) -> str | None:

@@ -34,8 +34,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the tomli backport, when installed
     import tomli as tomllib  # type: ignore[no-redef]
 
+from ..contract.layout import LAYOUT_SENSITIVE
 from ..errors import OptionsError
-from .base import LAYOUT_SENSITIVE, Device, OpCapability, register_device
+from .base import Device, OpCapability, register_device
 from .constraints import Constraint
 
 PROFILE_DIR = os.path.join(os.path.dirname(__file__), "profiles")

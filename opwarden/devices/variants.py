@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..contract import TensorFact
-from .base import sensitive_inputs
+from ..contract.layout import sensitive_inputs
 
 if TYPE_CHECKING:
     from ..ir.graph import Node

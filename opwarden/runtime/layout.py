@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..contract import TensorFact
-from ..devices.base import sensitive_inputs
+from ..contract.layout import sensitive_inputs
 from ..ir.graph import Graph, Node, Value
 
 NHWC, NCHW = "NHWC", "NCHW"
