@@ -374,16 +374,19 @@ def _find(key: str) -> Device | None:
     return None
 
 
-def _try_torch() -> None:
-    """Register the torch provider when PyTorch is importable (imported on first need only)."""
-    import importlib.util
+# Loaders of optional providers (the torch one), added by `opwarden/devices/__init__.py`: their
+# modules import this registry, so the registry never imports them itself.
+_OPTIONAL: list[Callable[[], None]] = []
 
-    if "torch" in _DEVICES or importlib.util.find_spec("torch") is None:
-        return
-    try:
-        from . import torch_provider  # noqa: F401
-    except ImportError:
-        pass
+
+def add_optional_provider(load: Callable[[], None]) -> None:
+    """`load()` registers an optional provider when it can; called on first need, repeatedly."""
+    _OPTIONAL.append(load)
+
+
+def _try_optional() -> None:
+    for load in _OPTIONAL:
+        load()
 
 
 def get_device(name: str) -> Device:
@@ -391,17 +394,17 @@ def get_device(name: str) -> Device:
     key = name.lower()
     dev = _find(key)
     if dev is None and "torch" in key:
-        _try_torch()
+        _try_optional()
         dev = _find(key)
     if dev is None:
-        _try_torch()
+        _try_optional()
         raise OptionsError(f"unknown device {name!r}; available: {', '.join(_DEVICES)}")
     return dev
 
 
 def devices() -> list[Device]:
     """Every device available in this process, in registration order."""
-    _try_torch()
+    _try_optional()
     return list(_DEVICES.values())
 
 
