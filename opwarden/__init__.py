@@ -24,6 +24,12 @@ if _BLAS_TIMEOUT_OURS and "numpy" in _sys.modules:
 else:
     _BLAS_RESTARTED = False
 
+# The built-in operators, then the fast kernels registered on them, before anything else
+# (custom ops, `opwarden check`, sessions) looks at the registry.
+from . import ops as _ops  # noqa: E402, F401
+from .kernels import builtin as _builtin_kernels  # noqa: E402, F401
+
+# isort: split
 from . import verify  # noqa: E402
 from .autograd import grad  # noqa: E402
 from .contract import Contract  # noqa: E402

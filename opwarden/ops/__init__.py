@@ -36,7 +36,7 @@ FAMILIES = (
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")
 
-# Fast kernel variants register themselves on the operators above.
-importlib.import_module("opwarden.kernels")
+# The fast kernel variants (opwarden.kernels) register on these operators from
+# opwarden/__init__.py, which imports kernels.builtin: they import the operators, not back.
 
 __all__ = ["REGISTRY", "OpDef", "Sample", "Variant", "kernel", "op"]
