@@ -15,6 +15,7 @@ from ..errors import KernelError, MemoryLimitError, OpwardenError, RunTimeoutErr
 from ..ir.graph import Declared, Graph, Value
 from ..memory.constants import freeze as freeze_constant
 from ..memory.limits import guard_allocation
+from .bound import BoundGraph
 from .place import Placement
 
 
@@ -68,43 +69,6 @@ class Deadline:
                 f"{where}: the run passed its deadline of {self.ms:g} ms "
                 "(SessionOptions.run_timeout_ms) and was stopped"
             )
-
-
-class BoundGraph:
-    """A subgraph attribute at run time: call it with the subgraph's inputs, get its outputs.
-
-    Control-flow kernels also read from it what bounds their iterations: `memory_limit` (the
-    session's) and `deadline` (the run's, or None).
-    """
-
-    __slots__ = ("program", "captured", "guard", "deadline")
-
-    def __init__(
-        self, program: Program, captured: list[Any], guard: Any = None, deadline: Any = None
-    ) -> None:
-        self.program = program
-        self.captured = captured
-        self.guard = guard
-        self.deadline = deadline
-
-    @property
-    def memory_limit(self) -> int | None:
-        return self.program.memory_limit
-
-    @property
-    def input_names(self) -> list[str]:
-        return [v.name for v in self.program.graph.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [v.name for v in self.program.graph.outputs]
-
-    def __call__(self, *inputs: Any) -> list[Any]:
-        if self.guard is not None:
-            return self.program.run_guarded(
-                list(inputs), self.captured, self.guard, deadline=self.deadline
-            )
-        return self.program.run(list(inputs), self.captured)
 
 
 def _as_result(x: Any) -> Any:
