@@ -25,6 +25,11 @@ except ImportError:  # Windows: only threads of one process exclude each other
     fcntl = None  # type: ignore[assignment]
 
 
+class DeadlineExceeded(Exception):
+    """A kernel ran past its deadline: raised by the guard's deadline worker and by an isolated
+    kernel's worker (guard/isolate.py), recorded as a "deadline" fault."""
+
+
 @dataclass
 class FaultRecord:
     """Everything known about one operator fault."""

@@ -18,15 +18,11 @@ import numpy as np
 from ..errors import KernelError, MemoryLimitError, RunTimeoutError
 from ..trace.records import OpRecord
 from . import checks as C
-from .faults import FaultRecord, Quarantine, VariantStats
+from .faults import DeadlineExceeded, FaultRecord, Quarantine, VariantStats
 from .isolate import KernelCrash
 
 MAX_RECORDS = 1_000_000
 HARD_FAULTS = ("exception", "deadline", "mutation", "outputs", "alias", "shape", "dtype", "crash")
-
-
-class DeadlineExceeded(Exception):
-    pass
 
 
 # Raised by kernels but not kernel faults: the user's interrupt, a generator being closed.

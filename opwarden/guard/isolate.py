@@ -346,7 +346,7 @@ class Isolation:
                 h.conn.send_bytes(msg)
                 if e.deadline_s is not None and not h.conn.poll(e.deadline_s):
                     h.stop_worker(kill=True)
-                    from .guard import DeadlineExceeded
+                    from .faults import DeadlineExceeded
 
                     raise DeadlineExceeded(
                         f"kernel ran past its {e.deadline_s * 1000:g} ms deadline (its isolated "
