@@ -180,3 +180,16 @@ def test_cycle_report_names_the_path():
     graph = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": {"b"}, "e": {"a"}}
     assert _cycles(graph) == [["a", "b", "c", "a", "(also tangled: d)"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_builtin_kernels_register_in_a_fresh_process():
+    # Registration runs from opwarden/__init__.py (kernels.builtin), not from `ops`: importing
+    # any opwarden module must still give every operator its fast variants.
+    import subprocess
+    import sys
+
+    code = ("import opwarden.ops as o; print(sorted(v.name for v in "
+            "o.REGISTRY.latest('Conv').variants))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert "conv.cpu.nhwc" in out.stdout and "conv.ref" in out.stdout, out.stdout
