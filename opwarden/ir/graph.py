@@ -65,6 +65,9 @@ class Value:
     uses: list[tuple[Node, int]] = field(default_factory=list)
     graph: Graph | None = None
     layout: str | None = None  # physical layout set by the layout pass ("NCHW", "NHWC")
+    # A sequence/map/optional graph input's declared onnx TypeProto (its element types, which
+    # the fact does not hold), for checking feeds; None for tensors.
+    type_proto: Any = None
 
     def __repr__(self) -> str:
         return f"Value({self.name!r}, {self.fact})"

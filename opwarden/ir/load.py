@@ -523,7 +523,11 @@ class _Builder:
                 g.inputs.append(g.values[vi.name])
                 continue
             kind, fact = type_fact(vi.type)
-            g.inputs.append(g.add_value(vi.name, kind=kind, fact=fact))
+            tp = None
+            if kind != "tensor":  # a copy: a submessage would keep the whole model alive
+                tp = onnx.TypeProto()
+                tp.CopyFrom(vi.type)
+            g.inputs.append(g.add_value(vi.name, kind=kind, fact=fact, type_proto=tp))
         for name, v in g.values.items():
             if v.const is not None:
                 g.initializers[name] = v

@@ -134,7 +134,6 @@ class InferenceSession:
                 setattr(self.options, k, v)
         self.providers = normalize_providers(providers)
         self.source = path_or_bytes  # kept for tools that need the model as written (grad)
-        self._structured: dict[str, Any] | None = None  # declared sequence/map/optional types
         self.guard = Guard(self.options)
         self._isolation = isolation_for(self.options, self.guard)  # before any work: names
         try:
@@ -373,9 +372,7 @@ class InferenceSession:
 
     def _check_feed(self, v: Value, x: Any, dims: dict[str, tuple[int, str]]) -> Any:
         if v.kind in ("sequence", "map", "optional"):
-            if self._structured is None:
-                self._structured = _structured_types(self.source, self.model.graph.inputs)
-            tp = self._structured.get(v.name)
+            tp = v.type_proto
             if tp is not None or v.kind != "optional":
                 return _structured_feed(f"input {v.name!r}", tp, v.kind, x)
             if x is None:
@@ -425,21 +422,6 @@ def _native(x: np.ndarray) -> np.ndarray:
     """x in the machine's byte order (values kept): kernels, and the outputs, never see a
     big-endian dtype on a little-endian machine."""
     return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
-
-
-def _structured_types(source: Any, inputs: list[Value]) -> dict[str, Any]:
-    """TypeProtos of the sequence, map and optional graph inputs (the graph keeps only their
-    kind): read again from the model, weights left unparsed, for models that have such inputs."""
-    if all(v.kind == "tensor" for v in inputs):
-        return {}
-    from ..ir.load import read_source
-
-    try:
-        graph = read_source(source).proto.graph
-    except OpwardenError:
-        return {}
-    kinds = {v.name for v in inputs if v.kind != "tensor"}
-    return {vi.name: vi.type for vi in graph.input if vi.name in kinds}
 
 
 _KINDS = {"sequence_type": "sequence", "map_type": "map", "optional_type": "optional",
