@@ -98,34 +98,6 @@ def checked_shape(shape: Any) -> tuple | None:
     return tuple(d if k else None for d, k in zip(shape, ok))
 
 
-def fact_faults(outs: list[Any], facts: list[Any], checks: frozenset[str]) -> list[tuple[str, str]]:
-    """Output dtype/shape differing from the shape/type rule's prediction (static, verified
-    parts only)."""
-    found: list[tuple[str, str]] = []
-    for i, (o, fact) in enumerate(zip(outs, facts)):
-        if fact is None or not isinstance(o, np.ndarray):
-            continue
-        if "dtype" in checks and fact.dtype is not None:
-            got = "string" if o.dtype.kind in "OUS" else o.dtype.name
-            if got != fact.dtype:
-                found.append(
-                    ("dtype", f"output {i} has dtype {got}, the rule predicts {fact.dtype}")
-                )
-        shape = checked_shape(fact.shape) if "shape" in checks else None
-        if shape is not None:
-            if o.ndim != len(shape) or any(
-                type(d) is int and d != n for d, n in zip(shape, o.shape)
-            ):
-                found.append(
-                    (
-                        "shape",
-                        f"output {i} has shape {list(o.shape)}, the rule predicts "
-                        f"{list(fact.shape)}",
-                    )
-                )
-    return found
-
-
 def _shares(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether a and b share memory. The exact test is exponential in the worst case (strided
     and broadcast views); past a bounded effort overlapping bounds count as sharing."""
@@ -197,25 +169,35 @@ def expected_shape(fact: Any, dims: dict[str, int]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
+OUTPUT_KINDS = frozenset({"outputs", "dtype", "shape"})
+
+
 def output_faults(
-    outs: list[Any], values: list[Any], dims: dict[str, int]
+    outs: list[Any], values: list[Any], dims: dict[str, int],
+    kinds: frozenset[str] = OUTPUT_KINDS, strings: bool = False,
 ) -> list[tuple[str, str]]:
-    """The cheap default check of a step's results against the plan's static facts: each
-    typed tensor output must be an array ("outputs") of the predicted dtype ("dtype") and shape
-    ("shape": rank and every dim known, symbolic ones bound by `dims`; dims only the model
-    declares are not held against it, see checked_shape). Catching these at the step blames
-    them on the kernel that made them, not on the next node that trips over them."""
+    """A step's results against the plan's static facts (the contract check runs every kind;
+    `checks="shape"`/`"dtype"` alone run theirs): each typed tensor output must be an array
+    ("outputs") of the predicted dtype ("dtype") and shape ("shape": rank and every dim known,
+    symbolic ones bound by `dims`; dims only the model declares are not held against it, see
+    checked_shape; string outputs are held to a string kind only with `strings`, as kernels
+    return object and unicode arrays alike). Catching these at the step blames them on the
+    kernel that made them, not on the next node that trips over them."""
     for k, (o, v) in enumerate(zip(outs, values)):
         if v is None or v.kind != "tensor" or v.fact.dtype is None:
             continue
         if not isinstance(o, np.ndarray):
+            if "outputs" not in kinds:
+                continue
             return [("outputs", f"output {k} is {type(o).__name__}, not a tensor "
                                 f"({v.fact.dtype})")]
-        want = expected_dtype(v.fact)
+        if strings and v.fact.dtype == "string" and o.dtype.kind not in "OUS":
+            return [("dtype", f"output {k} has dtype {o.dtype.name}, the plan expects string")]
+        want = expected_dtype(v.fact) if "dtype" in kinds else None
         if want is not None and o.dtype != want:
             return [("dtype", f"output {k} has dtype {o.dtype.name}, the plan expects "
                               f"{v.fact.dtype}")]
-        shape = checked_shape(v.fact.shape)
+        shape = checked_shape(v.fact.shape) if "shape" in kinds else None
         if shape is None:
             continue
         if o.ndim != len(shape) or any(

@@ -280,9 +280,12 @@ class Guard:
         except KernelError as e:
             return [], [("outputs", str(e))]
         faults: list[tuple[str, str]] = []
-        if "contract" in self.checks:
+        kinds = C.OUTPUT_KINDS if "contract" in self.checks else self.checks & C.OUTPUT_KINDS
+        if kinds:
             dims = self._dims if id(st) in self._main[1] else {}
-            faults += C.output_faults(outs, pl.node.outputs, dims)
+            faults += C.output_faults(outs, pl.node.outputs, dims, kinds,
+                                      strings="dtype" in self.checks)
+        if "contract" in self.checks:
             allowed = contract.aliases(len(outs))
             planned = kw.get("out")
             if isinstance(planned, np.ndarray):
@@ -291,9 +294,6 @@ class Guard:
                 allowed |= {(i, 0) for i, a in enumerate(args)
                             if isinstance(a, np.ndarray) and np.shares_memory(a, planned)}
             faults += C.alias_faults(args, outs, allowed)
-        if self.checks & {"shape", "dtype"} and not faults:
-            facts = [v.fact if v is not None else None for v in pl.node.outputs]
-            faults += C.fact_faults(outs, facts, self.checks)
         if self.checks & {"nan", "inf"} and st.ins:
             faults += self._numeric(st, args, outs, fin, contract.nan)
         return outs, faults
