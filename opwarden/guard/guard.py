@@ -208,6 +208,9 @@ class Guard:
         self._outs_finite = False
         t_start = time.perf_counter()
         if var.name in self.quarantine and not var.reference:
+            refuse = getattr(st.fn, "refuse", None)  # the memory check (memory.limits) the
+            if refuse is not None:  # wrapped kernel would have run before allocating
+                refuse(*args, **kw)
             outs, err = self._plain(st, args, kw, reference=True)
             status = "fallback"
             self._kernel_s = time.perf_counter() - t_start

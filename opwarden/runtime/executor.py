@@ -283,9 +283,6 @@ class Program:
                 for k, g in st.graphs.items():
                     kw[k] = _bind(g, env, guard, deadline)
             try:
-                refuse = getattr(_fn, "refuse", None)
-                if refuse is not None and st.placement.variant.name in guard.quarantine:
-                    refuse(*args, **kw)  # a quarantined variant's reference runs unwrapped
                 outs = guard.call(st, args, kw, fin)
             except (MemoryLimitError, RunTimeoutError) as e:
                 label = st.placement.node.label
