@@ -207,14 +207,13 @@ class InferenceSession:
         picks = self._output_indices(output_names)
         feeds = self._feeds(input_feed)
         g = self.guard
-        lean = not (g.trace or g.timeout or g.quarantine.entries or (g.checks - {"contract"}))
-        # An isolated kernel's crash must reach the guard: without the contract check the lean
-        # loop would raise it instead of rerunning under the guard.
-        lean = lean and ("contract" in g.checks or self._isolation is None)
+        contract = "contract" in g.checks
+        # The guarded loop checks the run's deadline; an isolated kernel's crash must reach the
+        # guard, which without the contract check the lean loop would not rerun under.
+        lean = not (g.trace or g.timeout or g.quarantine.entries or (g.checks - {"contract"})
+                    or deadline is not None or (self._isolation is not None and not contract))
         if self._isolation is not None:
             self._isolation.prestart()  # fork before this run's threads run kernels
-        lean = lean and deadline is None  # the guarded loop checks the run's deadline
-        contract = "contract" in g.checks
         debug = self.options.debug_memory
         calls, fn, token = self.memory.calls_for(feeds, contract if lean and not debug else None)
         try:
