@@ -36,8 +36,9 @@ def verified(d: Any) -> bool:
     return type(d) is int or type(d) is str
 
 
-def declared_only(d: Any) -> bool:
-    return type(d) is Declared
+def has_declared(shape: Any) -> bool:
+    """Does a fact's shape hold a dim only the model's declaration gives?"""
+    return shape is not None and any(type(d) is Declared for d in shape)
 
 
 def declared_value(d: Any) -> Any:

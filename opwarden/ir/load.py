@@ -19,7 +19,7 @@ from ..dtypes import dtype_name, np_dtype
 from ..errors import ModelError
 from ..ops.schema import attr_value, canonical_domain
 from .functions import inline
-from .graph import Graph, Model, Node, Value, declared_only, declared_value, mark_declared
+from .graph import Graph, Model, Node, Value, declared_value, has_declared, mark_declared
 from .tensors import payload_array, to_array
 from .wire import Payload, split_payloads
 
@@ -698,14 +698,14 @@ def _custom_infer(node: Node, notes: list[str] | None = None) -> None:
     except Exception:  # noqa: BLE001 - a rule that cannot decide leaves the facts unknown
         return
     res = list(res) if isinstance(res, (tuple, list)) else [res]
-    tainted = any(v is not None and _has_declared(v.fact.shape) for v in node.inputs)
+    tainted = any(v is not None and has_declared(v.fact.shape) for v in node.inputs)
     for v, fact in zip(node.outputs, res):
         if v is None or not isinstance(fact, TensorFact):
             continue
         cur, ruled = v.fact.shape, fact.shape
         if ruled is not None and tainted:
             ruled = mark_declared(ruled)
-        if ruled is not None and _has_declared(cur):
+        if ruled is not None and has_declared(cur):
             if notes is not None and _contradicts(cur, ruled):
                 notes.append(
                     f"value {v.name!r}: the model declares shape {list(cur)}, but the shape "
@@ -713,10 +713,6 @@ def _custom_infer(node: Node, notes: list[str] | None = None) -> None:
             cur = None
         if v.fact.dtype is None or cur is None:
             v.fact = TensorFact(v.fact.dtype or fact.dtype, cur if cur is not None else ruled)
-
-
-def _has_declared(shape) -> bool:
-    return shape is not None and any(declared_only(d) for d in shape)
 
 
 def _contradicts(a: tuple, b: tuple) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError, MemoryLimitError, OpwardenError, RunTimeoutError
-from ..ir.graph import Declared, Graph, Value
+from ..ir.graph import Graph, Value, has_declared
 from ..memory.constants import freeze as freeze_constant
 from ..memory.limits import guard_allocation
 from .bound import BoundGraph
@@ -231,7 +231,7 @@ class Program:
                         kw["out"] = view
                 ws = binding.ws_region.get(i)
                 if ws is not None and not any(
-                        _has_declared(self.values[s]) for s in st.ins if s >= 0):
+                        has_declared(self.values[s].fact.shape) for s in st.ins if s >= 0):
                     kw["workspace"] = arena[ws[0] : ws[0] + ws[1]]
                 if i in binding.view_checks or region is not None:
                     hook = _ArenaViews(arena, view)
@@ -242,8 +242,9 @@ class Program:
         """Is step st's planned output buffer sized from dims only the model declares (its
         own, or a Concat's it is a slice of)?"""
         v = self.values[st.outs[0]]
-        return _has_declared(v) or sliced and any(
-            n.op_type == "Concat" and any(_has_declared(o) for o in n.outputs)
+        return has_declared(v.fact.shape) or sliced and any(
+            n.op_type == "Concat"
+            and any(o is not None and has_declared(o.fact.shape) for o in n.outputs)
             for n, _k in v.uses)
 
     def compile(self, calls: list | None = None, contract: bool = False) -> Any:
@@ -432,11 +433,6 @@ def _check_lean_contract(call: tuple, env: list[Any]) -> None:
                 raise ValueError(f"output {k} aliases input {a}, undeclared")
         if x.flags.writeable and x is not kw.get("out"):
             x.flags.writeable = False
-
-
-def _has_declared(v: Value | None) -> bool:
-    shape = v.fact.shape if v is not None else None
-    return shape is not None and any(type(d) is Declared for d in shape)
 
 
 class Tentative:
