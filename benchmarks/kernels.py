@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     global THREADS
     THREADS = args.threads
-    from opwarden.kernels._util import set_blas_threads
+    from opwarden.blas import set_blas_threads
 
     if not set_blas_threads(THREADS):
         print("warning: could not set the OpenBLAS thread count", file=sys.stderr)

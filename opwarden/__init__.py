@@ -18,7 +18,7 @@ _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 if _BLAS_TIMEOUT_OURS and "numpy" in _sys.modules:
     # NumPy came first (`import numpy as np` above `import opwarden`): its OpenBLAS read the
     # environment when it loaded, so its workers are restarted to take the setting up.
-    from .kernels._util import restart_blas_threads as _restart
+    from opwarden.blas import restart_blas_threads as _restart
 
     _BLAS_RESTARTED = _restart()
 else:
@@ -26,28 +26,18 @@ else:
 
 # The built-in operators, then the fast kernels registered on them, before anything else
 # (custom ops, `opwarden check`, sessions) looks at the registry.
-from . import ops as _ops  # noqa: E402, F401
-from .kernels import builtin as _builtin_kernels  # noqa: E402, F401
+from opwarden import ops as _ops  # noqa: E402, F401
+from opwarden.kernels import builtin as _builtin_kernels  # noqa: E402, F401
 
 # isort: split
-from . import verify  # noqa: E402
-from .autograd import grad  # noqa: E402
-from .contract import Contract  # noqa: E402
-from .devices import devices  # noqa: E402
-from .errors import (  # noqa: E402
-    ContractError,
-    InputError,
-    KernelError,
-    MemoryLimitError,
-    ModelError,
-    OptionsError,
-    OpwardenError,
-    RunTimeoutError,
-    UnsupportedOpError,
-)
-from .ops import Sample, kernel, op  # noqa: E402
-from .runtime.options import SessionOptions  # noqa: E402
-from .runtime.session import InferenceSession, NodeArg  # noqa: E402
+from opwarden import verify  # noqa: E402
+from opwarden.autograd import grad  # noqa: E402
+from opwarden.contract import Contract  # noqa: E402
+from opwarden.devices import devices  # noqa: E402
+from opwarden.errors import ContractError, InputError, KernelError, MemoryLimitError, ModelError, OptionsError, OpwardenError, RunTimeoutError, UnsupportedOpError
+from opwarden.ops import Sample, kernel, op  # noqa: E402
+from opwarden.runtime.options import SessionOptions  # noqa: E402
+from opwarden.runtime.session import InferenceSession, NodeArg  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelError, OptionsError
+from opwarden.errors import ModelError, OptionsError
 
 PEERS = ("onnxruntime", "reference")
 _FUSED_BASE = {"FusedConv": "Conv", "FusedGemm": "Gemm", "FusedMatMul": "MatMul"}
@@ -30,7 +30,7 @@ _FUSED_BASE = {"FusedConv": "Conv", "FusedGemm": "Gemm", "FusedMatMul": "MatMul"
 # -- model and feeds --------------------------------------------------------------------------
 def resolve_model(spec: str) -> tuple[bytes, str]:
     """(serialized model, label) for a path or a light-zoo name such as "resnet50"."""
-    from . import zoo
+    from opwarden import zoo
 
     if os.path.exists(spec):
         try:
@@ -49,7 +49,7 @@ def resolve_model(spec: str) -> tuple[bytes, str]:
 
 def make_feeds(sess: Any, inputs: list[str] | None = None, seed: int = 0) -> dict[str, Any]:
     """Seeded random feeds for the session's inputs, overridden by NAME=FILE.npy items."""
-    from .feeds import parse_inputs, random_feeds
+    from opwarden.feeds import parse_inputs, random_feeds
 
     feeds = random_feeds(sess, seed)
     feeds.update(parse_inputs(inputs or []))
@@ -59,8 +59,8 @@ def make_feeds(sess: Any, inputs: list[str] | None = None, seed: int = 0) -> dic
 # -- runners ----------------------------------------------------------------------------------
 def ours_session(data: bytes, threads: int, providers: list[str] | None = None, **opts: Any):
     """Our InferenceSession with `threads` intra-op threads and any other session options."""
-    from .runtime.options import SessionOptions
-    from .runtime.session import InferenceSession
+    from opwarden.runtime.options import SessionOptions
+    from opwarden.runtime.session import InferenceSession
 
     so = SessionOptions(intra_op_num_threads=threads, **opts)
     return InferenceSession(data, sess_options=so, providers=providers)
@@ -159,7 +159,7 @@ def cache_dir() -> str:
 
 def best_peaks(tries: int = 3) -> dict[str, float]:
     """The best of `tries` measurements by trace.report.machine_peaks (a busy machine reads low)."""
-    from .trace import report
+    from opwarden.trace import report
 
     best: dict[str, float] = {}
     for _ in range(tries):
@@ -211,7 +211,7 @@ def _prod(shape: Any) -> int:
 
 def flops_bytes(rec: Any) -> tuple[float, float]:
     """(FLOPs, bytes moved) of one op record; exact for Conv/Gemm/MatMul and their fused forms."""
-    from .trace.report import estimate
+    from opwarden.trace.report import estimate
 
     op = _FUSED_BASE.get(rec.op_type, rec.op_type)
     flops, nbytes = estimate(replace(rec, op_type=op) if op != rec.op_type else rec)
@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m opwarden.bench ...` (the same command before it is wired into the CLI)."""
     import sys
 
-    from .errors import OpwardenError
+    from opwarden.errors import OpwardenError
 
     p = argparse.ArgumentParser(prog="opwarden")
     add_parser(p.add_subparsers(dest="cmd", required=True))

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from .feeds import parse_inputs as _parse_inputs
-from .feeds import random_feeds as _random_feeds
+from opwarden.feeds import parse_inputs as _parse_inputs
+from opwarden.feeds import random_feeds as _random_feeds
 
 
 def _console():
@@ -21,7 +21,7 @@ def _console():
 
 
 def _load_default() -> tuple[bytes, str]:
-    from . import zoo
+    from opwarden import zoo
 
     return zoo.build("resnet50", seed=0).SerializeToString(), "light ResNet-50 (seeded weights)"
 
@@ -30,7 +30,7 @@ def _model_source(arg: str | None) -> tuple[Any, str]:
     """A model path, a light-zoo name (e.g. "resnet50"), or the embedded default."""
     import os
 
-    from . import zoo
+    from opwarden import zoo
 
     if not arg:
         return _load_default()
@@ -40,7 +40,7 @@ def _model_source(arg: str | None) -> tuple[Any, str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runtime.session import InferenceSession
+    from opwarden.runtime.session import InferenceSession
 
     if args.model:
         source: Any = args.model
@@ -98,7 +98,7 @@ def _summary(name: str, x: Any) -> dict[str, Any]:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    from .ops import REGISTRY
+    from opwarden.ops import REGISTRY
 
     rows = []
     for o in REGISTRY.all():
@@ -114,12 +114,12 @@ def cmd_ops(args: argparse.Namespace) -> int:
             }
         )
     if args.device:
-        from .devices import get_device
+        from opwarden.devices import get_device
 
         dev = get_device(args.device)
         if dev.kind == "profile":
             # a profile device runs its host's kernels under its own capability rules
-            from .devices.cli import device_matrix
+            from opwarden.devices.cli import device_matrix
 
             matrix = device_matrix(dev.name)
             if args.json:
@@ -170,7 +170,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
     from rich.markup import escape
 
-    from .verify import conformance as conf
+    from opwarden.verify import conformance as conf
 
     results = conf.run_all(args.filter or (), progress=not args.json and sys.stderr.isatty())
     expected = conf.read_expected()
@@ -210,7 +210,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .runtime.session import InferenceSession
+    from opwarden.runtime.session import InferenceSession
 
     source = args.model if args.model else _load_default()[0]
     sess = InferenceSession(source, providers=args.providers.split(",") if args.providers else None)
@@ -234,9 +234,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     import os
 
-    from .runtime.options import SessionOptions
-    from .runtime.session import InferenceSession
-    from .trace import report
+    from opwarden.runtime.options import SessionOptions
+    from opwarden.runtime.session import InferenceSession
+    from opwarden.trace import report
 
     source, label = (args.model, args.model) if args.model else _load_default()
     opts = SessionOptions(trace=True, checks=args.checks.split(",") if args.checks else ())
@@ -304,9 +304,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .memory import report
-    from .runtime.options import SessionOptions
-    from .runtime.session import InferenceSession
+    from opwarden.memory import report
+    from opwarden.runtime.options import SessionOptions
+    from opwarden.runtime.session import InferenceSession
 
     source, label = _model_source(args.model)
     sess = InferenceSession(source, sess_options=SessionOptions())
@@ -375,9 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--input", action="append", metavar="NAME=FILE.npy")
     pl.add_argument("--all", action="store_true", help="list every buffer")
     pl.set_defaults(fn=cmd_plan)
-    from . import bench
-    from .devices import cli as dcli
-    from .verify import check_cli
+    from opwarden import bench
+    from opwarden.devices import cli as dcli
+    from opwarden.verify import check_cli
 
     bench.add_parser(sub)
     check_cli.add_parser(sub)
@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import OpwardenError
+    from opwarden.errors import OpwardenError
 
     args = build_parser().parse_args(argv)
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InputError
+from opwarden.errors import InputError
 
 
 def parse_inputs(items: list[str]) -> dict[str, np.ndarray]:

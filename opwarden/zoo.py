@@ -124,9 +124,9 @@ def feeds_for(model: onnx.ModelProto, seed: int = 1, batch: int = 1) -> dict[str
 
 def _calibrate_batchnorm(m: onnx.ModelProto, rng) -> None:
     """Set each BN's mean/var to its input's per-channel statistics, in topological order."""
-    from .ir.load import load
-    from .ir.validate import validate
-    from .runtime.place import kernel_kwargs
+    from opwarden.ir.load import load
+    from opwarden.ir.validate import validate
+    from opwarden.runtime.place import kernel_kwargs
 
     ir = load(m)
     validate(ir)

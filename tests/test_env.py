@@ -44,7 +44,7 @@ def _restart(imports: str, **env_extra: str) -> str:
 
 
 def test_numpy_imported_first_restarts_blas_workers():
-    from opwarden.kernels._util import openblas_symbol
+    from opwarden.blas import openblas_symbol
 
     if openblas_symbol("openblas_read_env") is None:
         pytest.skip("NumPy's BLAS is not an OpenBLAS that exports openblas_read_env")

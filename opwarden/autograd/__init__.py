@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import rules  # noqa: F401 - attaches the built-in backward rules
-from .core import GradContext, call_rule
-from .graph import grad
+from opwarden.autograd import rules  # noqa: F401 - attaches the built-in backward rules
+from opwarden.autograd.core import GradContext, call_rule
+from opwarden.autograd.graph import grad
 
 __all__ = ["GradContext", "call_rule", "grad"]

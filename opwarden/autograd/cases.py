@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ops.base import Sample as Case  # one gradcheck call: inputs, attributes, output count
+from opwarden.ops.base import Sample as Case  # one gradcheck call: inputs, attributes, output count
 
 
 def _r(*shape: int, lo: float = -2.0, hi: float = 2.0, seed: int = 0) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ContractError, UnsupportedOpError
+from opwarden.errors import ContractError, UnsupportedOpError
 
 
 @dataclass

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ContractError
+from opwarden.errors import ContractError
 
 NAN_POLICIES = ("propagate", "produce", "suppress", "none")
 OVERFLOW_POLICIES = ("wrap", "saturate", None)

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-from ..contract.layout import LAYOUT_SENSITIVE
-from .base import (
-    _DEVICES,
-    Device,
-    OpCapability,
-    add_optional_provider,
-    devices,
-    get_device,
-    register_device,
-    sensitive_inputs,
-)
-from .constraints import PREDICATES, Constraint
-from .profile import load_builtin_profiles, load_profile
+from opwarden.contract.layout import LAYOUT_SENSITIVE
+from opwarden.devices.base import _DEVICES, Device, OpCapability, add_optional_provider, devices, get_device, register_device, sensitive_inputs
+from opwarden.devices.constraints import PREDICATES, Constraint
+from opwarden.devices.profile import load_builtin_profiles, load_profile
 
 
 def _try_torch() -> None:
@@ -24,7 +15,7 @@ def _try_torch() -> None:
     if "torch" in _DEVICES or importlib.util.find_spec("torch") is None:
         return
     try:
-        from . import torch_provider  # noqa: F401
+        from opwarden.devices import torch_provider  # noqa: F401
     except ImportError:
         pass
 

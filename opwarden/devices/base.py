@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract.layout import sensitive_inputs
-from ..errors import OptionsError
-from .constraints import Constraint
+from opwarden.contract.layout import sensitive_inputs
+from opwarden.errors import OptionsError
+from opwarden.devices.constraints import Constraint
 
 
 def data_dtype(node: Any) -> str | None:
@@ -158,7 +158,7 @@ class Device:
                 {"op": op, "domain": dom or "ai.onnx", "variants": [c.as_dict() for c in cs]}
                 for (dom, op), cs in by_op.items()
             ]
-        from ..ops import REGISTRY
+        from opwarden.ops import REGISTRY
 
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         for o in REGISTRY.all():
@@ -213,7 +213,7 @@ class Device:
         if not ok:
             return False, f"{self.name} runs on {host.name}, which cannot: {hwhy}"
         if quarantine is not None:
-            from .variants import select
+            from opwarden.devices.variants import select
 
             var, _ = select(node, host.name, "NCHW", quarantine)
             if var is not None and f"{var.name}@{self.name}" in quarantine:
@@ -238,7 +238,7 @@ class Device:
     def _host_accepts(self, node: Any, quarantine: Any) -> tuple[bool, str]:
         if self.layouts_for(node, quarantine):
             return True, ""
-        from .variants import select
+        from opwarden.devices.variants import select
 
         if node.opdef is None:
             return False, f"no implementation of {node.op_type} at opset {node.opset}"
@@ -260,7 +260,7 @@ class Device:
             out = [lay for lay in ("NHWC", "NCHW") if lay in lays or "any" in lays]
             out.sort(key=lambda lay: lay != self.preferred_layout)
             return tuple(out)
-        from .variants import select
+        from opwarden.devices.variants import select
 
         out = []
         for lay in ("NHWC", "NCHW") if sens else ("NCHW",):
@@ -290,7 +290,7 @@ class _Probe:
     """A stand-in node for one operator inside a fused node (capability checks only)."""
 
     def __init__(self, node: Any, op_type: str, attrs: dict[str, Any], inputs: list[Any]):
-        from ..ops import REGISTRY
+        from opwarden.ops import REGISTRY
 
         self.op_type, self.domain, self.name = op_type, "", node.name
         self.opset = max(node.opset, 13)
@@ -339,7 +339,7 @@ def _fused_matmul(node: Any) -> list[_Probe]:
 
 def _fused_elementwise(node: Any) -> list[_Probe]:
     # The program names ONNX operators; every capitalised word that is one is a piece.
-    from ..ops import REGISTRY
+    from opwarden.ops import REGISTRY
 
     prog = node.attrs.get("program", "")
     if isinstance(prog, bytes):

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ..runtime.explain import summarize
+from opwarden.runtime.explain import summarize
 
 
 def explain_json(sess: Any) -> dict[str, Any]:
@@ -55,12 +55,12 @@ def render_explain(sess: Any, as_json: bool = False, out: Any = None) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """`opwarden explain MODEL --providers edge-npu,cpu [--json]` (for the lead's cli.py)."""
-    from ..runtime.session import InferenceSession
+    from opwarden.runtime.session import InferenceSession
 
     if args.model:
         source: Any = args.model
     else:
-        from .. import zoo
+        from opwarden import zoo
 
         source = zoo.build("resnet50", seed=0).SerializeToString()
     providers = args.providers.split(",") if getattr(args, "providers", None) else None
@@ -73,13 +73,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def device_matrix(name: str) -> list[dict[str, Any]]:
     """The capability matrix of one device: per operator, its variants and constraints."""
-    from . import get_device
+    from opwarden.devices import get_device
 
     return get_device(name).capabilities()
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from . import devices, get_device, load_profile
+    from opwarden.devices import devices, get_device, load_profile
 
     for path in args.profile or ():
         load_profile(path)

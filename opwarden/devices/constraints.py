@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionsError
+from opwarden.errors import OptionsError
 
 
 def node_attr(node: Any, name: str) -> Any:

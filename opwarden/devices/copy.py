@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..contract import Contract
-from ..dtypes import FLOATS
-from ..ops.base import op
+from opwarden.contract import Contract
+from opwarden.dtypes import FLOATS
+from opwarden.ops.base import op
 
 DOMAIN = "opwarden"
 _ALL = sorted(FLOATS) + ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..contract import TensorFact
-from ..contract.layout import sensitive_inputs
+from opwarden.contract import TensorFact
+from opwarden.contract.layout import sensitive_inputs
 
 if TYPE_CHECKING:
-    from ..ir.graph import Node
-    from ..ops.base import Variant
+    from opwarden.ir.graph import Node
+    from opwarden.ops.base import Variant
 
 
 def kernel_kwargs(node: Node) -> dict[str, Any]:

@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import np_dtype_of
-from ..ir.graph import Declared
-from ..memory.constants import is_constant
+from opwarden.dtypes import np_dtype_of
+from opwarden.ir.graph import Declared
+from opwarden.memory.constants import is_constant
 
 # "mutation" (inputs compared before and after each kernel) comes only with "all".
 ALL_CHECKS = frozenset({"nan", "inf", "shape", "dtype", "contract", "mutation"})

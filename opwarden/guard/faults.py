@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionsError
+from opwarden.errors import OptionsError
 
 try:
     import fcntl

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError, OptionsError
+from opwarden.errors import KernelError, OptionsError
 
 _ALIGN = 64
 _MIN_REGION = 1 << 20
@@ -152,7 +152,7 @@ def isolation_for(options: Any, guard: Any) -> Isolation | None:
     names = [raw] if isinstance(raw, str) else list(raw or ())
     if not names:
         return None
-    from ..ops import REGISTRY
+    from opwarden.ops import REGISTRY
 
     variants = {v.name: v for o in REGISTRY.all() for v in o.variants}
     for n in names:
@@ -346,7 +346,7 @@ class Isolation:
                 h.conn.send_bytes(msg)
                 if e.deadline_s is not None and not h.conn.poll(e.deadline_s):
                     h.stop_worker(kill=True)
-                    from .faults import DeadlineExceeded
+                    from opwarden.guard.faults import DeadlineExceeded
 
                     raise DeadlineExceeded(
                         f"kernel ran past its {e.deadline_s * 1000:g} ms deadline (its isolated "
@@ -430,7 +430,7 @@ def _worker_setup() -> None:
     except (ImportError, ValueError, OSError):
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    from ..kernels._util import set_blas_threads
+    from opwarden.blas import set_blas_threads
 
     set_blas_threads(1)
 

@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..dtypes import onnx_type
-from .graph import Graph, Model, Value
+from opwarden.dtypes import onnx_type
+from opwarden.ir.graph import Graph, Model, Value
 
 
 def attribute_proto(name: str, value: Any, attr_type: int | None = None) -> onnx.AttributeProto:

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import TensorFact
-from ..errors import ModelError
+from opwarden.contract import TensorFact
+from opwarden.errors import ModelError
 
 
 class Declared:

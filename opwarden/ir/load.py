@@ -14,14 +14,14 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from ..contract import TensorFact
-from ..dtypes import dtype_name, np_dtype
-from ..errors import ModelError
-from ..ops.schema import attr_value, canonical_domain
-from .functions import inline
-from .graph import Graph, Model, Node, Value, declared_value, has_declared, mark_declared
-from .tensors import payload_array, to_array
-from .wire import Payload, split_payloads
+from opwarden.contract import TensorFact
+from opwarden.dtypes import dtype_name, np_dtype
+from opwarden.errors import ModelError
+from opwarden.ops.schema import attr_value, canonical_domain
+from opwarden.ir.functions import inline
+from opwarden.ir.graph import Graph, Model, Node, Value, declared_value, has_declared, mark_declared
+from opwarden.ir.tensors import payload_array, to_array
+from opwarden.ir.wire import Payload, split_payloads
 
 MAX_FUNCTION_DEPTH = 32
 # Inlining model-local functions turns a few written nodes into many: functions that each call
@@ -241,7 +241,7 @@ def _infer(proto: onnx.ModelProto) -> Inferred:
         types = _run_inference(light)
     except Exception:  # noqa: BLE001 - onnx's inference raises on many malformed models
         # Nothing verified: every declaration stands, as a hint only.
-        from .graph import mark_declared
+        from opwarden.ir.graph import mark_declared
 
         types = _types(proto.graph)
         hints = {vi.name: mark_declared(_tensor_shape(vi.type))
@@ -265,7 +265,7 @@ def _check_declared(types: dict[str, onnx.TypeProto], declared: dict[str, tuple]
     """Compare the declarations with the verified `types`. Declared dims inference left
     unknown become hints (not propagated by a second inference: nothing plans from a hint,
     and exporters declare the values that follow too)."""
-    from .graph import mark_declared
+    from opwarden.ir.graph import mark_declared
 
     out = Inferred(types)
     adds: dict[str, tuple] = {}
@@ -632,7 +632,7 @@ def _ceil_pool_shape(attrs: dict, xs) -> tuple[int, ...] | None:
     """The output shape the pooling kernels give a ceil_mode pool over a static input of shape
     `xs` (ops.pool's own geometry); None without ceil_mode or with invalid attributes, which
     validation reports."""
-    from ..ops.pool import _setup
+    from opwarden.ops.pool import _setup
 
     if not int(attrs.get("ceil_mode", 0)):
         return None
@@ -676,9 +676,9 @@ def _custom_infer(node: Node, notes: list[str] | None = None) -> None:
     """Fill unknown output facts of a custom-domain node from its operator's `.infer` rule; a
     rule's shape also replaces one only the declaration gave (a conflict is noted). Dims the
     rule derives from declared-only input dims stay declared-only."""
-    from ..errors import OpwardenError
-    from ..ops import REGISTRY
-    from ..ops.schema import STANDARD_DOMAINS
+    from opwarden.errors import OpwardenError
+    from opwarden.ops import REGISTRY
+    from opwarden.ops.schema import STANDARD_DOMAINS
 
     if node.domain in STANDARD_DOMAINS:
         return
@@ -840,7 +840,7 @@ def _convert(src: Source) -> Model:
     _check_versions(proto, opsets)
     functions = {(f.domain, f.name): f for f in proto.functions}
     check_inlined_size(proto)
-    from .validate import sanity_before_inference  # what would crash onnx's inference
+    from opwarden.ir.validate import sanity_before_inference  # what would crash onnx's inference
 
     sanity_before_inference(proto)
     inferred = _infer(proto)

@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..dtypes import np_dtype
-from ..errors import ModelError
+from opwarden.dtypes import np_dtype
+from opwarden.errors import ModelError
 
 # Packed sub-byte types need unpacking, so they cannot be plain views.
 _PACKED = {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import onnx
 
-from ..errors import ModelError, UnsupportedOpError
-from ..ops import REGISTRY
-from ..ops.schema import Schema
-from .graph import Graph, Model, Node
+from opwarden.errors import ModelError, UnsupportedOpError
+from opwarden.ops import REGISTRY
+from opwarden.ops.schema import Schema
+from opwarden.ir.graph import Graph, Model, Node
 
 _ATTR_NAME = onnx.AttributeProto.AttributeType.Name
 

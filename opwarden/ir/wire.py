@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ModelError
+from opwarden.errors import ModelError
 
 # ModelProto.graph, GraphProto.initializer, TensorProto.raw_data / name (onnx.proto field numbers)
 _MODEL_GRAPH = 7

@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError
-from ..memory import hugepages
-from ..memory.constants import is_constant
-from ..memory.constants import mark as mark_constant
+from opwarden.blas import openblas_symbol
+from opwarden.errors import KernelError
+from opwarden.memory import hugepages
+from opwarden.memory.constants import is_constant
+from opwarden.memory.constants import mark as mark_constant
 
 F32 = np.dtype(np.float32)
 
@@ -490,70 +491,7 @@ def static_rank(fact: Any) -> int | None:
     return None if shape is None else len(shape)
 
 
-def openblas_symbol(*names: str) -> Any:
-    """The first of `names` exported by NumPy's bundled OpenBLAS (ctypes function) or None."""
-    import ctypes
-    import glob
-    import os
-
-    libdir = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
-    for path in sorted(glob.glob(os.path.join(libdir, "lib*openblas*.so*"))):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in names:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                return fn
-    return None
-
-
-def restart_blas_threads() -> bool:
-    """Make NumPy's bundled OpenBLAS re-read its environment (OPENBLAS_THREAD_TIMEOUT) and stop
-    its worker threads; its next threaded call starts them again (as it does after a fork),
-    now spinning for the timeout just read. Meant for import time, with no BLAS call running on
-    another thread. False (nothing done) where those entry points are not exported (another
-    BLAS, another OpenBLAS build)."""
-    read = openblas_symbol("openblas_read_env")
-    stop = openblas_symbol("blas_thread_shutdown_")
-    if read is None or stop is None:
-        return False
-    read()
-    stop()
-    return True
-
-
-_BLAS_SET: list = []
-_BLAS_GET: list = []
 _SGEMM: list = []
-
-
-def set_blas_threads(n: int) -> bool:
-    """Set the thread count of NumPy's bundled OpenBLAS; False when it cannot be found."""
-    import ctypes
-
-    if not _BLAS_SET:
-        _BLAS_SET.append(openblas_symbol(
-            "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-            "openblas_set_num_threads"))
-    fn = _BLAS_SET[0]
-    if fn is None:
-        return False
-    fn(ctypes.c_int(int(n)))
-    return True
-
-
-def blas_thread_count() -> int:
-    """NumPy's OpenBLAS thread count (the core count when it cannot be asked)."""
-    import os
-
-    if not _BLAS_GET:
-        _BLAS_GET.append(openblas_symbol(
-            "scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
-            "openblas_get_num_threads"))
-    fn = _BLAS_GET[0]
-    return int(fn()) if fn is not None else (os.cpu_count() or 1)
 
 
 def sgemm() -> Callable[..., None] | None:

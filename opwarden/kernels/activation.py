@@ -25,17 +25,10 @@ import math
 
 import numpy as np
 
-from ..ops import activation as _reference
-from ..ops.base import REGISTRY
-from ._util import (
-    _ONE,
-    _hardswish_chunk,
-    _sigmoid_chunk,
-    chunked_into,
-    one_chunk,
-    zero_chunk,
-)
-from .elementwise import _chunk_workspace
+from opwarden.ops import activation as _reference
+from opwarden.ops.base import REGISTRY
+from opwarden.kernels._util import _ONE, _hardswish_chunk, _sigmoid_chunk, chunked_into, one_chunk, zero_chunk
+from opwarden.kernels.elementwise import _chunk_workspace
 
 
 def _reference_into(fn, X, out, **attrs) -> np.ndarray:

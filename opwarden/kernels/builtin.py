@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import activation, conv, elementwise, fused, linalg, norm, pool, select, shape, shuffle
+from opwarden.kernels import activation, conv, elementwise, fused, linalg, norm, pool, select, shape, shuffle
 
 for _module in (conv, pool, norm, linalg, elementwise, activation, fused, select, shape, shuffle):
     _module.register()

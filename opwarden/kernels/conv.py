@@ -20,25 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError
-from ..memory.constants import is_constant
-from ..ops.conv import conv_out_shape, conv_pads, spatial_params
-from ._util import (
-    F32,
-    activation_workspace,
-    add_into,
-    add_rows,
-    apply_activation,
-    blas_adds,
-    matmul_acc,
-    output,
-    packed,
-    ptr,
-    scratch,
-    sgemm,
-    tap_range,
-)
-from .shuffle import channel_shuffle, shuffle_into
+from opwarden.errors import KernelError
+from opwarden.memory.constants import is_constant
+from opwarden.ops.conv import conv_out_shape, conv_pads, spatial_params
+from opwarden.kernels._util import F32, activation_workspace, add_into, add_rows, apply_activation, blas_adds, matmul_acc, output, packed, ptr, scratch, sgemm, tap_range
+from opwarden.kernels.shuffle import channel_shuffle, shuffle_into
 
 # Patch-matrix band size (bytes): big enough for BLAS to reach its peak, small enough to stay in
 # the last-level cache together with the weights.
@@ -1337,7 +1323,7 @@ def _conv_nchw_kernel(X, W, B=None, *, out=None, **attrs):
 
 def register() -> None:
     """Register the fast Conv variants on every Conv version."""
-    from ..ops.base import REGISTRY
+    from opwarden.ops.base import REGISTRY
 
     for opdef in REGISTRY.versions("Conv"):
         opdef.kernel("cpu", dtypes=["float32"], layout="NHWC", priority=10, when=_conv_ok,

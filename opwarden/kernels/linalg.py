@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from ..errors import KernelError
-from ..ops.base import REGISTRY
-from ._util import EW_CHUNK, activation_workspace, apply_activation, ones_row, output, scratch
+from opwarden.errors import KernelError
+from opwarden.ops.base import REGISTRY
+from opwarden.kernels._util import EW_CHUNK, activation_workspace, apply_activation, ones_row, output, scratch
 
 
 def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=1,

@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
-from ..errors import KernelError
-from ..ops.base import REGISTRY
-from ._util import EW_CHUNK, F32, ones_row, output, scratch
+from opwarden.errors import KernelError
+from opwarden.ops.base import REGISTRY
+from opwarden.kernels._util import EW_CHUNK, F32, ones_row, output, scratch
 
 
 def _affine(scale, B, mean, var, epsilon, c: int):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import KernelError
-from ..ops.base import REGISTRY
+from opwarden.errors import KernelError
+from opwarden.ops.base import REGISTRY
 
 
 def concat(*inputs, axis=1, out=None):

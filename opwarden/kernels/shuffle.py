@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import KernelError
-from ..ops.base import REGISTRY
-from ._util import output
+from opwarden.errors import KernelError
+from opwarden.ops.base import REGISTRY
+from opwarden.kernels._util import output
 
 DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool"]
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MemoryLimitError
-from .lifetimes import Binding, analyze, tensor_bytes
-from .limits import default_limit, describe_bytes
-from .planner import ALIGNMENT, Buffer, MemoryPlan
+from opwarden.errors import MemoryLimitError
+from opwarden.memory.lifetimes import Binding, analyze, tensor_bytes
+from opwarden.memory.limits import default_limit, describe_bytes
+from opwarden.memory.planner import ALIGNMENT, Buffer, MemoryPlan
 
 __all__ = ["Buffer", "MemoryManager", "MemoryPlan", "default_limit", "describe_bytes"]
 

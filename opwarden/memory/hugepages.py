@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.tensors import copy_in_chunks, drop_pages
-from .constants import readonly_view
+from opwarden.ir.tensors import copy_in_chunks, drop_pages
+from opwarden.memory.constants import readonly_view
 
 HUGE_PAGE = 2 << 20
 # Initializers smaller than this stay where they are (a bias, a BatchNorm vector).

@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import np_dtype_of
-from ..errors import ModelError
-from ..ir.graph import Declared
-from .planner import Buffer, MemoryPlan, align, build_plan
+from opwarden.dtypes import np_dtype_of
+from opwarden.errors import ModelError
+from opwarden.ir.graph import Declared
+from opwarden.memory.planner import Buffer, MemoryPlan, align, build_plan
 
 
 def resolve_shape(shape: Any, dims: dict[str, int]) -> tuple[int, ...] | None:

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import np_dtype_of
-from ..errors import MemoryLimitError
+from opwarden.dtypes import np_dtype_of
+from opwarden.errors import MemoryLimitError
 
 DEFAULT_SHARE = 0.75  # of physical memory
 
@@ -273,7 +273,7 @@ def _no_bigger_than_an_input(v: Any, node: Any) -> bool:
 def _node_proto(node: Any) -> Any:
     import onnx
 
-    from ..ir.export import attribute_proto
+    from opwarden.ir.export import attribute_proto
 
     n = onnx.NodeProto()
     n.op_type, n.domain = node.op_type, node.domain
@@ -345,7 +345,7 @@ class _ShapeRule:
         import onnx
         from onnx import helper, numpy_helper
 
-        from ..dtypes import np_dtype, onnx_type
+        from opwarden.dtypes import np_dtype, onnx_type
 
         types, data = {}, {}
         for k, a in enumerate(args):
@@ -387,8 +387,8 @@ class _ShapeRule:
 
 def _custom_rule(opdef: Any, node: Any) -> Callable[..., int]:
     """Output bytes from a custom operator's `.infer` rule applied to the actual inputs."""
-    from ..contract import TensorFact
-    from ..dtypes import dtype_name
+    from opwarden.contract import TensorFact
+    from opwarden.dtypes import dtype_name
 
     def rule(*args: Any, **kw: Any) -> int:
         facts = [
@@ -418,7 +418,7 @@ def size_rule(placement: Any) -> Callable[..., int]:
         return _custom_rule(opdef, node)
     nhwc: tuple[int, ...] = ()
     if placement.variant.layout == "NHWC":
-        from ..contract.layout import sensitive_inputs
+        from opwarden.contract.layout import sensitive_inputs
 
         nhwc = tuple(sensitive_inputs(node))
     return _ShapeRule(node, nhwc)

@@ -6,9 +6,9 @@ import colorsys
 import html
 from typing import Any
 
-from ..errors import OptionsError
-from .limits import describe_bytes
-from .planner import MemoryPlan
+from opwarden.errors import OptionsError
+from opwarden.memory.limits import describe_bytes
+from opwarden.memory.planner import MemoryPlan
 
 
 def summary_lines(plan: MemoryPlan) -> list[str]:

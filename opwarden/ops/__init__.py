@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import REGISTRY, OpDef, Sample, Variant, kernel, op
+from opwarden.ops.base import REGISTRY, OpDef, Sample, Variant, kernel, op
 
 # Operator families, one module each; each module registers its ops on import.
 FAMILIES = (

@@ -4,10 +4,10 @@ import math
 
 import numpy as np
 
-from ..contract import UNARY, Contract, one_of
-from ..errors import KernelError
-from .base import op
-from .elementwise import erf
+from opwarden.contract import UNARY, Contract, one_of
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
+from opwarden.ops.elementwise import erf
 
 
 def _wide(x: np.ndarray) -> np.ndarray:

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract import DEFAULT, Contract, workspace_of
-from ..errors import ContractError, ModelError, UnsupportedOpError
-from . import schema as _schema
-from .schema import Schema, canonical_domain
+from opwarden.contract import DEFAULT, Contract, workspace_of
+from opwarden.errors import ContractError, ModelError, UnsupportedOpError
+from opwarden.ops import schema as _schema
+from opwarden.ops.schema import Schema, canonical_domain
 
 ANY_DTYPE = None
 
@@ -361,7 +361,7 @@ def op(
             _check_allowed_names(op_type, contract, sch)
             opdef = OpDef(op_type, domain, sch.since, fn, contract or DEFAULT, None)
         else:
-            from .custom import build_schema
+            from opwarden.ops.custom import build_schema
 
             sch = build_schema(op_type, domain, since or 1, inputs, outputs, types, attrs, fn)
             opdef = OpDef(op_type, domain, since or 1, fn, contract or DEFAULT, sch)

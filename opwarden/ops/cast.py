@@ -12,10 +12,10 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
-from ..contract import Contract, one_of, such_that
-from ..dtypes import STRING, np_dtype
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, one_of, such_that
+from opwarden.dtypes import STRING, np_dtype
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 _F8 = frozenset(
     np.dtype(t)

@@ -10,10 +10,10 @@ import math
 
 import numpy as np
 
-from ..contract import Contract, one_of
-from ..errors import KernelError
-from .base import op
-from .elementwise import erf
+from opwarden.contract import Contract, one_of
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
+from opwarden.ops.elementwise import erf
 
 MS = "com.microsoft"
 FLOATS = ["float32", "float16", "float64", "bfloat16"]
@@ -438,7 +438,7 @@ def DynamicQuantizeLSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, ini
     As in ORT (run single-threaded), the input projection quantizes X[:max(sequence_lens)]
     with one scale and each recurrent step quantizes the whole batch's previous output.
     """
-    from .rnn import _activation_list, _clipper, _reverse_index, _seq_lens
+    from opwarden.ops.rnn import _activation_list, _clipper, _reverse_index, _seq_lens
 
     if W_scale is None or W_zero_point is None or R_scale is None or R_zero_point is None:
         raise KernelError("DynamicQuantizeLSTM needs W_scale, W_zero_point, R_scale, R_zero_point")

@@ -11,9 +11,9 @@ from itertools import product
 
 import numpy as np
 
-from ..contract import Contract, one_of, such_that
-from ..errors import KernelError
-from .base import Sample, op
+from opwarden.contract import Contract, one_of, such_that
+from opwarden.errors import KernelError
+from opwarden.ops.base import Sample, op
 
 AUTO_PAD = one_of("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _POSITIVE_GROUP = such_that(lambda g: int(g) >= 1, "a positive integer")

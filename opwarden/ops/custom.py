@@ -6,8 +6,8 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..errors import ContractError
-from .schema import AttrSpec, Param, Schema
+from opwarden.errors import ContractError
+from opwarden.ops.schema import AttrSpec, Param, Schema
 
 _PY_TO_ATTR = {int: "INT", float: "FLOAT", str: "STRING", bool: "INT"}
 _LIST_TO_ATTR = {int: "INTS", float: "FLOATS", str: "STRINGS"}

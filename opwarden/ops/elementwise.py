@@ -5,10 +5,10 @@ import sys
 
 import numpy as np
 
-from ..contract import ELEMENTWISE, Contract, one_of, such_that
-from ..dtypes import np_dtype
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import ELEMENTWISE, Contract, one_of, such_that
+from opwarden.dtypes import np_dtype
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 # ---------------------------------------------------------------------------------------------
 # Helpers

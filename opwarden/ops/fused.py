@@ -13,21 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import Contract, TensorFact, one_of, such_that
-from ..errors import KernelError
-from . import activation as _act
-from . import elementwise as _ew
-from .base import Sample, op
-from .conv import (
-    AUTO_PAD,
-    Conv,
-    _conv_workspace,
-    conv_out_shape,
-    conv_pads,
-    conv_weights,
-    spatial_params,
-)
-from .linalg import Gemm, MatMul
+from opwarden.contract import Contract, TensorFact, one_of, such_that
+from opwarden.errors import KernelError
+from opwarden.ops import activation as _act
+from opwarden.ops import elementwise as _ew
+from opwarden.ops.base import Sample, op
+from opwarden.ops.conv import AUTO_PAD, Conv, _conv_workspace, conv_out_shape, conv_pads, conv_weights, spatial_params
+from opwarden.ops.linalg import Gemm, MatMul
 
 DOMAIN = "opwarden"
 ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", "Gelu", "Tanh")
@@ -473,7 +465,7 @@ def _relu(x, out=None):
     if out is not None and x.dtype == np.float32 and x.size >= 8192:
         # The fast kernels' chunked maximum against zeros (faster than a scalar operand).
         if not _FAST_RELU:
-            from ..kernels._util import relu
+            from opwarden.kernels._util import relu
 
             _FAST_RELU.append(relu)
         return _FAST_RELU[0](x, out)

@@ -13,9 +13,9 @@ import itertools
 
 import numpy as np
 
-from ..contract import Contract, one_of, such_that
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, one_of, such_that
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers

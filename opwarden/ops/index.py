@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from ..contract import Contract, one_of
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, one_of
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 # Opset 16-17 spec allows none/add/mul only, but torch.onnx (TorchScript exporter) emits
 # scatter_reduce(reduce="amax"/"amin") as reduction="max"/"min" at opset 16 and 17, and

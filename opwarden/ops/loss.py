@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from ..contract import Contract, one_of
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, one_of
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 _REDUCTIONS = {"reduction": one_of("none", "sum", "mean")}
 # 'mean' divides by the summed weights, which is 0/0 when every sample is ignored.

@@ -6,9 +6,9 @@ from math import erf, pi, sqrt
 
 import numpy as np
 
-from ..contract import Contract, one_of
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, one_of
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 ML = "ai.onnx.ml"
 TRAINING = "ai.onnx.preview.training"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..contract import Contract, one_of, such_that
-from ..dtypes import np_dtype
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, one_of, such_that
+from opwarden.dtypes import np_dtype
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 try:  # ml_dtypes registers bfloat16 with NumPy (imported via opwarden.dtypes)
     import ml_dtypes

@@ -12,11 +12,11 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..contract import Contract, one_of
-from ..dtypes import np_dtype
-from ..errors import KernelError
-from .base import op
-from .cast import cast_array, int_range, is_exotic_float, is_small_int
+from opwarden.contract import Contract, one_of
+from opwarden.dtypes import np_dtype
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
+from opwarden.ops.cast import cast_array, int_range, is_exotic_float, is_small_int
 
 _STD_FLOATS = (np.float16, np.float32, np.float64)
 

@@ -9,10 +9,10 @@ import struct
 
 import numpy as np
 
-from ..contract import Contract, such_that
-from ..dtypes import np_dtype
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, such_that
+from opwarden.dtypes import np_dtype
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 _FLOAT_CODES = (1, 10, 11, 16)  # float, float16, double, bfloat16
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..contract import Contract, one_of
-from ..errors import KernelError
-from .base import Sample, op
+from opwarden.contract import Contract, one_of
+from opwarden.errors import KernelError
+from opwarden.ops.base import Sample, op
 
 # Low-precision floats accumulate in float32 and round once at the end.
 _WIDEN = {np.dtype(np.float16): np.dtype(np.float32)}

@@ -7,9 +7,9 @@ masking (reverse directions first reverse each batch entry's valid prefix in tim
 
 import numpy as np
 
-from ..contract import Contract, one_of, such_that
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, one_of, such_that
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 # Activation functions: name (lower case) -> (f(x, alpha, beta), default alpha, default beta).
 # A default of None means the function takes no such parameter.

@@ -9,8 +9,8 @@ from typing import Any
 import onnx
 import onnx.defs
 
-from ..dtypes import typestr_to_dtype_name
-from ..errors import ModelError
+from opwarden.dtypes import typestr_to_dtype_name
+from opwarden.errors import ModelError
 
 STANDARD_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..contract import Contract
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 SEQ = Contract(nan="propagate")
 # Optionals hold their value as is: the output is the input.

@@ -7,10 +7,10 @@ import math
 import numpy as np
 from onnx import numpy_helper
 
-from ..contract import Contract, one_of
-from ..dtypes import np_dtype
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, one_of
+from opwarden.dtypes import np_dtype
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 # Reshape-like ops return NumPy views when they can; a copy is made for non-contiguous input.
 RESHAPE_LIKE = Contract(may_alias=((0, 0),))

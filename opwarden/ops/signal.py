@@ -5,10 +5,10 @@ Complex tensors are carried as real tensors whose last dimension is 1 (real) or 
 
 import numpy as np
 
-from ..contract import Contract, one_of
-from ..dtypes import np_dtype
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, one_of
+from opwarden.dtypes import np_dtype
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 
 def _work_dtype(dt):

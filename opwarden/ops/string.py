@@ -5,9 +5,9 @@ import re
 
 import numpy as np
 
-from ..contract import Contract, one_of
-from ..errors import KernelError
-from .base import op
+from opwarden.contract import Contract, one_of
+from opwarden.errors import KernelError
+from opwarden.ops.base import op
 
 _STRINGS = Contract(nan="none")
 

@@ -21,22 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..ir.graph import Model
-from .basic import constant_folding, dead_code_elimination, identity_elimination, shape_folding
-from .fusion import (
-    activation_after_maxpool,
-    avgpool_conv_reorder,
-    bn_to_affine,
-    concat_conv_merge,
-    conv_bn_folding,
-    conv_fusion,
-    elementwise_fusion,
-    gemm_fusion,
-    scale_into_conv,
-    sibling_conv_merge,
-    transpose_cancellation,
-)
-from .rewrite import Rewriter, relink
+from opwarden.ir.graph import Model
+from opwarden.passes.basic import constant_folding, dead_code_elimination, identity_elimination, shape_folding
+from opwarden.passes.fusion import activation_after_maxpool, avgpool_conv_reorder, bn_to_affine, concat_conv_merge, conv_bn_folding, conv_fusion, elementwise_fusion, gemm_fusion, scale_into_conv, sibling_conv_merge, transpose_cancellation
+from opwarden.passes.rewrite import Rewriter, relink
 
 # (name, level, function); level-1 passes run as a group until a fixed point.
 PASSES: list[tuple[str, int, Callable[[Rewriter], None]]] = [
@@ -71,7 +59,7 @@ def optimize(model: Model, options: Any) -> list[dict[str, Any]]:
     disabled = set(getattr(options, "disabled_passes", ()) or ())
     unknown = sorted(disabled - set(PASS_NAMES))
     if unknown:
-        from ..errors import OptionsError
+        from opwarden.errors import OptionsError
 
         raise OptionsError(
             f"disabled_passes names unknown pass(es) {unknown}; the passes are {list(PASS_NAMES)}"

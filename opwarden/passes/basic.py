@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from ..contract import TensorFact
-from ..dtypes import dtype_name
-from ..ir.graph import Node
-from ..runtime.place import kernel_kwargs
-from .rewrite import Rewriter, static_shape
+from opwarden.contract import TensorFact
+from opwarden.dtypes import dtype_name
+from opwarden.ir.graph import Node
+from opwarden.runtime.place import kernel_kwargs
+from opwarden.passes.rewrite import Rewriter, static_shape
 
 # A folded constant may be this large, or as large as the constants it replaces.
 FOLD_MAX_BYTES = 1 << 24

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import onnx
 
-from ..contract import TensorFact
-from ..ir.graph import Node, Value
-from ..runtime.place import kernel_kwargs
-from .rewrite import Rewriter, static_shape
+from opwarden.contract import TensorFact
+from opwarden.ir.graph import Node, Value
+from opwarden.runtime.place import kernel_kwargs
+from opwarden.passes.rewrite import Rewriter, static_shape
 
 _FLOAT = frozenset({"float16", "float32", "float64", "bfloat16"})
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")

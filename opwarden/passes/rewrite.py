@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import TensorFact
-from ..dtypes import dtype_name
-from ..ir.graph import Graph, Model, Node, Value
-from ..ir.validate import check_node
+from opwarden.contract import TensorFact
+from opwarden.dtypes import dtype_name
+from opwarden.ir.graph import Graph, Model, Node, Value
+from opwarden.ir.validate import check_node
 
 FUSED_DOMAIN = "opwarden"
 
@@ -274,7 +274,7 @@ def prune_values(graph: Graph) -> None:
 
 def relink(model: Model) -> None:
     """Recompute producer/uses for the main graph and every subgraph, outermost first."""
-    from ..ir.validate import graphs_of
+    from opwarden.ir.validate import graphs_of
 
     for g in graphs_of(model):
         g.rebuild_uses()

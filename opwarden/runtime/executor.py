@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError, MemoryLimitError, OpwardenError, RunTimeoutError
-from ..ir.graph import Graph, Value, has_declared
-from ..memory.constants import freeze as freeze_constant
-from ..memory.limits import guard_allocation
-from .bound import BoundGraph
-from .place import Placement
+from opwarden.errors import KernelError, MemoryLimitError, OpwardenError, RunTimeoutError
+from opwarden.ir.graph import Graph, Value, has_declared
+from opwarden.memory.constants import freeze as freeze_constant
+from opwarden.memory.limits import guard_allocation
+from opwarden.runtime.bound import BoundGraph
+from opwarden.runtime.place import Placement
 
 
 class Step:
@@ -249,7 +249,7 @@ class Program:
 
     def compile(self, calls: list | None = None, contract: bool = False) -> Any:
         """The lean run function for a call list (see codegen.py)."""
-        from .codegen import compile_calls
+        from opwarden.runtime.codegen import compile_calls
 
         return compile_calls(self, calls if calls is not None else self.calls, contract)
 
@@ -308,11 +308,11 @@ class Program:
         do not depend on scheduling. With `contract`, the lean contract checks apply and a
         failure raises LeanFault (the session reruns under the guard).
         """
-        from ..kernels._util import blas_thread_count, set_blas_threads
+        from opwarden.blas import blas_thread_count, set_blas_threads
 
         env = self._env(feeds, None)
         if contract:
-            from .codegen import _feed
+            from opwarden.runtime.codegen import _feed
 
             env = [_feed(x) for x in env]
         assert self.levels is not None
@@ -399,7 +399,7 @@ def _one_step(call: tuple, env: list[Any], contract: bool, index: int) -> None:
     if not contract:
         _call_step(call, env)
         return
-    from .codegen import LeanFault
+    from opwarden.runtime.codegen import LeanFault
 
     try:
         _call_step(call, env)
@@ -414,7 +414,7 @@ def _check_lean_contract(call: tuple, env: list[Any]) -> None:
     """What the lean loop checks: typed outputs are arrays of the facts' dtype and static
     shape (symbolic dims unchecked here), no undeclared output-is-input, outputs made
     read-only."""
-    from ..guard.checks import output_faults
+    from opwarden.guard.checks import output_faults
 
     st, _fn, ins, kw, _frees, _hook = call
     bad = output_faults([env[s] if s >= 0 else None for s in st.outs],

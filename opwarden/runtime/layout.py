@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import TensorFact
-from ..contract.layout import sensitive_inputs
-from ..ir.graph import Graph, Node, Value
+from opwarden.contract import TensorFact
+from opwarden.contract.layout import sensitive_inputs
+from opwarden.ir.graph import Graph, Node, Value
 
 NHWC, NCHW = "NHWC", "NCHW"
 
@@ -375,7 +375,7 @@ class LayoutPass:
                 prod = self.phys[id(v)].producer
                 dev = self.device_of.get(id(prod)) if prod is not None else None
                 if dev is None:
-                    from ..devices import get_device
+                    from opwarden.devices import get_device
 
                     dev = get_device("cpu")
                 self._materialize(v, dev, "graph output")
@@ -477,7 +477,7 @@ class LayoutPass:
         perm = [int(q) for q in (mid.attrs.get("perm") or ())]
         if len(factors) != 2 or perm[1:3] != [2, 1] or dev is None:
             return False
-        from ..ops import REGISTRY
+        from opwarden.ops import REGISTRY
 
         opdef, schema = REGISTRY.resolve("ChannelShuffle", "opwarden", 1)
         if opdef is None or not any(v.device == dev.name for v in opdef.variants):
@@ -508,7 +508,7 @@ class LayoutPass:
         """Fold each ChannelShuffle read only by a depthwise convolution on the same device
         into that convolution (FusedConv's `input_shuffle`: the shuffle then rides on the
         padding copy the depthwise kernel makes anyway). Returns how many were folded."""
-        from ..ops import REGISTRY
+        from opwarden.ops import REGISTRY
 
         outs = {id(v) for v in self.g.outputs}
         folded: set[int] = set()
@@ -637,7 +637,7 @@ class LayoutPass:
         self.nchw_ok.add(id(v))
 
     def _convert(self, src: Value, perm: tuple[int, ...], dst: Value, dev: Any, why: str) -> None:
-        from ..ops import REGISTRY
+        from opwarden.ops import REGISTRY
 
         if moves_no_data(src.fact.shape, perm):
             shape = self._const(
@@ -673,7 +673,7 @@ class LayoutPass:
         return self.g.add_value(name, fact=fact)
 
     def _const(self, name: str, arr: np.ndarray) -> Value:
-        from ..dtypes import dtype_name
+        from opwarden.dtypes import dtype_name
 
         v = self._value(name, TensorFact(dtype_name(arr.dtype), tuple(arr.shape)))
         v.const = arr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import OptionsError
+from opwarden.errors import OptionsError
 
 # name -> (default, validator description, validator)
 _CHECKS = ("nan", "inf", "shape", "dtype", "contract", "all")

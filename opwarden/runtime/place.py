@@ -23,18 +23,18 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..contract import TensorFact
-from ..devices import Device, get_device, sensitive_inputs
-from ..devices.copy import clamp_range, round_to
-from ..devices.variants import kernel_kwargs, select
-from ..dtypes import onnx_type
-from ..errors import UnsupportedOpError
-from ..ir.functions import inline
-from ..ir.graph import Graph, Node, Value, declared_value
-from ..ir.validate import check_node
-from ..ops.base import Variant
-from ..ops.schema import context_function_body, onnx_function_body
-from . import layout as _layout
+from opwarden.contract import TensorFact
+from opwarden.devices import Device, get_device, sensitive_inputs
+from opwarden.devices.copy import clamp_range, round_to
+from opwarden.devices.variants import kernel_kwargs, select
+from opwarden.dtypes import onnx_type
+from opwarden.errors import UnsupportedOpError
+from opwarden.ir.functions import inline
+from opwarden.ir.graph import Graph, Node, Value, declared_value
+from opwarden.ir.validate import check_node
+from opwarden.ops.base import Variant
+from opwarden.ops.schema import context_function_body, onnx_function_body
+from opwarden.runtime import layout as _layout
 
 MAX_DECOMPOSE_DEPTH = 16
 HOST = "cpu"
@@ -115,7 +115,7 @@ def _type_proto(node_value) -> onnx.TypeProto:
 
 
 def _node_proto(node: Node) -> onnx.NodeProto:
-    from ..ir.export import attribute_proto
+    from opwarden.ir.export import attribute_proto
 
     n = onnx.NodeProto()
     n.op_type, n.domain, n.name = node.op_type, node.domain, node.name
@@ -168,7 +168,7 @@ def complete_facts(graph: Graph, opsets: dict[str, int]) -> None:
     """Fill output facts ONNX shape inference left unknown (function ops such as
     GroupNormalization-21) from the operator's `.infer` rule or its function body, so devices
     can check dtypes, layouts and memory."""
-    from ..ir.load import type_fact
+    from opwarden.ir.load import type_fact
 
     for node in graph.nodes:
         missing = [
@@ -219,7 +219,7 @@ def complete_facts(graph: Graph, opsets: dict[str, int]) -> None:
 def _build_pieces(
     node: Node, protos: list[onnx.NodeProto], graph: Graph, opsets: dict[str, int], types: dict
 ) -> list[Node]:
-    from ..ir.load import _Builder
+    from opwarden.ir.load import _Builder
 
     builder = _Builder(opsets, {}, None, False, types)
     out = []
@@ -352,7 +352,7 @@ def _nbytes(v: Value, compute_dtype: str | None) -> int:
     if compute_dtype is not None and v.fact.dtype in ("float32", "float64"):
         item = np.dtype(np.float16).itemsize if compute_dtype != "float32" else 4
     else:
-        from ..dtypes import np_dtype_of
+        from opwarden.dtypes import np_dtype_of
 
         try:
             item = np_dtype_of(v.fact.dtype).itemsize
@@ -461,7 +461,7 @@ def _copy_device(src: str, dst: str) -> str:
 
 def _insert_copies(graph: Graph, assign: dict[int, _Assign]) -> dict[int, str]:
     """DeviceCopy nodes on every edge between devices; returns {id(copy node): reason}."""
-    from ..ops import REGISTRY
+    from opwarden.ops import REGISTRY
 
     home: dict[int, str] = {}
     copies: dict[tuple[int, str], Value] = {}
@@ -689,7 +689,7 @@ def place_model(
     model: Any, devices: list[str], options: Any, quarantine: Any = None
 ) -> Placements:
     """Partition, copy, lay out and choose kernels for every graph of `model`, in order."""
-    from ..ir.validate import graphs_of
+    from opwarden.ir.validate import graphs_of
 
     devs = [get_device(d) for d in devices]
     g = model.graph

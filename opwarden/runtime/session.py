@@ -9,25 +9,25 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import dtype_name
-from ..errors import InputError, MemoryLimitError, ModelError, OptionsError, OpwardenError
-from ..guard.faults import FaultRecord
-from ..guard.guard import Guard
-from ..guard.isolate import isolation_for
-from ..ir.graph import Model, Value, declared_value
-from ..ir.load import load
-from ..ir.validate import validate
-from ..memory import MemoryManager, MemoryPlan
-from ..memory.constants import freeze as freeze_constant
-from ..memory.constants import readonly_view
-from ..memory.hugepages import move_weights
-from ..passes import optimize
-from ..trace.records import OpRecord, chrome_trace, default_trace_path
-from .codegen import LeanFault
-from .executor import Deadline, Program, describe_value
-from .executor import _kernel_error as kernel_error
-from .options import SessionOptions
-from .place import Placement, place_model
+from opwarden.dtypes import dtype_name
+from opwarden.errors import InputError, MemoryLimitError, ModelError, OptionsError, OpwardenError
+from opwarden.guard.faults import FaultRecord
+from opwarden.guard.guard import Guard
+from opwarden.guard.isolate import isolation_for
+from opwarden.ir.graph import Model, Value, declared_value
+from opwarden.ir.load import load
+from opwarden.ir.validate import validate
+from opwarden.memory import MemoryManager, MemoryPlan
+from opwarden.memory.constants import freeze as freeze_constant
+from opwarden.memory.constants import readonly_view
+from opwarden.memory.hugepages import move_weights
+from opwarden.passes import optimize
+from opwarden.trace.records import OpRecord, chrome_trace, default_trace_path
+from opwarden.runtime.codegen import LeanFault
+from opwarden.runtime.executor import Deadline, Program, describe_value
+from opwarden.runtime.executor import _kernel_error as kernel_error
+from opwarden.runtime.options import SessionOptions
+from opwarden.runtime.place import Placement, place_model
 
 
 def normalize_providers(providers: Sequence[Any] | None) -> list[str]:
@@ -36,7 +36,7 @@ def normalize_providers(providers: Sequence[Any] | None) -> list[str]:
     Names resolve through the device registry (``opwarden.devices()``; onnxruntime names such
     as "CPUExecutionProvider" are aliases); a path ending in ``.toml`` loads a device profile.
     """
-    from ..devices import get_device, load_profile
+    from opwarden.devices import get_device, load_profile
 
     if not providers:
         return ["cpu"]
@@ -81,11 +81,11 @@ def _apply_threads(options: SessionOptions, providers: list[str]) -> None:
     n = options.intra_op_num_threads
     if n <= 0:
         return
-    from ..kernels._util import set_blas_threads
+    from opwarden.blas import set_blas_threads
 
     set_blas_threads(n)
     if "torch" in providers:
-        from ..devices import torch_provider
+        from opwarden.devices import torch_provider
 
         torch_provider.configure(n)
 
@@ -321,7 +321,7 @@ class InferenceSession:
 
     def explain_summary(self) -> dict[str, Any]:
         """Per device node counts, fallbacks with reasons, inserted copies/transposes, a line."""
-        from .explain import summarize
+        from opwarden.runtime.explain import summarize
 
         return summarize(self.explain(), getattr(self.placements, "report", {}))
 
@@ -465,7 +465,7 @@ def _structured_feed(what: str, tp: Any, kind: str, x: Any) -> Any:
 
 
 def _elem_dtype(elem_type: int) -> np.dtype | None:
-    from ..dtypes import np_dtype
+    from opwarden.dtypes import np_dtype
 
     try:
         return np.dtype(np_dtype(elem_type)) if elem_type else None

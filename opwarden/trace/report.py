@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .records import OpRecord
+from opwarden.trace.records import OpRecord
 
 _PEAKS: dict[str, float] = {}
 

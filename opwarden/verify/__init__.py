@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .harness import CHECKS, Report, VariantReport, check
+from opwarden.verify.harness import CHECKS, Report, VariantReport, check
 
 
 def gradcheck(op_or_variant: Any, inputs: Any, attrs: Any = None, **kwargs: Any) -> Any:
     """Analytic vs central finite-difference gradients (see `opwarden.verify.grads`)."""
-    from .grads import gradcheck as _gradcheck
+    from opwarden.verify.grads import gradcheck as _gradcheck
 
     return _gradcheck(op_or_variant, inputs, attrs, **kwargs)
 

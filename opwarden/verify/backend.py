@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-from ..runtime.session import InferenceSession
+from opwarden.runtime.session import InferenceSession
 
 
 class OpwardenRep(BackendRep):

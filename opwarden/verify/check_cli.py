@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from ..errors import OptionsError
+from opwarden.errors import OptionsError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -74,7 +74,7 @@ def import_user_code(spec: str) -> Any:
 
 
 def _text(report: Any, out: Any) -> None:
-    from .harness import CHECKS
+    from opwarden.verify.harness import CHECKS
 
     for v in report.variants:
         if v.ok and not os.environ.get("OPWARDEN_CHECK_VERBOSE"):
@@ -108,13 +108,13 @@ def _text(report: Any, out: Any) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Run the harness; exit 1 when any contract is violated, 0 otherwise."""
-    from .harness import Report, check
+    from opwarden.verify.harness import Report, check
 
     for spec in args.imports or []:
         import_user_code(spec)
     if args.device:
-        from ..devices.base import get_device
-        from ..errors import OpwardenError
+        from opwarden.devices.base import get_device
+        from opwarden.errors import OpwardenError
 
         try:
             get_device(args.device)  # brings in an optional provider's variants (torch)
@@ -142,7 +142,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Standalone entry (`python -m opwarden.verify.check_cli`) until the CLI wires `check`."""
-    from ..errors import OpwardenError
+    from opwarden.errors import OpwardenError
 
     parser = argparse.ArgumentParser(prog="opwarden")
     sub = parser.add_subparsers(dest="cmd", required=True)

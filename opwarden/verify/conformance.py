@@ -92,7 +92,7 @@ def _is_float(dt: np.dtype) -> bool:
 
 
 def _cast_target(node: Any, inputs: list[Any]) -> np.dtype | None:
-    from ..dtypes import np_dtype
+    from opwarden.dtypes import np_dtype
 
     if node.op_type == "CastLike":
         return inputs[1].dtype if len(inputs) > 1 and isinstance(inputs[1], np.ndarray) else None
@@ -234,7 +234,7 @@ def missing_dependency(model: Any) -> str | None:
 
 def run_case(case: Any) -> CaseResult:
     """Run one case through InferenceSession; never raises."""
-    from ..runtime.session import InferenceSession
+    from opwarden.runtime.session import InferenceSession
 
     skip = missing_dependency(case.model)
     if skip:

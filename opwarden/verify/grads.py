@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ContractError, OpwardenError
+from opwarden.errors import ContractError, OpwardenError
 
 
 @dataclass
@@ -25,7 +25,7 @@ class GradcheckResult:
 
 def _resolve(op_or_variant: Any) -> tuple[Any, Any]:
     """(OpDef, forward function) for an OpDef, a Variant or an OpDef's reference."""
-    from ..ops.base import OpDef, Variant
+    from opwarden.ops.base import OpDef, Variant
 
     if isinstance(op_or_variant, Variant):
         v = op_or_variant
@@ -80,8 +80,8 @@ def gradcheck(
     Inputs with more than `max_points` elements are checked on a fixed random sample of them;
     elements where the op has a kink (one-sided slopes disagree) are skipped and counted.
     """
-    from ..autograd import rules  # noqa: F401 - built-in rules attach on import
-    from ..autograd.core import GradContext, call_rule, upstream
+    from opwarden.autograd import rules  # noqa: F401 - built-in rules attach on import
+    from opwarden.autograd.core import GradContext, call_rule, upstream
 
     opdef, fn = _resolve(op_or_variant)
     name = opdef.qualname

@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import TensorFact
-from ..dtypes import INTS, dtype_name
-from ..errors import OpwardenError
-from ..kernels._util import scratch_probe
-from ..memory.constants import mark as mark_constant
-from ..ops.base import OpDef, Variant
-from ..ops.schema import STANDARD_DOMAINS
-from . import inputs as I
+from opwarden.contract import TensorFact
+from opwarden.dtypes import INTS, dtype_name
+from opwarden.errors import OpwardenError
+from opwarden.kernels._util import scratch_probe
+from opwarden.memory.constants import mark as mark_constant
+from opwarden.ops.base import OpDef, Variant
+from opwarden.ops.schema import STANDARD_DOMAINS
+from opwarden.verify import inputs as I
 
 CHECKS = (
     "numerics",
@@ -461,7 +461,7 @@ class _Checker:
     def _ref_numerics(self, cases: list[I.Case]):
         """The reference against the ONNX node suite's expected outputs; outputs of the declared
         dtypes; repeated calls give identical results when the contract says deterministic."""
-        from .conformance import compare, undefined_for_node
+        from opwarden.verify.conformance import compare, undefined_for_node
 
         sch = self.op.schema_for(I.governed_opset(self.op))
         ran = 0
@@ -966,7 +966,7 @@ class _Checker:
             # to the reference by `numerics`, the rule itself is checked on the reference.
             return ("skip", f"{self.var.layout} variant: gradcheck runs in ONNX layout", None)
         try:
-            from .grads import gradcheck
+            from opwarden.verify.grads import gradcheck
         except ImportError:
             return ("skip", "opwarden.verify.grads (gradcheck) is not available", None)
         cases = [c for c in self.mine(self.data.base + self.data.given) if _float_inputs(c)]
@@ -1331,8 +1331,8 @@ def _onnx_infer(opdef: OpDef, c: I.Case) -> list[TensorFact | None] | None:
     import onnx
     from onnx import helper
 
-    from ..dtypes import onnx_type
-    from ..ir.export import attribute_proto
+    from opwarden.dtypes import onnx_type
+    from opwarden.ir.export import attribute_proto
 
     if c.node is not None:
         node = onnx.NodeProto()
@@ -1369,7 +1369,7 @@ def _onnx_infer(opdef: OpDef, c: I.Case) -> list[TensorFact | None] | None:
         inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
     except Exception:  # noqa: BLE001 - onnx's inference may reject corner cases
         return None
-    from ..ir.load import type_fact
+    from opwarden.ir.load import type_fact
 
     types = {vi.name: vi.type for vi in inferred.graph.output}
     types.update({vi.name: vi.type for vi in inferred.graph.value_info})
@@ -1419,7 +1419,7 @@ class _Context:
 
 
 def _select(target: Any, device: str | None) -> list[tuple[OpDef, Variant]]:
-    from ..ops import REGISTRY
+    from opwarden.ops import REGISTRY
 
     if isinstance(target, Variant):
         pairs = [(target.op, target)]
@@ -1440,7 +1440,7 @@ def _select(target: Any, device: str | None) -> list[tuple[OpDef, Variant]]:
                     ):
                         pairs.append((o, v))
             if not pairs:
-                from ..errors import OptionsError
+                from opwarden.errors import OptionsError
 
                 raise OptionsError(f"no operator or variant named {want!r} is registered")
         else:
@@ -1471,7 +1471,7 @@ def check(
     wanted = tuple(checks) if checks is not None else CHECKS
     unknown = [c for c in wanted if c not in CHECKS]
     if unknown:
-        from ..errors import OptionsError
+        from opwarden.errors import OptionsError
 
         raise OptionsError(f"unknown checks {unknown}; known: {list(CHECKS)}")
     pairs = _select(target, device)

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import FLOATS, INTS
-from ..memory.constants import mark as mark_constant
-from ..ops.base import OpDef
-from ..ops.schema import Schema
+from opwarden.dtypes import FLOATS, INTS
+from opwarden.memory.constants import mark as mark_constant
+from opwarden.ops.base import OpDef
+from opwarden.ops.schema import Schema
 
 # Dtypes tried per type constraint, in this order (first ones form the "base" cases).
 PREFERRED = (
@@ -201,8 +201,8 @@ def _param_dtypes(schema: Schema, type_str: str) -> list[str] | None:
 def governed_opset(opdef: OpDef) -> int:
     """The newest opset whose schema this operator object implements (it covers every ONNX
     version from its `since` up to the next registered object's)."""
-    from ..ops import REGISTRY
-    from ..ops.schema import from_onnx
+    from opwarden.ops import REGISTRY
+    from opwarden.ops.schema import from_onnx
 
     if opdef.custom_schema is not None:
         return opdef.since
@@ -334,8 +334,8 @@ def sample_cases(opdef: OpDef, rng: np.random.Generator) -> list[Case]:
     A samples function that raises, or yields something that is not a Sample, is the op
     author's bug: it is raised as a ContractError naming the operator.
     """
-    from ..errors import ContractError
-    from ..ops.base import Sample
+    from opwarden.errors import ContractError
+    from opwarden.ops.base import Sample
 
     if opdef.samples_fn is None:
         return []
@@ -432,15 +432,15 @@ def _to_np(x: Any) -> Any:
 
 @functools.cache
 def _expected_failures() -> frozenset[str]:
-    from .conformance import read_expected
+    from opwarden.verify.conformance import read_expected
 
     return frozenset(read_expected())
 
 
 def suite_cases(opdef: OpDef, limit: int = 6, fast: bool = False) -> list[Case]:
     """Single-node cases of the ONNX node suite governed by this operator version."""
-    from ..ops import REGISTRY
-    from ..ops.schema import attr_value, canonical_domain
+    from opwarden.ops import REGISTRY
+    from opwarden.ops.schema import attr_value, canonical_domain
 
     out: list[Case] = []
     bad = _expected_failures()
