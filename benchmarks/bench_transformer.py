@@ -36,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from opwarden.bench import (  # noqa: E402
+from opwarden.cli.bench import (  # noqa: E402
     fault_line,
     fault_summary,
     interleave,

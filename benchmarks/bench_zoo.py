@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from opwarden import zoo  # noqa: E402
-from opwarden.bench import (  # noqa: E402
+from opwarden.cli.bench import (  # noqa: E402
     fault_line,
     fault_summary,
     interleave,

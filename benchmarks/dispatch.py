@@ -34,7 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from opwarden.bench import interleave, ours_session  # noqa: E402
+from opwarden.cli.bench import interleave, ours_session  # noqa: E402
 
 WIDTH = 16
 

@@ -115,7 +115,7 @@ def _median_times(fns: dict, runs: int, budget_s: float) -> dict:
 
 
 def bench_conv(key, runs: int, budget_s: float, with_ref: bool) -> dict:
-    from opwarden.kernels.conv import conv_nchw, conv_nhwc
+    from opwarden.kernels.cpu.conv import conv_nchw, conv_nhwc
     from opwarden.ops.conv import Conv
 
     xs, ws, has_b, *_ = key

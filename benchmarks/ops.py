@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="", help="also write the rows here")
     a = p.parse_args(argv)
 
-    from opwarden.bench import fault_line, fault_summary, interleave, ours_session, peer_runner
+    from opwarden.cli.bench import fault_line, fault_summary, interleave, ours_session, peer_runner
 
     rng = np.random.default_rng(0)
     only = {s.strip() for s in a.only.split(",") if s.strip()}

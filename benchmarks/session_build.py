@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from load_graphs import chain, wide  # noqa: E402
 
 import opwarden  # noqa: E402
-from opwarden.runtime.options import SessionOptions  # noqa: E402
+from opwarden.options import SessionOptions  # noqa: E402
 
 
 def build(data: bytes, level: int):

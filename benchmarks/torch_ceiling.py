@@ -128,7 +128,7 @@ def bench_model(name: str, runs: int, threads: int, compile_: bool) -> dict:
     import numpy as np
     import torch
 
-    from opwarden import bench
+    from opwarden.cli import bench
 
     torch.set_num_threads(threads)
     m = _module(name, torch)

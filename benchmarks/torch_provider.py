@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if "torch" in providers:
         # First: the provider sets its OpenMP defaults before it imports torch.
         get_device("torch")
-        from opwarden.devices import torch_provider
+        from opwarden.kernels.torch import provider as torch_provider
 
         torch_provider.configure(args.threads)
     names = [m for m in args.models.split(",") if m] or list(zoo.LIGHT_MODELS)

@@ -27,17 +27,27 @@ else:
 # The built-in operators, then the fast kernels registered on them, before anything else
 # (custom ops, `opwarden check`, sessions) looks at the registry.
 from opwarden import ops as _ops  # noqa: E402, F401
-from opwarden.kernels import builtin as _builtin_kernels  # noqa: E402, F401
+from opwarden.kernels import registry as _builtin_kernels  # noqa: E402, F401
 
 # isort: split
 from opwarden import verify  # noqa: E402
 from opwarden.autograd import grad  # noqa: E402
 from opwarden.contract import Contract  # noqa: E402
 from opwarden.devices import devices  # noqa: E402
-from opwarden.errors import ContractError, InputError, KernelError, MemoryLimitError, ModelError, OptionsError, OpwardenError, RunTimeoutError, UnsupportedOpError
+from opwarden.errors import (  # noqa: E402
+    ContractError,
+    InputError,
+    KernelError,
+    MemoryLimitError,
+    ModelError,
+    OptionsError,
+    OpwardenError,
+    RunTimeoutError,
+    UnsupportedOpError,
+)
 from opwarden.ops import Sample, kernel, op  # noqa: E402
-from opwarden.runtime.options import SessionOptions  # noqa: E402
-from opwarden.runtime.session import InferenceSession, NodeArg  # noqa: E402
+from opwarden.options import SessionOptions  # noqa: E402
+from opwarden.session import InferenceSession, NodeArg  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from opwarden import bench
+from opwarden.cli import bench
 from opwarden.trace.records import OpRecord
 from tests.models import small_cnn
 

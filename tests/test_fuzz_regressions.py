@@ -96,7 +96,7 @@ def test_constant_of_shape_limit_check_on_a_million_dims_is_quick():
     s = ow.InferenceSession(m.SerializeToString(), ow.SessionOptions(memory_limit_bytes=1 << 28))
     with pytest.raises(ow.MemoryLimitError, match="ConstantOfShape"):
         s.run(None, {"s": np.broadcast_to(np.full(1, 3, np.int64), (1 << 20,))})
-    from opwarden.memory.limits import _count
+    from opwarden.plan.limits import _count
 
     assert _count(np.array([3] * 100 + [0], np.int64)) == 0  # a zero dim anywhere: empty
 

@@ -1,4 +1,4 @@
-"""Refit the float32 erf of opwarden.kernels._util (a development tool, not imported).
+"""Refit the float32 erf of opwarden.kernels.cpu._util (a development tool, not imported).
 
 erf(x) ~ x P(t) / Q(t), t = x^2, Q(0) = 1, on [0, clamp]: linearised weighted least squares
 (P - f Q, weighted by 1 / (f Q) for relative error) on a dense Chebyshev-plus-uniform grid,

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import onnx
 
+from opwarden.autograd.core import GradContext, call_rule, is_float, upstream
 from opwarden.errors import InputError, ModelError, OpwardenError, UnsupportedOpError
 from opwarden.ir.graph import Graph, Model, Value
 from opwarden.ir.load import load
 from opwarden.ir.validate import validate
-from opwarden.runtime.place import kernel_kwargs, place_graph
-from opwarden.autograd.core import GradContext, call_rule, is_float, upstream
+from opwarden.place.partition import kernel_kwargs, place_graph
 
 _CACHE: OrderedDict[Any, Graph] = OrderedDict()
 _CACHE_SIZE = 8
@@ -56,7 +56,7 @@ def _cache_key(source: Any) -> Any:
 
 
 def _graph_of(model_or_session: Any) -> Graph:
-    from opwarden.runtime.session import InferenceSession
+    from opwarden.session import InferenceSession
 
     if isinstance(model_or_session, InferenceSession):
         sess = model_or_session

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opwarden.contract.layout import sensitive_inputs
-from opwarden.errors import OptionsError
 from opwarden.devices.constraints import Constraint
+from opwarden.errors import OptionsError
 
 
 def data_dtype(node: Any) -> str | None:
@@ -213,7 +213,7 @@ class Device:
         if not ok:
             return False, f"{self.name} runs on {host.name}, which cannot: {hwhy}"
         if quarantine is not None:
-            from opwarden.devices.variants import select
+            from opwarden.ops.select import select
 
             var, _ = select(node, host.name, "NCHW", quarantine)
             if var is not None and f"{var.name}@{self.name}" in quarantine:
@@ -238,7 +238,7 @@ class Device:
     def _host_accepts(self, node: Any, quarantine: Any) -> tuple[bool, str]:
         if self.layouts_for(node, quarantine):
             return True, ""
-        from opwarden.devices.variants import select
+        from opwarden.ops.select import select
 
         if node.opdef is None:
             return False, f"no implementation of {node.op_type} at opset {node.opset}"
@@ -260,7 +260,7 @@ class Device:
             out = [lay for lay in ("NHWC", "NCHW") if lay in lays or "any" in lays]
             out.sort(key=lambda lay: lay != self.preferred_layout)
             return tuple(out)
-        from opwarden.devices.variants import select
+        from opwarden.ops.select import select
 
         out = []
         for lay in ("NHWC", "NCHW") if sens else ("NCHW",):
@@ -377,6 +377,11 @@ def _find(key: str) -> Device | None:
 # Loaders of optional providers (the torch one), added by `opwarden/devices/__init__.py`: their
 # modules import this registry, so the registry never imports them itself.
 _OPTIONAL: list[Callable[[], None]] = []
+
+
+def has_device(name: str) -> bool:
+    """Is a device of this name registered (optional providers not tried)?"""
+    return name in _DEVICES
 
 
 def add_optional_provider(load: Callable[[], None]) -> None:

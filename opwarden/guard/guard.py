@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from opwarden.errors import KernelError, MemoryLimitError, RunTimeoutError
-from opwarden.trace.records import OpRecord
 from opwarden.guard import checks as C
 from opwarden.guard.faults import DeadlineExceeded, FaultRecord, Quarantine, VariantStats
 from opwarden.guard.isolate import KernelCrash
+from opwarden.trace.records import OpRecord
 
 MAX_RECORDS = 1_000_000
 HARD_FAULTS = ("exception", "deadline", "mutation", "outputs", "alias", "shape", "dtype", "crash")

@@ -17,11 +17,11 @@ from onnx import numpy_helper
 from opwarden.contract import TensorFact
 from opwarden.dtypes import dtype_name, np_dtype
 from opwarden.errors import ModelError
-from opwarden.ops.schema import attr_value, canonical_domain
 from opwarden.ir.functions import inline
 from opwarden.ir.graph import Graph, Model, Node, Value, declared_value, has_declared, mark_declared
 from opwarden.ir.tensors import payload_array, to_array
 from opwarden.ir.wire import Payload, split_payloads
+from opwarden.ops.schema import attr_value, canonical_domain
 
 MAX_FUNCTION_DEPTH = 32
 # Inlining model-local functions turns a few written nodes into many: functions that each call

@@ -5,9 +5,9 @@ from __future__ import annotations
 import onnx
 
 from opwarden.errors import ModelError, UnsupportedOpError
+from opwarden.ir.graph import Graph, Model, Node
 from opwarden.ops import REGISTRY
 from opwarden.ops.schema import Schema
-from opwarden.ir.graph import Graph, Model, Node
 
 _ATTR_NAME = onnx.AttributeProto.AttributeType.Name
 

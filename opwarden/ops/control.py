@@ -14,8 +14,8 @@ import numpy as np
 
 from opwarden.contract import Contract
 from opwarden.errors import KernelError, MemoryLimitError
-from opwarden.memory.limits import describe_bytes
 from opwarden.ops.base import op
+from opwarden.plan.limits import describe_bytes
 
 CONTROL = Contract(nan="propagate", thread_safe=True)
 

@@ -18,7 +18,15 @@ from opwarden.errors import KernelError
 from opwarden.ops import activation as _act
 from opwarden.ops import elementwise as _ew
 from opwarden.ops.base import Sample, op
-from opwarden.ops.conv import AUTO_PAD, Conv, _conv_workspace, conv_out_shape, conv_pads, conv_weights, spatial_params
+from opwarden.ops.conv import (
+    AUTO_PAD,
+    Conv,
+    _conv_workspace,
+    conv_out_shape,
+    conv_pads,
+    conv_weights,
+    spatial_params,
+)
 from opwarden.ops.linalg import Gemm, MatMul
 
 DOMAIN = "opwarden"
@@ -465,7 +473,7 @@ def _relu(x, out=None):
     if out is not None and x.dtype == np.float32 and x.size >= 8192:
         # The fast kernels' chunked maximum against zeros (faster than a scalar operand).
         if not _FAST_RELU:
-            from opwarden.kernels._util import relu
+            from opwarden.kernels.cpu._util import relu
 
             _FAST_RELU.append(relu)
         return _FAST_RELU[0](x, out)

@@ -13,7 +13,15 @@ import numpy as np
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
 from opwarden.ops.base import op
-from opwarden.ops.conv import AUTO_PAD, acc_dtype, explicit_pads, pad_spatial, spatial_params, split_same, window_slices
+from opwarden.ops.conv import (
+    AUTO_PAD,
+    acc_dtype,
+    explicit_pads,
+    pad_spatial,
+    spatial_params,
+    split_same,
+    window_slices,
+)
 
 _BIT = one_of(0, 1)
 

@@ -22,8 +22,25 @@ from collections.abc import Callable
 from typing import Any
 
 from opwarden.ir.graph import Model
-from opwarden.passes.basic import constant_folding, dead_code_elimination, identity_elimination, shape_folding
-from opwarden.passes.fusion import activation_after_maxpool, avgpool_conv_reorder, bn_to_affine, concat_conv_merge, conv_bn_folding, conv_fusion, elementwise_fusion, gemm_fusion, scale_into_conv, sibling_conv_merge, transpose_cancellation
+from opwarden.passes.basic import (
+    constant_folding,
+    dead_code_elimination,
+    identity_elimination,
+    shape_folding,
+)
+from opwarden.passes.fusion import (
+    activation_after_maxpool,
+    avgpool_conv_reorder,
+    bn_to_affine,
+    concat_conv_merge,
+    conv_bn_folding,
+    conv_fusion,
+    elementwise_fusion,
+    gemm_fusion,
+    scale_into_conv,
+    sibling_conv_merge,
+    transpose_cancellation,
+)
 from opwarden.passes.rewrite import Rewriter, relink
 
 # (name, level, function); level-1 passes run as a group until a fixed point.

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-from opwarden.runtime.session import InferenceSession
+from opwarden.session import InferenceSession
 
 
 class OpwardenRep(BackendRep):

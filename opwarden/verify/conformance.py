@@ -234,7 +234,7 @@ def missing_dependency(model: Any) -> str | None:
 
 def run_case(case: Any) -> CaseResult:
     """Run one case through InferenceSession; never raises."""
-    from opwarden.runtime.session import InferenceSession
+    from opwarden.session import InferenceSession
 
     skip = missing_dependency(case.model)
     if skip:

@@ -22,7 +22,7 @@ import numpy as np
 from opwarden.contract import TensorFact
 from opwarden.dtypes import INTS, dtype_name
 from opwarden.errors import OpwardenError
-from opwarden.kernels._util import scratch_probe
+from opwarden.kernels.cpu._util import scratch_probe
 from opwarden.memory.constants import mark as mark_constant
 from opwarden.ops.base import OpDef, Variant
 from opwarden.ops.schema import STANDARD_DOMAINS

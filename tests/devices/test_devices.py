@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import opwarden as ow
 from opwarden import zoo
+from opwarden.cli.devices import add_parser, render_explain
 from opwarden.devices import devices, get_device
-from opwarden.devices.cli import add_parser, render_explain
 
 from .models import feeds, mixed_npu_model
 
@@ -213,7 +213,7 @@ def test_a_device_defers_to_a_later_host_device_with_the_reason():
 
     from opwarden.ir.load import load
     from opwarden.ir.validate import validate
-    from opwarden.runtime.place import _Partitioner
+    from opwarden.place.partition import _Partitioner
 
     g = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], "g",

@@ -9,9 +9,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import opwarden as ow
 from opwarden import zoo
-from opwarden.kernels.fused import fused_conv_nhwc
+from opwarden.kernels.cpu.fused import fused_conv_nhwc
 from opwarden.ops import REGISTRY
-from opwarden.runtime.layout import LayoutPass
+from opwarden.place.layout import LayoutPass
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 import opwarden as ow  # noqa: E402
 from opwarden import zoo  # noqa: E402
 from opwarden.devices import devices, get_device  # noqa: E402
-from opwarden.devices import torch_provider as tp  # noqa: E402
 from opwarden.errors import KernelError, OptionsError  # noqa: E402
+from opwarden.kernels.torch import provider as tp  # noqa: E402
 from opwarden.memory.constants import mark as mark_constant  # noqa: E402
 from opwarden.ops import REGISTRY  # noqa: E402
 
@@ -713,7 +713,7 @@ def test_fused_gemm_and_matmul(act, params):
 
 
 def _providers(monkeypatch):
-    from opwarden.runtime import session
+    from opwarden import session
 
     try:
         session.normalize_providers(["torch", "cpu"])
@@ -868,7 +868,7 @@ def test_openmp_waiting_defaults_to_a_short_spin_and_user_settings_win(env, spin
 
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     code = (
-        "import json, os; from opwarden.devices import torch_provider as tp; "
+        "import json, os; from opwarden.kernels.torch import provider as tp; "
         "print(json.dumps([os.environ.get('GOMP_SPINCOUNT'), tp._SERIAL_FLOPS, "
         "sorted(tp._HOST_FASTER)]))"
     )
@@ -988,7 +988,7 @@ def test_packed_conv_propagates_nan_through_fused_relu_and_clip(act, params, res
 def test_channel_shuffle_in_torch_equals_the_host_kernel(shape, g):
     """Large shuffles run as one torch copy (into the planned buffer or a fresh array), small or
     strided ones as the host kernel: the same values either way, NaN included."""
-    from opwarden.kernels.shuffle import channel_shuffle
+    from opwarden.kernels.cpu.shuffle import channel_shuffle
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)

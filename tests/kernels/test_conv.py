@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opwarden.errors import KernelError
-from opwarden.kernels import _util as kutil
-from opwarden.kernels import conv as kconv
-from opwarden.kernels import fused as kfused
-from opwarden.kernels._util import packed, sgemm
-from opwarden.kernels.conv import conv_nchw, conv_nhwc
+from opwarden.kernels.cpu import _util as kutil
+from opwarden.kernels.cpu import conv as kconv
+from opwarden.kernels.cpu import fused as kfused
+from opwarden.kernels.cpu._util import packed, sgemm
+from opwarden.kernels.cpu.conv import conv_nchw, conv_nhwc
 from opwarden.memory.constants import mark as mark_constant
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.conv import Conv
@@ -580,7 +580,7 @@ def test_winograd_environment_switch(value, want):
     env = {k: v for k, v in os.environ.items() if k != "OPWARDEN_WINOGRAD"}
     if value is not None:
         env["OPWARDEN_WINOGRAD"] = value
-    code = "from opwarden.kernels import conv; print(conv.WINOGRAD)"
+    code = "from opwarden.kernels.cpu import conv; print(conv.WINOGRAD)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == want

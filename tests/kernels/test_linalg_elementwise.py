@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from opwarden.kernels import activation as kact
-from opwarden.kernels import elementwise as kew
-from opwarden.kernels import fused as kfused
-from opwarden.kernels import linalg as klin
+from opwarden.kernels.cpu import activation as kact
+from opwarden.kernels.cpu import elementwise as kew
+from opwarden.kernels.cpu import fused as kfused
+from opwarden.kernels.cpu import linalg as klin
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.fused import FusedGemm, FusedMatMul
 

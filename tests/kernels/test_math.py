@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from opwarden.kernels import _util
-from opwarden.kernels import elementwise as ew
+from opwarden.kernels.cpu import _util
+from opwarden.kernels.cpu import elementwise as ew
 from opwarden.ops import activation as act
 from opwarden.ops import elementwise as ref_ew
 

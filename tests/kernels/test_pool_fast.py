@@ -1,4 +1,4 @@
-"""The planned, separable NHWC pools (opwarden.kernels.pool) against the reference kernels:
+"""The planned, separable NHWC pools (opwarden.kernels.cpu.pool) against the reference kernels:
 banding over images and rows, H/W padding that leaves no tap covering a band, dilations,
 ceil_mode, auto_pad, the count maps of AveragePool, strided inputs and outputs, plan caching."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opwarden.kernels import pool as kpool
+from opwarden.kernels.cpu import pool as kpool
 from tests.kernels.test_pool_norm import nchw, nhwc, pool_case, ref
 
 

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opwarden.errors import KernelError
-from opwarden.kernels import norm as knorm
-from opwarden.kernels import pool as kpool
+from opwarden.kernels.cpu import norm as knorm
+from opwarden.kernels.cpu import pool as kpool
 from opwarden.ops.base import REGISTRY
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from opwarden.kernels import select
+from opwarden.kernels.cpu import select
 from opwarden.ops.reduce import TopK as ref_topk
 
 

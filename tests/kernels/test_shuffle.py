@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from opwarden.errors import KernelError, OpwardenError
-from opwarden.kernels.shuffle import channel_shuffle
+from opwarden.kernels.cpu.shuffle import channel_shuffle
 from opwarden.ops.fused import ChannelShuffle
 
 
@@ -56,7 +56,7 @@ def test_gradient_is_the_inverse_shuffle(group):
 def test_banded_copies_into_padded_and_strided_outputs(shape, group, monkeypatch):
     """Per-group copies in bands (tiny bands here, so every band boundary is crossed) into the
     interior of a padded buffer and into a view with a strided last axis."""
-    from opwarden.kernels import shuffle as ks
+    from opwarden.kernels.cpu import shuffle as ks
 
     monkeypatch.setattr(ks, "BAND_BYTES", 64)
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)

@@ -19,9 +19,9 @@ from onnx import TensorProto, helper
 
 from opwarden.ir.load import load
 from opwarden.ir.validate import validate
-from opwarden.memory import lifetimes, planner
+from opwarden.options import SessionOptions
 from opwarden.passes import optimize
-from opwarden.runtime.options import SessionOptions
+from opwarden.plan import lifetimes, planner
 
 
 def _vi(name):
@@ -187,7 +187,7 @@ _BUILD = textwrap.dedent("""
     import sys
     from onnx import TensorProto, helper
     import opwarden
-    from opwarden.runtime.options import SessionOptions
+    from opwarden.options import SessionOptions
 
     n = 20_000
     vi = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [4])

@@ -219,7 +219,7 @@ def test_a_slice_is_never_the_input_of_an_in_place_step():
 
 
 def test_concat_skips_inputs_already_in_place():
-    from opwarden.kernels.shape import concat
+    from opwarden.kernels.cpu.shape import concat
 
     root = np.zeros(64, np.float32)
     out = root[:24].reshape(2, 3, 4)
@@ -236,7 +236,7 @@ def test_concat_skips_inputs_already_in_place():
 
 
 def test_output_helper_allows_strided_only_when_asked():
-    from opwarden.kernels._util import output
+    from opwarden.kernels.cpu._util import output
 
     full = np.empty((1, 4, 4, 8), np.float32)
     view = full[..., 2:5]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opwarden.memory.planner import ALIGNMENT, Buffer, assign_offsets, build_plan, lower_bound
+from opwarden.plan.planner import ALIGNMENT, Buffer, assign_offsets, build_plan, lower_bound
 
 intervals = st.lists(
     st.tuples(

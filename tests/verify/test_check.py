@@ -12,11 +12,11 @@ from onnx import TensorProto, helper
 
 import opwarden
 import opwarden.verify
+from opwarden.cli import check as check_cli
 from opwarden.contract import TensorFact
 from opwarden.ir.export import model_proto
 from opwarden.ir.load import load
 from opwarden.ops import REGISTRY
-from opwarden.verify import check_cli
 from tests.verify import defects
 
 DEFECTS_FILE = os.path.join(os.path.dirname(__file__), "defects.py")

@@ -13,12 +13,12 @@ import pytest
 
 import opwarden
 import opwarden.verify
+from opwarden.cli import check as check_cli
 from opwarden.errors import ContractError
-from opwarden.kernels import conv as kconv
-from opwarden.kernels import fused as kfused
+from opwarden.kernels.cpu import conv as kconv
+from opwarden.kernels.cpu import fused as kfused
 from opwarden.ops import REGISTRY
 from opwarden.ops.fused import FusedConv, apply_activation, shuffle_channels
-from opwarden.verify import check_cli
 
 from .test_check import _cli
 

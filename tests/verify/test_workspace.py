@@ -16,8 +16,8 @@ import pytest
 
 import opwarden
 import opwarden.verify
-from opwarden.kernels import conv as C
-from opwarden.kernels._util import release_scratch, scratch, scratch_held, scratch_probe
+from opwarden.kernels.cpu import conv as C
+from opwarden.kernels.cpu._util import release_scratch, scratch, scratch_held, scratch_probe
 from opwarden.memory.constants import mark as mark_constant
 from opwarden.ops import REGISTRY
 

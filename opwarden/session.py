@@ -11,23 +11,24 @@ import numpy as np
 
 from opwarden.dtypes import dtype_name
 from opwarden.errors import InputError, MemoryLimitError, ModelError, OptionsError, OpwardenError
+from opwarden.execute.codegen import LeanFault
+from opwarden.execute.program import Deadline, Program, describe_value
+from opwarden.execute.program import _kernel_error as kernel_error
 from opwarden.guard.faults import FaultRecord
 from opwarden.guard.guard import Guard
 from opwarden.guard.isolate import isolation_for
 from opwarden.ir.graph import Model, Value, declared_value
 from opwarden.ir.load import load
 from opwarden.ir.validate import validate
-from opwarden.memory import MemoryManager, MemoryPlan
 from opwarden.memory.constants import freeze as freeze_constant
 from opwarden.memory.constants import readonly_view
 from opwarden.memory.hugepages import move_weights
+from opwarden.options import SessionOptions
 from opwarden.passes import optimize
+from opwarden.place.partition import Placement, place_model
+from opwarden.plan.manager import MemoryManager
+from opwarden.plan.planner import MemoryPlan
 from opwarden.trace.records import OpRecord, chrome_trace, default_trace_path
-from opwarden.runtime.codegen import LeanFault
-from opwarden.runtime.executor import Deadline, Program, describe_value
-from opwarden.runtime.executor import _kernel_error as kernel_error
-from opwarden.runtime.options import SessionOptions
-from opwarden.runtime.place import Placement, place_model
 
 
 def normalize_providers(providers: Sequence[Any] | None) -> list[str]:
@@ -85,7 +86,7 @@ def _apply_threads(options: SessionOptions, providers: list[str]) -> None:
 
     set_blas_threads(n)
     if "torch" in providers:
-        from opwarden.devices import torch_provider
+        from opwarden.kernels.torch import provider as torch_provider
 
         torch_provider.configure(n)
 
@@ -321,7 +322,7 @@ class InferenceSession:
 
     def explain_summary(self) -> dict[str, Any]:
         """Per device node counts, fallbacks with reasons, inserted copies/transposes, a line."""
-        from opwarden.runtime.explain import summarize
+        from opwarden.place.summary import summarize
 
         return summarize(self.explain(), getattr(self.placements, "report", {}))
 

@@ -33,7 +33,7 @@ import numpy as np
 from opwarden.dtypes import np_dtype_of
 from opwarden.errors import ModelError
 from opwarden.ir.graph import Declared
-from opwarden.memory.planner import Buffer, MemoryPlan, align, build_plan
+from opwarden.plan.planner import Buffer, MemoryPlan, align, build_plan
 
 
 def resolve_shape(shape: Any, dims: dict[str, int]) -> tuple[int, ...] | None:

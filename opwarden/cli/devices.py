@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from opwarden.runtime.explain import summarize
+from opwarden.place.summary import summarize
 
 
 def explain_json(sess: Any) -> dict[str, Any]:
@@ -55,7 +55,7 @@ def render_explain(sess: Any, as_json: bool = False, out: Any = None) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """`opwarden explain MODEL --providers edge-npu,cpu [--json]` (for the lead's cli.py)."""
-    from opwarden.runtime.session import InferenceSession
+    from opwarden.session import InferenceSession
 
     if args.model:
         source: Any = args.model

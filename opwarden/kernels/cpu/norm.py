@@ -8,8 +8,8 @@ import math
 import numpy as np
 
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu._util import EW_CHUNK, F32, ones_row, output, scratch
 from opwarden.ops.base import REGISTRY
-from opwarden.kernels._util import EW_CHUNK, F32, ones_row, output, scratch
 
 
 def _affine(scale, B, mean, var, epsilon, c: int):

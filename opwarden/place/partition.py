@@ -26,7 +26,6 @@ import onnx
 from opwarden.contract import TensorFact
 from opwarden.devices import Device, get_device, sensitive_inputs
 from opwarden.devices.copy import clamp_range, round_to
-from opwarden.devices.variants import kernel_kwargs, select
 from opwarden.dtypes import onnx_type
 from opwarden.errors import UnsupportedOpError
 from opwarden.ir.functions import inline
@@ -34,7 +33,8 @@ from opwarden.ir.graph import Graph, Node, Value, declared_value
 from opwarden.ir.validate import check_node
 from opwarden.ops.base import Variant
 from opwarden.ops.schema import context_function_body, onnx_function_body
-from opwarden.runtime import layout as _layout
+from opwarden.ops.select import kernel_kwargs, select
+from opwarden.place import layout as _layout
 
 MAX_DECOMPOSE_DEPTH = 16
 HOST = "cpu"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from opwarden.kernels.cpu._util import F32, output, scratch, tap_range
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.pool import _setup
-from opwarden.kernels._util import F32, output, scratch, tap_range
 
 # Budget for the H-folded band (the W pass reads it back): small enough to stay in L2 with the
 # input rows it came from, large enough that the per-op Python overhead stays small.

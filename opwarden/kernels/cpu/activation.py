@@ -25,10 +25,17 @@ import math
 
 import numpy as np
 
+from opwarden.kernels.cpu._util import (
+    _ONE,
+    _hardswish_chunk,
+    _sigmoid_chunk,
+    chunked_into,
+    one_chunk,
+    zero_chunk,
+)
+from opwarden.kernels.cpu.elementwise import _chunk_workspace
 from opwarden.ops import activation as _reference
 from opwarden.ops.base import REGISTRY
-from opwarden.kernels._util import _ONE, _hardswish_chunk, _sigmoid_chunk, chunked_into, one_chunk, zero_chunk
-from opwarden.kernels.elementwise import _chunk_workspace
 
 
 def _reference_into(fn, X, out, **attrs) -> np.ndarray:

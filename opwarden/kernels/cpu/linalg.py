@@ -7,8 +7,15 @@ import math
 import numpy as np
 
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu._util import (
+    EW_CHUNK,
+    activation_workspace,
+    apply_activation,
+    ones_row,
+    output,
+    scratch,
+)
 from opwarden.ops.base import REGISTRY
-from opwarden.kernels._util import EW_CHUNK, activation_workspace, apply_activation, ones_row, output, scratch
 
 
 def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=1,

@@ -6,11 +6,27 @@ from __future__ import annotations
 import numpy as np
 
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu._util import apply_activation, output, packed
+from opwarden.kernels.cpu.conv import (
+    _conv_ok,
+    _finite,
+    _own,
+    conv_nchw,
+    conv_nhwc,
+    geometry,
+    nchw_workspace,
+    nhwc_workspace,
+)
+from opwarden.kernels.cpu.linalg import (
+    _gemm_ok,
+    _matmul_ok,
+    fused_matmul,
+    fused_matmul_workspace,
+    gemm,
+    gemm_workspace,
+)
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.fused import branch_convs, branch_windows, shuffle_channels
-from opwarden.kernels._util import apply_activation, output, packed
-from opwarden.kernels.conv import _conv_ok, _finite, _own, conv_nchw, conv_nhwc, geometry, nchw_workspace, nhwc_workspace
-from opwarden.kernels.linalg import _gemm_ok, _matmul_ok, fused_matmul, fused_matmul_workspace, gemm, gemm_workspace
 
 DOMAIN = "opwarden"
 

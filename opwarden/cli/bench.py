@@ -49,7 +49,7 @@ def resolve_model(spec: str) -> tuple[bytes, str]:
 
 def make_feeds(sess: Any, inputs: list[str] | None = None, seed: int = 0) -> dict[str, Any]:
     """Seeded random feeds for the session's inputs, overridden by NAME=FILE.npy items."""
-    from opwarden.feeds import parse_inputs, random_feeds
+    from opwarden.cli.feeds import parse_inputs, random_feeds
 
     feeds = random_feeds(sess, seed)
     feeds.update(parse_inputs(inputs or []))
@@ -59,8 +59,8 @@ def make_feeds(sess: Any, inputs: list[str] | None = None, seed: int = 0) -> dic
 # -- runners ----------------------------------------------------------------------------------
 def ours_session(data: bytes, threads: int, providers: list[str] | None = None, **opts: Any):
     """Our InferenceSession with `threads` intra-op threads and any other session options."""
-    from opwarden.runtime.options import SessionOptions
-    from opwarden.runtime.session import InferenceSession
+    from opwarden.options import SessionOptions
+    from opwarden.session import InferenceSession
 
     so = SessionOptions(intra_op_num_threads=threads, **opts)
     return InferenceSession(data, sess_options=so, providers=providers)
@@ -494,7 +494,7 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m opwarden.bench ...` (the same command before it is wired into the CLI)."""
+    """`python -m opwarden.cli.bench ...` (the same command before it is wired into the CLI)."""
     import sys
 
     from opwarden.errors import OpwardenError

@@ -7,8 +7,8 @@ import html
 from typing import Any
 
 from opwarden.errors import OptionsError
-from opwarden.memory.limits import describe_bytes
-from opwarden.memory.planner import MemoryPlan
+from opwarden.plan.limits import describe_bytes
+from opwarden.plan.planner import MemoryPlan
 
 
 def summary_lines(plan: MemoryPlan) -> list[str]:

@@ -141,7 +141,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (`python -m opwarden.verify.check_cli`) until the CLI wires `check`."""
+    """Standalone entry (`python -m opwarden.cli.check`) until the CLI wires `check`."""
     from opwarden.errors import OpwardenError
 
     parser = argparse.ArgumentParser(prog="opwarden")

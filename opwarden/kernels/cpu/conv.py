@@ -21,10 +21,24 @@ from typing import Any
 import numpy as np
 
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu._util import (
+    F32,
+    activation_workspace,
+    add_into,
+    add_rows,
+    apply_activation,
+    blas_adds,
+    matmul_acc,
+    output,
+    packed,
+    ptr,
+    scratch,
+    sgemm,
+    tap_range,
+)
+from opwarden.kernels.cpu.shuffle import channel_shuffle, shuffle_into
 from opwarden.memory.constants import is_constant
 from opwarden.ops.conv import conv_out_shape, conv_pads, spatial_params
-from opwarden.kernels._util import F32, activation_workspace, add_into, add_rows, apply_activation, blas_adds, matmul_acc, output, packed, ptr, scratch, sgemm, tap_range
-from opwarden.kernels.shuffle import channel_shuffle, shuffle_into
 
 # Patch-matrix band size (bytes): big enough for BLAS to reach its peak, small enough to stay in
 # the last-level cache together with the weights.

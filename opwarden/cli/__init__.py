@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from opwarden.feeds import parse_inputs as _parse_inputs
-from opwarden.feeds import random_feeds as _random_feeds
+from opwarden.cli.feeds import parse_inputs as _parse_inputs
+from opwarden.cli.feeds import random_feeds as _random_feeds
 
 
 def _console():
@@ -40,7 +40,7 @@ def _model_source(arg: str | None) -> tuple[Any, str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from opwarden.runtime.session import InferenceSession
+    from opwarden.session import InferenceSession
 
     if args.model:
         source: Any = args.model
@@ -119,7 +119,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
         dev = get_device(args.device)
         if dev.kind == "profile":
             # a profile device runs its host's kernels under its own capability rules
-            from opwarden.devices.cli import device_matrix
+            from opwarden.cli.devices import device_matrix
 
             matrix = device_matrix(dev.name)
             if args.json:
@@ -210,7 +210,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from opwarden.runtime.session import InferenceSession
+    from opwarden.session import InferenceSession
 
     source = args.model if args.model else _load_default()[0]
     sess = InferenceSession(source, providers=args.providers.split(",") if args.providers else None)
@@ -234,8 +234,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     import os
 
-    from opwarden.runtime.options import SessionOptions
-    from opwarden.runtime.session import InferenceSession
+    from opwarden.options import SessionOptions
+    from opwarden.session import InferenceSession
     from opwarden.trace import report
 
     source, label = (args.model, args.model) if args.model else _load_default()
@@ -304,9 +304,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from opwarden.memory import report
-    from opwarden.runtime.options import SessionOptions
-    from opwarden.runtime.session import InferenceSession
+    from opwarden.options import SessionOptions
+    from opwarden.plan import report
+    from opwarden.session import InferenceSession
 
     source, label = _model_source(args.model)
     sess = InferenceSession(source, sess_options=SessionOptions())
@@ -375,9 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--input", action="append", metavar="NAME=FILE.npy")
     pl.add_argument("--all", action="store_true", help="list every buffer")
     pl.set_defaults(fn=cmd_plan)
-    from opwarden import bench
-    from opwarden.devices import cli as dcli
-    from opwarden.verify import check_cli
+    from opwarden.cli import bench
+    from opwarden.cli import check as check_cli
+    from opwarden.cli import devices as dcli
 
     bench.add_parser(sub)
     check_cli.add_parser(sub)
@@ -396,6 +396,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"opwarden: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from opwarden.errors import KernelError, MemoryLimitError, OpwardenError, RunTimeoutError
+from opwarden.execute.bound import BoundGraph
 from opwarden.ir.graph import Graph, Value, has_declared
 from opwarden.memory.constants import freeze as freeze_constant
-from opwarden.memory.limits import guard_allocation
-from opwarden.runtime.bound import BoundGraph
-from opwarden.runtime.place import Placement
+from opwarden.place.partition import Placement
+from opwarden.plan.limits import guard_allocation
 
 
 class Step:
@@ -249,7 +249,7 @@ class Program:
 
     def compile(self, calls: list | None = None, contract: bool = False) -> Any:
         """The lean run function for a call list (see codegen.py)."""
-        from opwarden.runtime.codegen import compile_calls
+        from opwarden.execute.codegen import compile_calls
 
         return compile_calls(self, calls if calls is not None else self.calls, contract)
 
@@ -312,7 +312,7 @@ class Program:
 
         env = self._env(feeds, None)
         if contract:
-            from opwarden.runtime.codegen import _feed
+            from opwarden.execute.codegen import _feed
 
             env = [_feed(x) for x in env]
         assert self.levels is not None
@@ -399,7 +399,7 @@ def _one_step(call: tuple, env: list[Any], contract: bool, index: int) -> None:
     if not contract:
         _call_step(call, env)
         return
-    from opwarden.runtime.codegen import LeanFault
+    from opwarden.execute.codegen import LeanFault
 
     try:
         _call_step(call, env)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu._util import output
 from opwarden.ops.base import REGISTRY
-from opwarden.kernels._util import output
 
 DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool"]
 

@@ -43,20 +43,20 @@ if "torch" not in sys.modules and not any(
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812 - the conventional name
 
+from opwarden.devices.base import Device, register_device  # noqa: E402
 from opwarden.errors import KernelError  # noqa: E402
-from opwarden.kernels.fused import _whole_ok  # noqa: E402
-from opwarden.kernels.pool import COPY as _POOL_COPY  # noqa: E402
-from opwarden.kernels.pool import UFUNC as _POOL_UFUNC  # noqa: E402
-from opwarden.kernels.pool import _plan as _host_pool_plan  # noqa: E402
-from opwarden.kernels.shuffle import DTYPES as _SHUFFLE_DTYPES  # noqa: E402
-from opwarden.kernels.shuffle import channel_shuffle  # noqa: E402
+from opwarden.kernels.cpu.fused import _whole_ok  # noqa: E402
+from opwarden.kernels.cpu.pool import COPY as _POOL_COPY  # noqa: E402
+from opwarden.kernels.cpu.pool import UFUNC as _POOL_UFUNC  # noqa: E402
+from opwarden.kernels.cpu.pool import _plan as _host_pool_plan  # noqa: E402
+from opwarden.kernels.cpu.shuffle import DTYPES as _SHUFFLE_DTYPES  # noqa: E402
+from opwarden.kernels.cpu.shuffle import channel_shuffle  # noqa: E402
 from opwarden.memory.constants import is_constant  # noqa: E402
 from opwarden.memory.constants import mark as mark_constant  # noqa: E402
 from opwarden.ops import REGISTRY  # noqa: E402
 from opwarden.ops.conv import conv_pads, spatial_params  # noqa: E402
 from opwarden.ops.fused import branch_convs, last_reads  # noqa: E402
 from opwarden.ops.pool import _setup as _pool_setup  # noqa: E402
-from opwarden.devices.base import Device, register_device  # noqa: E402
 
 DEVICE_NAME = "torch"
 FLOATS = ("float32", "float64")

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from opwarden.kernels.cpu._util import (
+    RELU_SMALL,
+    chunked_into,
+    chunked_workspace,
+    erf_f32,
+    gelu_chunk,
+    leaky_chunk,
+)
+from opwarden.kernels.cpu._util import relu as _relu
 from opwarden.ops import elementwise as _reference
 from opwarden.ops.base import REGISTRY
-from opwarden.kernels._util import RELU_SMALL, chunked_into, chunked_workspace, erf_f32, gelu_chunk, leaky_chunk
-from opwarden.kernels._util import relu as _relu
 
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)

@@ -143,7 +143,7 @@ def _expect(v: Any, dims: dict[str, str]) -> tuple[str | None, list[str], Any] |
 
 def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> Any:
     """Python function ``run(feeds, captured) -> outputs`` equivalent to `program.run(calls)`."""
-    from opwarden.runtime.bound import BoundGraph
+    from opwarden.execute.bound import BoundGraph
 
     ns: dict[str, Any] = {
         "_one": _one,

@@ -1,0 +1,36 @@
+"""Importing this module registers every fast kernel variant on the built-in operators, in this
+order, and hands the devices layer the optional torch provider (imported on first need only)."""
+
+from __future__ import annotations
+
+from opwarden.devices import base as _devices
+from opwarden.kernels.cpu import (
+    activation,
+    conv,
+    elementwise,
+    fused,
+    linalg,
+    norm,
+    pool,
+    select,
+    shape,
+    shuffle,
+)
+
+for _module in (conv, pool, norm, linalg, elementwise, activation, fused, select, shape, shuffle):
+    _module.register()
+
+
+def _try_torch() -> None:
+    """Register the torch provider when PyTorch is importable."""
+    import importlib.util
+
+    if _devices.has_device("torch") or importlib.util.find_spec("torch") is None:
+        return
+    try:
+        from opwarden.kernels.torch import provider  # noqa: F401
+    except ImportError:
+        pass
+
+
+_devices.add_optional_provider(_try_torch)
