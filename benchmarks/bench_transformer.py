@@ -47,7 +47,7 @@ from opwarden.cli.bench import (  # noqa: E402
 )
 
 
-class _Builder:
+class GraphBuilder:
     """Nodes and initializers of one graph, with unique names."""
 
     def __init__(self, rng: np.random.Generator) -> None:
@@ -74,13 +74,13 @@ class _Builder:
         return out
 
 
-def _linear(b: _Builder, x: str, d_in: int, d_out: int) -> str:
+def _linear(b: GraphBuilder, x: str, d_in: int, d_out: int) -> str:
     w = b.weight("w", (d_in, d_out), 1.0 / math.sqrt(d_in))
     bias = b.weight("b", (d_out,), 0.02)
     return b.op("Add", [b.op("MatMul", [x, w]), bias])
 
 
-def _layernorm(b: _Builder, x: str, d: int, opset: int) -> str:
+def _layernorm(b: GraphBuilder, x: str, d: int, opset: int) -> str:
     gamma = b.const("gamma", (1.0 + 0.1 * b.rng.standard_normal(d)).astype(np.float32))
     beta = b.weight("beta", (d,), 0.1)
     if opset >= 17:
@@ -94,7 +94,7 @@ def _layernorm(b: _Builder, x: str, d: int, opset: int) -> str:
     return b.op("Add", [b.op("Mul", [b.op("Div", [dev, std]), gamma]), beta])
 
 
-def _heads(b: _Builder, x: str, batch: int, seq: int, heads: int, dh: int, perm) -> str:
+def _heads(b: GraphBuilder, x: str, batch: int, seq: int, heads: int, dh: int, perm) -> str:
     shape = b.const("shape", np.array([batch, seq, heads, dh], np.int64))
     return b.op("Transpose", [b.op("Reshape", [x, shape])], perm=perm)
 
@@ -105,7 +105,7 @@ def build_encoder(layers: int = 2, hidden: int = 768, heads: int = 12, seq: int 
     (1 = attend, 0 = padding); output `y` (batch, seq, hidden)."""
     if hidden % heads:
         raise ValueError(f"hidden {hidden} must be a multiple of heads {heads}")
-    b = _Builder(np.random.default_rng(seed))
+    b = GraphBuilder(np.random.default_rng(seed))
     dh = hidden // heads
     # The additive mask, (batch, 1, 1, seq): 0 where attended, -10000 where padded.
     m4 = b.op("Unsqueeze", ["mask", b.const("axes", np.array([1, 2], np.int64))])

@@ -37,3 +37,11 @@ class MemoryLimitError(OpwardenError):
 
 class RunTimeoutError(OpwardenError):
     """A run passed SessionOptions.run_timeout_ms (checked between steps and loop iterations)."""
+
+
+def describe_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -9,15 +9,16 @@ from typing import Any
 
 import numpy as np
 
+from opwarden.contract import declared_value
 from opwarden.dtypes import dtype_name
 from opwarden.errors import InputError, MemoryLimitError, ModelError, OptionsError, OpwardenError
 from opwarden.execute.codegen import LeanFault
 from opwarden.execute.program import Deadline, Program, describe_value
-from opwarden.execute.program import _kernel_error as kernel_error
+from opwarden.execute.program import kernel_error as kernel_error
 from opwarden.guard.faults import FaultRecord
 from opwarden.guard.guard import Guard
 from opwarden.guard.isolate import isolation_for
-from opwarden.ir.graph import Model, Value, declared_value
+from opwarden.ir.graph import Model, Value
 from opwarden.ir.load import load
 from opwarden.ir.validate import validate
 from opwarden.memory.constants import freeze as freeze_constant

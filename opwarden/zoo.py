@@ -126,7 +126,7 @@ def _calibrate_batchnorm(m: onnx.ModelProto, rng) -> None:
     """Set each BN's mean/var to its input's per-channel statistics, in topological order."""
     from opwarden.ir.load import load
     from opwarden.ir.validate import validate
-    from opwarden.place.partition import kernel_kwargs
+    from opwarden.ops.select import kernel_kwargs
 
     ir = load(m)
     validate(ir)

@@ -15,8 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import opwarden as ow
-from opwarden.contract import TensorFact
-from opwarden.ir.graph import declared_value, verified
+from opwarden.contract import TensorFact, declared_value, verified
 from opwarden.ir.load import load
 from opwarden.ops import REGISTRY
 

@@ -193,3 +193,46 @@ def test_builtin_kernels_register_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert "conv.cpu.nhwc" in out.stdout and "conv.ref" in out.stdout, out.stdout
+
+
+def _private_crossings() -> list[str]:
+    """`from opwarden.a.x import _name` (or of a private module) where the importer is not in
+    package `opwarden.a`: a private name is its own package's business."""
+    found = []
+    for name, path in _modules().items():
+        mine = name.split(".")[1] if "." in name else ""
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0
+                    and (node.module or "").startswith(PACKAGE + ".")):
+                continue
+            theirs = node.module.split(".")[1]
+            if theirs == mine:
+                continue
+            private_module = any(s.startswith("_") and not s.startswith("__")
+                                 for s in node.module.split("."))
+            for alias in node.names:
+                if private_module or alias.name.startswith("_"):
+                    found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: "
+                                 f"{node.module}.{alias.name}")
+    return found
+
+
+def test_no_private_names_cross_packages():
+    found = _private_crossings()
+    assert not found, "private names imported across packages:\n" + "\n".join(found)
+
+
+def test_import_linter_layers_hold():
+    # The layer contract itself lives in pyproject.toml ([tool.importlinter]); CI runs
+    # `lint-imports` too, this keeps a plain pytest run honest.
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    exe = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    if not Path(exe).exists():
+        pytest.skip("import-linter is not installed (the test extra)")
+    out = subprocess.run([exe], capture_output=True, text=True, cwd=ROOT.parent, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

@@ -1,9 +1,9 @@
-"""Refit the float32 erf of opwarden.kernels.cpu._util (a development tool, not imported).
+"""Refit the float32 erf of opwarden.kernels.cpu.util (a development tool, not imported).
 
 erf(x) ~ x P(t) / Q(t), t = x^2, Q(0) = 1, on [0, clamp]: linearised weighted least squares
 (P - f Q, weighted by 1 / (f Q) for relative error) on a dense Chebyshev-plus-uniform grid,
 reweighted by the error (Lawson) towards the minimax fit, the best iterate kept. Then P is scaled
-by 1 + 2^-23 (see the comment in _util) and the float32 evaluation checked against math.erf.
+by 1 + 2^-23 (see the comment in util) and the float32 evaluation checked against math.erf.
 
     python tools/fit_erf.py [--p 6] [--q 5] [--clamp 3.9]
 """

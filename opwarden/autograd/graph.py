@@ -16,7 +16,8 @@ from opwarden.errors import InputError, ModelError, OpwardenError, UnsupportedOp
 from opwarden.ir.graph import Graph, Model, Value
 from opwarden.ir.load import load
 from opwarden.ir.validate import validate
-from opwarden.place.partition import kernel_kwargs, place_graph
+from opwarden.ops.select import kernel_kwargs
+from opwarden.place.partition import place_graph
 
 _CACHE: OrderedDict[Any, Graph] = OrderedDict()
 _CACHE_SIZE = 8

@@ -21,8 +21,9 @@ import numpy as np
 from opwarden.autograd.core import GradContext, is_float
 from opwarden.ops import REGISTRY
 from opwarden.ops.conv import col2im, conv_pads, im2col, pad_spatial, spatial_params, window_slices
-from opwarden.ops.elementwise import _legacy_b, erf
-from opwarden.ops.pool import _setup as _pool_setup
+from opwarden.ops.elementwise import erf
+from opwarden.ops.elementwise import legacy_broadcast as _legacy_b
+from opwarden.ops.pool import pool_geometry as _pool_setup
 
 Rule = Callable[..., tuple]
 

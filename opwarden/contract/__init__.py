@@ -174,3 +174,49 @@ class TensorFact:
     def __str__(self) -> str:
         dims = "?" if self.shape is None else "[" + ",".join(str(d) for d in self.shape) + "]"
         return f"{self.dtype or '?'}{dims}"
+
+
+# Dims only a declaration gives: part of a fact, so they live beside TensorFact.
+
+
+class Declared:
+    """A dimension only the model's declaration gives (value_info, a graph output's type) where
+    shape inference could not tell it. Neither an int nor a symbol, so everything that reads
+    facts (memory planning, workspaces, memory limits, shape folding, the output checks)
+    treats it as unknown, as ONNX Runtime trusts a run over a stale declaration; it still
+    carries the declared `value` (reports, the one-time output warning), and it survives the
+    passes that copy or permute dims. Equal only to itself."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int | str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+def verified(d: Any) -> bool:
+    """Is `d` a dim the facts vouch for (an int, or a symbol inference gave)?"""
+    return type(d) is int or type(d) is str
+
+
+def has_declared(shape: Any) -> bool:
+    """Does a fact's shape hold a dim only the model's declaration gives?"""
+    return shape is not None and any(type(d) is Declared for d in shape)
+
+
+def declared_value(d: Any) -> Any:
+    """The dim as the model declared it (an int, a symbol or None)."""
+    return d.value if type(d) is Declared else d
+
+
+def mark_declared(shape: Any, axes: Any = None) -> Any:
+    """`shape` with the dims at `axes` (all when None) marked declared-only."""
+    if shape is None:
+        return None
+    return tuple(Declared(d) if (axes is None or i in axes) and verified(d) else d
+                 for i, d in enumerate(shape))

@@ -122,8 +122,8 @@ def _expect(v: Any, dims: dict[str, str]) -> tuple[str | None, list[str], Any] |
     value is checked against; None for values without a type (nothing to check). A shape with
     dims only the model declares (checks.checked_shape) is None there, and its other dims are
     tested one by one; a whole shape is one compare against a constant tuple."""
+    from opwarden.contract import Declared
     from opwarden.guard.checks import checked_shape, expected_dtype
-    from opwarden.ir.graph import Declared
 
     if v is None or v.kind != "tensor" or v.fact.dtype is None:
         return None

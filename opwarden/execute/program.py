@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from opwarden.contract import has_declared
 from opwarden.errors import KernelError, MemoryLimitError, OpwardenError, RunTimeoutError
 from opwarden.execute.bound import BoundGraph
-from opwarden.ir.graph import Graph, Value, has_declared
+from opwarden.ir.graph import Graph, Value
 from opwarden.memory.constants import freeze as freeze_constant
 from opwarden.place.partition import Placement
 from opwarden.plan.limits import guard_allocation
@@ -388,7 +389,7 @@ def _call_step(call: tuple, env: list[Any]) -> None:
     except (KeyboardInterrupt, GeneratorExit):
         raise
     except BaseException as e:  # noqa: BLE001 - every kernel failure (SystemExit too) gets
-        raise _kernel_error(st, args, e) from e  # the node's context
+        raise kernel_error(st, args, e) from e  # the node's context
     _store(st, res, env)
     if hook is not None:
         hook(st, env)
@@ -523,7 +524,7 @@ def _store(st: Step, res: Any, env: list[Any]) -> None:
     if len(outs) == 1:
         if type(res) is tuple:
             if not res:
-                raise _kernel_error(st, [], ValueError("kernel returned no outputs"))
+                raise kernel_error(st, [], ValueError("kernel returned no outputs"))
             res = res[0]
         env[outs[0]] = _as_result(res)
         return
@@ -533,7 +534,7 @@ def _store(st: Step, res: Any, env: list[Any]) -> None:
         if s < 0:
             continue
         if i >= len(res):
-            raise _kernel_error(
+            raise kernel_error(
                 st, [], ValueError(f"kernel returned {len(res)} outputs, node needs output {i}")
             )
         env[s] = _as_result(res[i])
@@ -549,7 +550,7 @@ def describe_value(x: Any) -> str:
     return type(x).__name__
 
 
-def _kernel_error(st: Step, args: list[Any], e: Exception) -> OpwardenError:
+def kernel_error(st: Step, args: list[Any], e: Exception) -> OpwardenError:
     pl = st.placement
     where = f"node {pl.node.label} (variant {pl.variant.name} on {pl.device})"
     shapes = ", ".join(describe_value(a) for a in args)

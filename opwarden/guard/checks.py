@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from opwarden.contract import Declared
 from opwarden.dtypes import np_dtype_of
-from opwarden.ir.graph import Declared
 from opwarden.memory.constants import is_constant
 
 # "mutation" (inputs compared before and after each kernel) comes only with "all".

@@ -14,11 +14,11 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from opwarden.contract import TensorFact
+from opwarden.contract import TensorFact, declared_value, has_declared, mark_declared
 from opwarden.dtypes import dtype_name, np_dtype
 from opwarden.errors import ModelError
 from opwarden.ir.functions import inline
-from opwarden.ir.graph import Graph, Model, Node, Value, declared_value, has_declared, mark_declared
+from opwarden.ir.graph import Graph, Model, Node, Value
 from opwarden.ir.tensors import payload_array, to_array
 from opwarden.ir.wire import Payload, split_payloads
 from opwarden.ops.schema import attr_value, canonical_domain
@@ -241,7 +241,7 @@ def _infer(proto: onnx.ModelProto) -> Inferred:
         types = _run_inference(light)
     except Exception:  # noqa: BLE001 - onnx's inference raises on many malformed models
         # Nothing verified: every declaration stands, as a hint only.
-        from opwarden.ir.graph import mark_declared
+        from opwarden.contract import mark_declared
 
         types = _types(proto.graph)
         hints = {vi.name: mark_declared(_tensor_shape(vi.type))
@@ -265,7 +265,7 @@ def _check_declared(types: dict[str, onnx.TypeProto], declared: dict[str, tuple]
     """Compare the declarations with the verified `types`. Declared dims inference left
     unknown become hints (not propagated by a second inference: nothing plans from a hint,
     and exporters declare the values that follow too)."""
-    from opwarden.ir.graph import mark_declared
+    from opwarden.contract import mark_declared
 
     out = Inferred(types)
     adds: dict[str, tuple] = {}
@@ -473,7 +473,7 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str], graph_name: str)
     return [nodes[i] for i in order]
 
 
-class _Builder:
+class GraphBuilder:
     def __init__(
         self, opsets: dict[str, int], functions, base_dir, owned, inferred: Inferred | dict,
         source=None
@@ -632,12 +632,12 @@ def _ceil_pool_shape(attrs: dict, xs) -> tuple[int, ...] | None:
     """The output shape the pooling kernels give a ceil_mode pool over a static input of shape
     `xs` (ops.pool's own geometry); None without ceil_mode or with invalid attributes, which
     validation reports."""
-    from opwarden.ops.pool import _setup
+    from opwarden.ops.pool import pool_geometry
 
     if not int(attrs.get("ceil_mode", 0)):
         return None
     try:
-        out = _setup(tuple(xs), attrs.get("kernel_shape"), attrs.get("strides"),
+        out = pool_geometry(tuple(xs), attrs.get("kernel_shape"), attrs.get("strides"),
                      attrs.get("dilations"), attrs.get("pads"),
                      attrs.get("auto_pad", "NOTSET"), 1)[5]
     except Exception:  # noqa: BLE001 - invalid attributes are validation's to report
@@ -844,7 +844,7 @@ def _convert(src: Source) -> Model:
 
     sanity_before_inference(proto)
     inferred = _infer(proto)
-    builder = _Builder(opsets, functions, base_dir, owned, inferred, src)
+    builder = GraphBuilder(opsets, functions, base_dir, owned, inferred, src)
     graph = builder.graph(proto.graph, None)
     return Model(
         graph=graph,

@@ -11,6 +11,7 @@ from onnx import numpy_helper
 
 from opwarden.dtypes import np_dtype
 from opwarden.errors import ModelError
+from opwarden.memory.pages import copy_in_chunks, drop_pages
 
 # Packed sub-byte types need unpacking, so they cannot be plain views.
 _PACKED = {
@@ -201,24 +202,6 @@ def payload_array(t: onnx.TensorProto, buffer, pl) -> np.ndarray:
     return arr
 
 
-COPY_CHUNK = 16 << 20
-
-
-def copy_in_chunks(src: np.ndarray, dst: np.ndarray, release=None,
-                   chunk: int = COPY_CHUNK) -> None:
-    """dst[...] = src (same size) in chunks of about `chunk` bytes, calling
-    release(byte offset, byte count) after each chunk is copied: the caller hands the source's
-    pages back as it goes, so a large array is never resident twice."""
-    flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
-    e = src.dtype.itemsize
-    step = max(chunk // max(e, 1), 1)
-    for i in range(0, flat_src.size, step):
-        j = min(i + step, flat_src.size)
-        flat_dst[i:j] = flat_src[i:j]
-        if release is not None:
-            release(i * e, (j - i) * e)
-
-
 def _aligned_copy(buffer, src: np.ndarray, offset: int) -> np.ndarray:
     """An aligned copy of `src`, made in chunks whose file pages are dropped as they are read,
     so the largest weight is never held twice."""
@@ -227,15 +210,3 @@ def _aligned_copy(buffer, src: np.ndarray, offset: int) -> np.ndarray:
     return out
 
 
-def drop_pages(buffer, offset: int, length: int) -> None:
-    """Hand back the memory-mapped file `buffer`'s pages under [offset, offset + length) (they
-    are re-read from the file if touched again); nothing for other buffers."""
-    import mmap
-
-    if not isinstance(buffer, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
-        return
-    start = offset // mmap.PAGESIZE * mmap.PAGESIZE
-    try:
-        buffer.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
-    except (OSError, ValueError):
-        pass

@@ -2,7 +2,7 @@
 
 `opwarden/__init__.py` imports that module right after the operators, so any import of
 opwarden registers them; this package itself imports nothing, so the operator modules can use
-`kernels._util` without the kernels importing the operators back.
+`kernels.util` without the kernels importing the operators back.
 
 Every variant here is float32, registered on the cpu device with priority 10 (above the
 reference kernel), accepts a planned output buffer (`out=`), and is tested against the

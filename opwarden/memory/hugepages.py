@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from opwarden.ir.tensors import copy_in_chunks, drop_pages
 from opwarden.memory.constants import readonly_view
+from opwarden.memory.pages import copy_in_chunks, drop_pages
 
 HUGE_PAGE = 2 << 20
 # Initializers smaller than this stay where they are (a bias, a BatchNorm vector).
@@ -264,7 +264,7 @@ COPY_CHUNK = 16 << 20
 TRIM_BYTES = 4 << 20
 
 
-# Packed weights (kernels._util.packed) are bump-allocated from huge-page slabs: each packing is
+# Packed weights (kernels.util.packed) are bump-allocated from huge-page slabs: each packing is
 # made once per weight, and a slab lives while any array in it does.
 SLAB_BYTES = 32 << 20
 PACKED = True  # (a switch for measurements)

@@ -44,6 +44,44 @@ _INT_ACT = Contract(may_alias=((0, 0),), overflow="wrap")
 _SUPPRESS = Contract(may_alias=((0, 0),), nan="suppress")
 
 
+# Relu runs as np.maximum against a zero array of at most this many floats (see relu).
+RELU_CHUNK = 1 << 16
+RELU_SMALL = 1 << 13
+RELU_ZEROS = np.zeros(RELU_CHUNK, np.float32)
+RELU_ZEROS.flags.writeable = False  # shared by every thread
+
+
+def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """max(x, 0) into `out` (default: in place in x), against chunks of a zero array: NumPy's
+    maximum with a scalar (or any broadcast) operand takes a slow loop, 1.5-2.5x slower than
+    two contiguous float32 operands on cache-resident tensors (measured on conv outputs of
+    40 KB-3 MB); RELU_CHUNK-float chunks keep the zeros in L1/L2. Same results, NaN included.
+    Other dtypes and layouts take the plain call."""
+    y = x if out is None else out
+    if x.size < RELU_SMALL or x.dtype != np.float32 or y.dtype != np.float32 or x.shape != y.shape:
+        # (Small tensors: the chunk loop costs more than it saves.)
+        return np.maximum(x, x.dtype.type(0), out=y)
+    if x.flags.c_contiguous and y.flags.c_contiguous:
+        src, dst = x.reshape(-1), y.reshape(-1)
+        size = dst.size
+        for a in range(0, size, RELU_CHUNK):
+            b = min(size, a + RELU_CHUNK)
+            np.maximum(src[a:b], RELU_ZEROS[:b - a], out=dst[a:b])
+        return y
+    m = y.shape[-1] if y.ndim else 1
+    if (y.ndim == 2 and 0 < m <= RELU_CHUNK and y.strides[1] == y.itemsize
+            and x.strides[1] == x.itemsize):
+        # Rows with a contiguous last axis (a strided planned output).
+        step = RELU_CHUNK // m
+        rows = y.shape[0]
+        zero = RELU_ZEROS[:min(rows, step) * m].reshape(-1, m)
+        for a in range(0, rows, step):
+            b = min(rows, a + step)
+            np.maximum(x[a:b], zero[:b - a], out=y[a:b])
+        return y
+    return np.maximum(x, np.float32(0), out=y)
+
+
 @op("Relu", since=6, contract=UNARY)
 def Relu(X):
     """max(X, 0) (ONNX Relu-6/13/14; 14 added integer types)."""

@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 
 from opwarden.contract import Contract
-from opwarden.errors import KernelError, MemoryLimitError
+from opwarden.errors import KernelError, MemoryLimitError, describe_bytes
 from opwarden.ops.base import op
-from opwarden.plan.limits import describe_bytes
 
 CONTROL = Contract(nan="propagate", thread_safe=True)
 
@@ -126,8 +125,8 @@ def _no_iterations(body: Any, k: int) -> np.ndarray:
     """Scan output k (index among the body's outputs) of a loop that ran no iteration: shape
     [0, *per-iteration shape] from the body's output facts, as ONNX Runtime gives it (dims
     they leave open are 0); [0] float32 where the facts know nothing."""
+    from opwarden.contract import declared_value
     from opwarden.dtypes import np_dtype_of
-    from opwarden.ir.graph import declared_value
 
     program = getattr(body, "program", None)
     outs = program.graph.outputs if program is not None else ()

@@ -40,7 +40,7 @@ def _check_int_divisor(B: np.ndarray, what: str) -> None:
         raise KernelError(f"integer {what} by zero")
 
 
-def _legacy_b(A: np.ndarray, B: np.ndarray, broadcast: int, axis) -> np.ndarray:
+def legacy_broadcast(A: np.ndarray, B: np.ndarray, broadcast: int, axis) -> np.ndarray:
     """B reshaped for the opset<7 `broadcast`/`axis` rule: B broadcasts to A's shape (only)."""
     if not broadcast:
         if A.shape != B.shape:
@@ -283,19 +283,19 @@ def Div(A, B):
 @op("Add", since=6, contract=_LEGACY_ARITH)
 def Add_6(A, B, *, broadcast=0, axis=None):
     """A + B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Add-6)."""
-    return _apply(np.add, A, _legacy_b(A, B, broadcast, axis))
+    return _apply(np.add, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("Sub", since=6, contract=_LEGACY_ARITH)
 def Sub_6(A, B, *, broadcast=0, axis=None):
     """A - B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Sub-6)."""
-    return _apply(np.subtract, A, _legacy_b(A, B, broadcast, axis))
+    return _apply(np.subtract, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("Mul", since=6, contract=_LEGACY_ARITH)
 def Mul_6(A, B, *, broadcast=0, axis=None):
     """A * B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Mul-6)."""
-    return _apply(np.multiply, A, _legacy_b(A, B, broadcast, axis))
+    return _apply(np.multiply, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("Div", since=6, contract=Contract(
@@ -303,7 +303,7 @@ def Mul_6(A, B, *, broadcast=0, axis=None):
     allowed=_LEGACY))
 def Div_6(A, B, *, broadcast=0, axis=None):
     """A / B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Div-6)."""
-    return _apply(_trunc_div, A, _legacy_b(A, B, broadcast, axis))
+    return _apply(_trunc_div, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 def _int_pow(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -350,7 +350,7 @@ def Pow(X, Y):
 def Pow_1(X, Y, *, broadcast=0, axis=None):
     """X ** Y with the legacy B-to-A `broadcast`/`axis` rule (ONNX Pow-1)."""
     with np.errstate(all="ignore"):
-        return np.asarray(_pow(X, _legacy_b(X, Y, broadcast, axis)), dtype=X.dtype)
+        return np.asarray(_pow(X, legacy_broadcast(X, Y, broadcast, axis)), dtype=X.dtype)
 
 
 def _mod(A: np.ndarray, B: np.ndarray, fmod: int) -> np.ndarray:
@@ -412,19 +412,19 @@ def LessOrEqual(A, B):
 @op("Equal", since=1, contract=_LEGACY_COMPARE)
 def Equal_1(A, B, *, broadcast=0, axis=None):
     """A == B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Equal-1)."""
-    return _compare(np.equal, A, _legacy_b(A, B, broadcast, axis))
+    return _compare(np.equal, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("Greater", since=1, contract=_LEGACY_COMPARE)
 def Greater_1(A, B, *, broadcast=0, axis=None):
     """A > B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Greater-1)."""
-    return _compare(np.greater, A, _legacy_b(A, B, broadcast, axis))
+    return _compare(np.greater, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("Less", since=1, contract=_LEGACY_COMPARE)
 def Less_1(A, B, *, broadcast=0, axis=None):
     """A < B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Less-1)."""
-    return _compare(np.less, A, _legacy_b(A, B, broadcast, axis))
+    return _compare(np.less, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("And", since=7, contract=_COMPARE)
@@ -448,19 +448,19 @@ def Xor(A, B):
 @op("And", since=1, contract=_LEGACY_COMPARE)
 def And_1(A, B, *, broadcast=0, axis=None):
     """Logical and with the legacy B-to-A `broadcast`/`axis` rule (ONNX And-1)."""
-    return _compare(np.logical_and, A, _legacy_b(A, B, broadcast, axis))
+    return _compare(np.logical_and, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("Or", since=1, contract=_LEGACY_COMPARE)
 def Or_1(A, B, *, broadcast=0, axis=None):
     """Logical or with the legacy B-to-A `broadcast`/`axis` rule (ONNX Or-1)."""
-    return _compare(np.logical_or, A, _legacy_b(A, B, broadcast, axis))
+    return _compare(np.logical_or, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("Xor", since=1, contract=_LEGACY_COMPARE)
 def Xor_1(A, B, *, broadcast=0, axis=None):
     """Logical xor with the legacy B-to-A `broadcast`/`axis` rule (ONNX Xor-1)."""
-    return _compare(np.logical_xor, A, _legacy_b(A, B, broadcast, axis))
+    return _compare(np.logical_xor, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 # ---------------------------------------------------------------------------------------------

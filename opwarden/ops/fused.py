@@ -466,18 +466,10 @@ def _leakyrelu(x, alpha, out=None):
     return out
 
 
-_FAST_RELU: list = []
-
-
 def _relu(x, out=None):
-    if out is not None and x.dtype == np.float32 and x.size >= 8192:
-        # The fast kernels' chunked maximum against zeros (faster than a scalar operand).
-        if not _FAST_RELU:
-            from opwarden.kernels.cpu._util import relu
-
-            _FAST_RELU.append(relu)
-        return _FAST_RELU[0](x, out)
-    return np.maximum(x, x.dtype.type(0), out=out)
+    if out is not None:
+        return _act.relu(x, out)  # the chunked maximum against zeros (float32 fast path)
+    return np.maximum(x, x.dtype.type(0))
 
 
 def _clip(x, lo, hi, out=None):

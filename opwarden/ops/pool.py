@@ -60,7 +60,7 @@ def _pool_geometry(in_sp, kernel, strides, dilations, pads, auto_pad, ceil_mode)
     return begin, end, out
 
 
-def _setup(shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
+def pool_geometry(shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
     """Validated geometry: (kernel, strides, dilations, begin, end, out, extra end pad)."""
     if len(shape) < 3:
         raise KernelError(f"pooling input must be (N, C, *spatial), got shape {tuple(shape)}")
@@ -84,7 +84,7 @@ def _pool_workspace(x, *rest, auto_pad="NOTSET", ceil_mode=0, dilations=None, ke
     if len(x) < 3 or not all(isinstance(v, int) for v in x):
         return 0
     try:
-        _k, _s, _d, begin, end, out, extra = _setup(
+        _k, _s, _d, begin, end, out, extra = pool_geometry(
             x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode
         )
     except KernelError:
@@ -134,7 +134,7 @@ def _maxpool(
     storage_order=0, strides=None, noutputs=1,
 ):
     """N-D max pooling, optional argmax Indices (ONNX MaxPool-1/8/10/11/12/22)."""
-    kernel, s, d, begin, end, out, extra = _setup(
+    kernel, s, d, begin, end, out, extra = pool_geometry(
         X.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode
     )
     full_end = [e + x for e, x in zip(end, extra)]
@@ -194,7 +194,7 @@ def _averagepool(
     kernel_shape=None, pads=None, strides=None,
 ):
     """N-D average pooling (ONNX AveragePool-1/7/10/11/19/22)."""
-    kernel, s, d, begin, end, out, extra = _setup(
+    kernel, s, d, begin, end, out, extra = pool_geometry(
         X.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode
     )
     acc = acc_dtype(X.dtype)
@@ -233,7 +233,7 @@ def _lppool(
     strides=None,
 ):
     """N-D Lp pooling: (sum |x|^p)^(1/p) over each window (ONNX LpPool-1/2/11/18/22)."""
-    kernel, s, d, begin, end, out, extra = _setup(
+    kernel, s, d, begin, end, out, extra = pool_geometry(
         X.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode
     )
     acc = acc_dtype(X.dtype)

@@ -276,7 +276,7 @@ TOPK = Contract(
 )
 
 
-def _topk(X, k: int, axis: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
+def topk_reference(X, k: int, axis: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
     X = np.asarray(X)
     if X.ndim == 0:
         raise KernelError("TopK needs an input of rank >= 1")
@@ -297,7 +297,7 @@ def _topk(X, k: int, axis: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(values), idx
 
 
-def _k_value(K) -> int:
+def topk_k(K) -> int:
     K = np.asarray(K)
     if K.size != 1 or K.dtype.kind not in "iu":
         raise KernelError(f"TopK: K must be a single int64 value, got shape {K.shape} {K.dtype}")
@@ -309,13 +309,13 @@ def TopK_1(X, *, axis=-1, k=None):
     """The k largest elements along `axis`, k an attribute (ONNX TopK-1)."""
     if k is None:
         raise KernelError("TopK-1 needs the attribute k")
-    return _topk(X, int(k), axis, True)
+    return topk_reference(X, int(k), axis, True)
 
 
 @op("TopK", since=10, contract=TOPK_1)
 def TopK_10(X, K, *, axis=-1):
     """The K largest elements along `axis`, K an input (ONNX TopK-10)."""
-    return _topk(X, _k_value(K), axis, True)
+    return topk_reference(X, topk_k(K), axis, True)
 
 
 @op("TopK", since=11, contract=TOPK)
@@ -324,7 +324,7 @@ def TopK(X, K, *, axis=-1, largest=1, sorted=1):
 
     Unsorted output order is unspecified by the spec, so sorted order is returned either way.
     """
-    return _topk(X, _k_value(K), axis, bool(largest))
+    return topk_reference(X, topk_k(K), axis, bool(largest))
 
 
 def _topk_rows(rng):

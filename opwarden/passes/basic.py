@@ -9,8 +9,8 @@ import numpy as np
 from opwarden.contract import TensorFact
 from opwarden.dtypes import dtype_name
 from opwarden.ir.graph import Node
+from opwarden.ops.select import kernel_kwargs
 from opwarden.passes.rewrite import Rewriter, static_shape
-from opwarden.place.partition import kernel_kwargs
 
 # A folded constant may be this large, or as large as the constants it replaces.
 FOLD_MAX_BYTES = 1 << 24

@@ -9,8 +9,8 @@ import onnx
 
 from opwarden.contract import TensorFact
 from opwarden.ir.graph import Node, Value
+from opwarden.ops.select import kernel_kwargs
 from opwarden.passes.rewrite import Rewriter, static_shape
-from opwarden.place.partition import kernel_kwargs
 
 _FLOAT = frozenset({"float16", "float32", "float64", "bfloat16"})
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")

@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 import onnx
 
-from opwarden.contract import TensorFact
+from opwarden.contract import TensorFact, declared_value
 from opwarden.devices import Device, get_device, sensitive_inputs
 from opwarden.devices.copy import clamp_range, round_to
 from opwarden.dtypes import onnx_type
 from opwarden.errors import UnsupportedOpError
 from opwarden.ir.functions import inline
-from opwarden.ir.graph import Graph, Node, Value, declared_value
+from opwarden.ir.graph import Graph, Node, Value
 from opwarden.ir.validate import check_node
 from opwarden.ops.base import Variant
 from opwarden.ops.schema import context_function_body, onnx_function_body
@@ -219,9 +219,9 @@ def complete_facts(graph: Graph, opsets: dict[str, int]) -> None:
 def _build_pieces(
     node: Node, protos: list[onnx.NodeProto], graph: Graph, opsets: dict[str, int], types: dict
 ) -> list[Node]:
-    from opwarden.ir.load import _Builder
+    from opwarden.ir.load import GraphBuilder
 
-    builder = _Builder(opsets, {}, None, False, types)
+    builder = GraphBuilder(opsets, {}, None, False, types)
     out = []
     for i, p in enumerate(protos):
         # The function's intermediate values become values of this graph; its outputs

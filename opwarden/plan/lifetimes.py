@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from opwarden.contract import Declared
 from opwarden.dtypes import np_dtype_of
 from opwarden.errors import ModelError
-from opwarden.ir.graph import Declared
 from opwarden.plan.planner import Buffer, MemoryPlan, align, build_plan
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from opwarden.dtypes import np_dtype_of
-from opwarden.errors import MemoryLimitError
+from opwarden.errors import MemoryLimitError, describe_bytes
 
 DEFAULT_SHARE = 0.75  # of physical memory
 
@@ -37,14 +37,6 @@ def physical_memory() -> int:
 def default_limit() -> int:
     """The default memory limit: a safe share of this machine's physical memory."""
     return int(physical_memory() * DEFAULT_SHARE)
-
-
-def describe_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 # Element counts past this are above any limit: counting stops there, so a shape of a million

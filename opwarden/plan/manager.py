@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from opwarden.errors import MemoryLimitError
+from opwarden.errors import MemoryLimitError, describe_bytes
 from opwarden.plan.lifetimes import Binding, analyze, tensor_bytes
-from opwarden.plan.limits import default_limit, describe_bytes
+from opwarden.plan.limits import default_limit
 from opwarden.plan.planner import ALIGNMENT, Buffer, MemoryPlan
 
 __all__ = ["Buffer", "MemoryManager", "MemoryPlan", "default_limit", "describe_bytes"]

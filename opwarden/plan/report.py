@@ -6,8 +6,7 @@ import colorsys
 import html
 from typing import Any
 
-from opwarden.errors import OptionsError
-from opwarden.plan.limits import describe_bytes
+from opwarden.errors import OptionsError, describe_bytes
 from opwarden.plan.planner import MemoryPlan
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from opwarden.contract import TensorFact
 from opwarden.dtypes import INTS, dtype_name
 from opwarden.errors import OpwardenError
-from opwarden.kernels.cpu._util import scratch_probe
+from opwarden.kernels.cpu.util import scratch_probe
 from opwarden.memory.constants import mark as mark_constant
 from opwarden.ops.base import OpDef, Variant
 from opwarden.ops.schema import STANDARD_DOMAINS
@@ -850,7 +850,7 @@ class _Checker:
                 tracemalloc.start()
             try:
                 # A fresh scratch pool for the call: the kernels' thread-local scratch buffers
-                # (kernels._util.scratch) persist between calls, so without it only the first
+                # (kernels.util.scratch) persist between calls, so without it only the first
                 # call that grew them would show them.
                 with scratch_probe() as pool:
                     base = tracemalloc.get_traced_memory()[0]

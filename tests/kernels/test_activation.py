@@ -9,8 +9,8 @@ from onnx import TensorProto, helper
 
 import opwarden as ow
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu import _util as kutil
 from opwarden.kernels.cpu import activation as kact
+from opwarden.kernels.cpu import util as kutil
 from opwarden.ops.base import REGISTRY
 
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -100.0, 100.0, 1e-30, -1e-30, 88.8,

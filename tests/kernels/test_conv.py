@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu import _util as kutil
 from opwarden.kernels.cpu import conv as kconv
 from opwarden.kernels.cpu import fused as kfused
-from opwarden.kernels.cpu._util import packed, sgemm
+from opwarden.kernels.cpu import util as kutil
 from opwarden.kernels.cpu.conv import conv_nchw, conv_nhwc
+from opwarden.kernels.cpu.util import packed, sgemm
 from opwarden.memory.constants import mark as mark_constant
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.conv import Conv

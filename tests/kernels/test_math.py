@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from opwarden.kernels.cpu import _util
 from opwarden.kernels.cpu import elementwise as ew
+from opwarden.kernels.cpu import util
 from opwarden.ops import activation as act
 from opwarden.ops import elementwise as ref_ew
 
 F32 = np.float32
-CHUNK = _util.EW_CHUNK
+CHUNK = util.EW_CHUNK
 
 
 def _exact_erf(x: np.ndarray) -> np.ndarray:
@@ -26,7 +26,7 @@ def test_erf_within_8_ulp_on_a_dense_grid():
         np.linspace(-6, 6, 400_001), np.geomspace(1e-38, 6, 40_001),
         -np.geomspace(1e-38, 6, 40_001),
     ]).astype(F32)
-    got = _util.erf_f32(x).astype(np.float64)
+    got = util.erf_f32(x).astype(np.float64)
     want = _exact_erf(x)
     ulp = np.spacing(np.abs(want).astype(F32)).astype(np.float64)
     err = np.abs(got - want) / ulp
@@ -37,13 +37,13 @@ def test_erf_within_8_ulp_on_a_dense_grid():
 
 def test_erf_special_values_and_odd_symmetry():
     x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.9, 50.0, 1e-30], F32)
-    y = _util.erf_f32(x)
+    y = util.erf_f32(x)
     assert y[0] == 0 and y[1] == 0
     assert y[2] == 1.0 and y[3] == -1.0 and y[6] == 1.0
     assert np.isnan(y[4])
     assert y[7] == pytest.approx(2 / math.sqrt(math.pi) * 1e-30, rel=1e-6)
     r = np.random.default_rng(0).standard_normal(10_000).astype(F32) * 3
-    np.testing.assert_array_equal(_util.erf_f32(-r), -_util.erf_f32(r))
+    np.testing.assert_array_equal(util.erf_f32(-r), -util.erf_f32(r))
 
 
 @pytest.mark.parametrize("n", [1, 7, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 5])
@@ -51,10 +51,10 @@ def test_chunked_matches_unchunked_at_chunk_boundaries(n):
     x = (np.random.default_rng(n).standard_normal(n) * 3).astype(F32)
     whole = np.empty_like(x)
     t = [np.empty_like(x) for _ in range(3)]
-    _util._erf_chunk(x, whole, *t)
-    np.testing.assert_array_equal(_util.erf_f32(x), whole)
+    util._erf_chunk(x, whole, *t)
+    np.testing.assert_array_equal(util.erf_f32(x), whole)
     y = x.copy()
-    _util.chunked(_util._erf_chunk, y, y, 3)  # in place
+    util.chunked(util._erf_chunk, y, y, 3)  # in place
     np.testing.assert_array_equal(y, whole)
 
 
@@ -63,14 +63,14 @@ def test_chunked_writes_strided_outputs(shape):
     """A slice of a Concat's output (strided rows) and a transposed input."""
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(shape) * 3).astype(F32)
-    want = _util.erf_f32(np.ascontiguousarray(x))
+    want = util.erf_f32(np.ascontiguousarray(x))
     big = np.full(shape[:-1] + (shape[-1] + 5,), 7.0, F32)
     out = big[..., 2:2 + shape[-1]]
-    _util.chunked(_util._erf_chunk, x, out, 3)
+    util.chunked(util._erf_chunk, x, out, 3)
     np.testing.assert_array_equal(out, want)
     assert np.all(big[..., :2] == 7.0) and np.all(big[..., 2 + shape[-1]:] == 7.0)
     xt = np.ascontiguousarray(np.swapaxes(x, 0, -1)).swapaxes(0, -1)  # same values, strided
-    np.testing.assert_array_equal(_util.erf_f32(xt, np.empty_like(x)), want)
+    np.testing.assert_array_equal(util.erf_f32(xt, np.empty_like(x)), want)
 
 
 def test_erf_kernel_matches_reference_within_float32_tolerance():
@@ -118,7 +118,7 @@ def test_fused_activations_match_the_operators(activation, params):
         "Clip": lambda v: np.clip(v, *params),
     }[activation]
     want = ref(x)
-    got = _util.apply_activation(x.copy(), activation, params)
+    got = util.apply_activation(x.copy(), activation, params)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
     assert np.isnan(got[0])
 
@@ -128,9 +128,9 @@ def test_chunked_scratch_stays_within_the_declaration():
     x = np.random.default_rng(6).standard_normal(5 * CHUNK).astype(F32)
     for activation, params in (("Gelu", []), ("Gelu", [1.0]), ("LeakyRelu", [0.2]),
                                ("HardSwish", [])):
-        with _util.scratch_probe() as got:
-            _util.apply_activation(x.copy(), activation, params)
-        declared = _util.activation_workspace(activation, params, x.size)
+        with util.scratch_probe() as got:
+            util.apply_activation(x.copy(), activation, params)
+        declared = util.activation_workspace(activation, params, x.size)
         assert sum(got.values()) <= declared <= 4 * 4 * CHUNK
 
 

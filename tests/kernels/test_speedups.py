@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu import _util as kutil
 from opwarden.kernels.cpu import conv as kconv
 from opwarden.kernels.cpu import fused as kfused
 from opwarden.kernels.cpu import pool as kpool
 from opwarden.kernels.cpu import shape as kshape
-from opwarden.kernels.cpu._util import matmul_acc, sgemm
+from opwarden.kernels.cpu import util as kutil
+from opwarden.kernels.cpu.util import matmul_acc, sgemm
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.fused import FusedConv
 

@@ -236,7 +236,7 @@ def test_concat_skips_inputs_already_in_place():
 
 
 def test_output_helper_allows_strided_only_when_asked():
-    from opwarden.kernels.cpu._util import output
+    from opwarden.kernels.cpu.util import output
 
     full = np.empty((1, 4, 4, 8), np.float32)
     view = full[..., 2:5]

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import opwarden
-from opwarden.kernels.cpu import _util as kutil
+from opwarden.kernels.cpu import util as kutil
 from opwarden.memory import hugepages
 from opwarden.memory.constants import mark as mark_constant
 

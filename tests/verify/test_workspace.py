@@ -1,5 +1,5 @@
 """Workspace is part of a variant's contract: the scratch a kernel takes (including the
-thread-local scratch buffers of kernels._util, which persist between calls) is measured by
+thread-local scratch buffers of kernels.util, which persist between calls) is measured by
 `opwarden check` against the variant's own declaration (Variant.workspace_bytes) or the
 contract's, and the fast convolution's declaration covers every path it takes."""
 
@@ -17,7 +17,7 @@ import pytest
 import opwarden
 import opwarden.verify
 from opwarden.kernels.cpu import conv as C
-from opwarden.kernels.cpu._util import release_scratch, scratch, scratch_held, scratch_probe
+from opwarden.kernels.cpu.util import release_scratch, scratch, scratch_held, scratch_probe
 from opwarden.memory.constants import mark as mark_constant
 from opwarden.ops import REGISTRY
 

@@ -4,7 +4,7 @@ HardSwish, Sigmoid) as chunked passes into the planned buffer.
 The reference kernels compute on whole tensors with masked selects (np.where) and, for Softplus
 and Mish, NumPy's scalar logaddexp loop: 3-18 ns an element on 128x3072 floats, 3-7x ONNX
 Runtime. Here each activation is a few plain ufunc passes over chunks that stay in cache
-(_util.chunked), with selects replaced by max/min against zero (or, for ThresholdedRelu, a bit
+(util.chunked), with selects replaced by max/min against zero (or, for ThresholdedRelu, a bit
 mask), which give the same values:
 
 - max(x, 0) + f(min(x, 0)) is x for x >= 0 and f(x) below whenever f(0) = 0 and f(x) is finite
@@ -25,7 +25,8 @@ import math
 
 import numpy as np
 
-from opwarden.kernels.cpu._util import (
+from opwarden.kernels.cpu.elementwise import _chunk_workspace
+from opwarden.kernels.cpu.util import (
     _ONE,
     _hardswish_chunk,
     _sigmoid_chunk,
@@ -33,7 +34,6 @@ from opwarden.kernels.cpu._util import (
     one_chunk,
     zero_chunk,
 )
-from opwarden.kernels.cpu.elementwise import _chunk_workspace
 from opwarden.ops import activation as _reference
 from opwarden.ops.base import REGISTRY
 
@@ -189,7 +189,7 @@ def hard_sigmoid(X, *, alpha=0.2, beta=0.5, out=None):
 
 
 def hard_swish(X, *, out=None):
-    """X max(0, min(1, X/6 + 1/2)), chunked: the reference's own passes (_util's chunk, the
+    """X max(0, min(1, X/6 + 1/2)), chunked: the reference's own passes (util's chunk, the
     FusedConv epilogue's too)."""
     return chunked_into(_hardswish_chunk, X, out, 1)
 

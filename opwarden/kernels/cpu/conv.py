@@ -8,7 +8,7 @@ patch matrix is built (see _phase_planes). Small maps copy patches of a band of 
 the patch matrix transposed, small kernels copying each tap straight from the input. Where a
 patch matrix is built (group 1), the bias rides in its GEMM as a column (row) of ones.
 Depthwise convolutions are one einsum over a strided window view. Bias, residual and activation
-are otherwise applied on each band right after its GEMM; Relu against a zero array (_util.relu).
+are otherwise applied on each band right after its GEMM; Relu against a zero array (util.relu).
 NCHW: the patch matrix transposed (M x K) @ (K x P), weights used as they are.
 """
 
@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu._util import (
+from opwarden.kernels.cpu.shuffle import channel_shuffle, shuffle_into
+from opwarden.kernels.cpu.util import (
     F32,
     activation_workspace,
     add_into,
@@ -36,7 +37,6 @@ from opwarden.kernels.cpu._util import (
     sgemm,
     tap_range,
 )
-from opwarden.kernels.cpu.shuffle import channel_shuffle, shuffle_into
 from opwarden.memory.constants import is_constant
 from opwarden.ops.conv import conv_out_shape, conv_pads, spatial_params
 
@@ -190,7 +190,7 @@ def _prefill(y: np.ndarray, bias, z, group: int = 1, always: bool = False,
     """y = bias + z (either may be None) before GEMMs accumulate onto it; False (y untouched)
     when both are None, or when the epilogue adds them better after the GEMM. A residual
     sharing y's memory is always folded in first (the GEMM would overwrite it). Otherwise,
-    after a `hot` GEMM (see _hot) with OpenBLAS's threaded adds at hand (_util.add_rows,
+    after a `hot` GEMM (see _hot) with OpenBLAS's threaded adds at hand (util.add_rows,
     add_into), adding after the GEMM measured 1.4-2x faster than this prefill's
     single-threaded NumPy pass (3136x256: 206 vs 405 us), so y is left alone. Else one write
     pass here replaces the GEMM's own write plus a separate read-modify-write pass per term
@@ -258,7 +258,7 @@ def _hot(m: int, n: int, k: int) -> bool:
 
 def _epilogue(y: np.ndarray, bias, z, activation: str, params, hot: bool = False) -> None:
     """y += bias (broadcast on the last axis or given pre-shaped), y += z, y = act(y); in place.
-    `hot` (see _hot): the adds run on OpenBLAS's threads where they can (_util.add_rows,
+    `hot` (see _hot): the adds run on OpenBLAS's threads where they can (util.add_rows,
     add_into); measured 3-4x (bias) and 1.6x (residual) faster on large outputs."""
     if bias is not None:
         add_rows(y, bias, hot)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from opwarden.kernels.cpu._util import (
+from opwarden.kernels.cpu.util import (
     RELU_SMALL,
     chunked_into,
     chunked_workspace,
@@ -12,7 +12,7 @@ from opwarden.kernels.cpu._util import (
     gelu_chunk,
     leaky_chunk,
 )
-from opwarden.kernels.cpu._util import relu as _relu
+from opwarden.kernels.cpu.util import relu as _relu
 from opwarden.ops import elementwise as _reference
 from opwarden.ops.base import REGISTRY
 
@@ -35,7 +35,7 @@ def div(A, B, *, out=None):
 
 
 def relu(X, *, out=None):
-    """max(X, 0) into the planned buffer (see _util.relu)."""
+    """max(X, 0) into the planned buffer (see util.relu)."""
     if out is None or not isinstance(X, np.ndarray):
         return np.asarray(np.maximum(X, _ZERO))
     if X.size < RELU_SMALL:  # a bare ufunc call: per-node dispatch stays minimal
@@ -50,13 +50,13 @@ def tanh(X, *, out=None):
 
 def leaky_relu(X, *, alpha=0.01, out=None):
     """X where X >= 0, alpha * X below, into the planned buffer, chunked (see
-    _util.leaky_chunk; the masked multiply it replaces took 3.1 ms on 128x3072 floats against
+    util.leaky_chunk; the masked multiply it replaces took 3.1 ms on 128x3072 floats against
     ORT's 0.22)."""
     return chunked_into(leaky_chunk(np.float32(alpha)), X, out, 1)
 
 
 def erf(X, *, out=None):
-    """erf(X) for float32 into the planned buffer (see _util._erf_chunk: a rational
+    """erf(X) for float32 into the planned buffer (see util._erf_chunk: a rational
     approximation within 8 float32 ulp)."""
     return erf_f32(np.asarray(X), out)
 
@@ -149,7 +149,7 @@ def register() -> None:
           "strided_out": True}
     unary = {"Relu": relu, "Tanh": tanh, "LeakyRelu": leaky_relu,
              "Erf": erf, "Gelu": gelu}
-    # Chunked kernels: float32 temporaries of one chunk each (_util.chunked).
+    # Chunked kernels: float32 temporaries of one chunk each (util.chunked).
     temps = {"LeakyRelu": 1, "Erf": 3, "Gelu": 4}
     for op_type, fn in unary.items():
         ws = _chunk_workspace(temps[op_type]) if op_type in temps else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu._util import apply_activation, output, packed
 from opwarden.kernels.cpu.conv import (
     _conv_ok,
     _finite,
@@ -25,6 +24,7 @@ from opwarden.kernels.cpu.linalg import (
     gemm,
     gemm_workspace,
 )
+from opwarden.kernels.cpu.util import apply_activation, output, packed
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.fused import branch_convs, branch_windows, shuffle_channels
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu._util import (
+from opwarden.kernels.cpu.util import (
     EW_CHUNK,
     activation_workspace,
     apply_activation,

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu._util import EW_CHUNK, F32, ones_row, output, scratch
+from opwarden.kernels.cpu.util import EW_CHUNK, F32, ones_row, output, scratch
 from opwarden.ops.base import REGISTRY
 
 

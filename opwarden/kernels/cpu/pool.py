@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from opwarden.kernels.cpu._util import F32, output, scratch, tap_range
+from opwarden.kernels.cpu.util import F32, output, scratch, tap_range
 from opwarden.ops.base import REGISTRY
-from opwarden.ops.pool import _setup
+from opwarden.ops.pool import pool_geometry
 
 # Budget for the H-folded band (the W pass reads it back): small enough to stay in L2 with the
 # input rows it came from, large enough that the per-op Python overhead stays small.
@@ -23,7 +23,7 @@ BAND_BYTES = 256 << 10
 def _geometry_nhwc(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
     """The reference geometry for an NHWC input: (kernel, s, d, begin, end, out, extra)."""
     n, h, w, c = x.shape
-    return _setup((n, c, h, w), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    return pool_geometry((n, c, h, w), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
 
 
 def _as_f32(X) -> np.ndarray:

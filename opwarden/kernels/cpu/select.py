@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from opwarden.ops.base import REGISTRY
-from opwarden.ops.reduce import _k_value
-from opwarden.ops.reduce import _topk as _sorted
+from opwarden.ops.reduce import topk_k as _k_value
+from opwarden.ops.reduce import topk_reference as _sorted
 
 # Above this share of the row the selection saves little over sorting everything.
 MAX_K_SHARE = 0.25

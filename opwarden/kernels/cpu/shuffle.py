@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu._util import output
+from opwarden.kernels.cpu.util import output
 from opwarden.ops.base import REGISTRY
 
 DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool"]

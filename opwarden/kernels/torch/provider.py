@@ -56,7 +56,7 @@ from opwarden.memory.constants import mark as mark_constant  # noqa: E402
 from opwarden.ops import REGISTRY  # noqa: E402
 from opwarden.ops.conv import conv_pads, spatial_params  # noqa: E402
 from opwarden.ops.fused import branch_convs, last_reads  # noqa: E402
-from opwarden.ops.pool import _setup as _pool_setup  # noqa: E402
+from opwarden.ops.pool import pool_geometry as _pool_setup  # noqa: E402
 
 DEVICE_NAME = "torch"
 FLOATS = ("float32", "float64")

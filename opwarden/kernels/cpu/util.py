@@ -17,6 +17,7 @@ from opwarden.errors import KernelError
 from opwarden.memory import hugepages
 from opwarden.memory.constants import is_constant
 from opwarden.memory.constants import mark as mark_constant
+from opwarden.ops.activation import RELU_CHUNK, RELU_SMALL, RELU_ZEROS, relu  # noqa: F401
 
 F32 = np.dtype(np.float32)
 
@@ -191,53 +192,15 @@ def ptr(a: np.ndarray) -> int:
 ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", "Gelu", "Tanh")
 
 
-# Relu runs as np.maximum against a zero array of at most this many floats (see relu).
-RELU_CHUNK = 1 << 16
-RELU_SMALL = 1 << 13
-_ZEROS = np.zeros(RELU_CHUNK, F32)
-_ZEROS.flags.writeable = False  # shared by every thread
-
-
 def zero_chunk(x: np.ndarray) -> np.ndarray:
     """Read-only zeros of x's shape, x a chunk of at most EW_CHUNK (= RELU_CHUNK) floats: max
     and min against an array take NumPy's fast loop, against a scalar a broadcasting one."""
-    return _ZEROS[:x.size].reshape(x.shape)
+    return RELU_ZEROS[:x.size].reshape(x.shape)
 
 
 def one_chunk(x: np.ndarray) -> np.ndarray:
     """Read-only ones of x's shape (as zero_chunk)."""
     return ones_row(x.size).reshape(x.shape)
-
-
-def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """max(x, 0) into `out` (default: in place in x), against chunks of a zero array: NumPy's
-    maximum with a scalar (or any broadcast) operand takes a slow loop, 1.5-2.5x slower than
-    two contiguous float32 operands on cache-resident tensors (measured on conv outputs of
-    40 KB-3 MB); RELU_CHUNK-float chunks keep the zeros in L1/L2. Same results, NaN included.
-    Other dtypes and layouts take the plain call."""
-    y = x if out is None else out
-    if x.size < RELU_SMALL or x.dtype != F32 or y.dtype != F32 or x.shape != y.shape:
-        # (Small tensors: the chunk loop costs more than it saves.)
-        return np.maximum(x, x.dtype.type(0), out=y)
-    if x.flags.c_contiguous and y.flags.c_contiguous:
-        src, dst = x.reshape(-1), y.reshape(-1)
-        size = dst.size
-        for a in range(0, size, RELU_CHUNK):
-            b = min(size, a + RELU_CHUNK)
-            np.maximum(src[a:b], _ZEROS[:b - a], out=dst[a:b])
-        return y
-    m = y.shape[-1] if y.ndim else 1
-    if (y.ndim == 2 and 0 < m <= RELU_CHUNK and y.strides[1] == y.itemsize
-            and x.strides[1] == x.itemsize):
-        # Rows with a contiguous last axis (a strided planned output).
-        step = RELU_CHUNK // m
-        rows = y.shape[0]
-        zero = _ZEROS[:min(rows, step) * m].reshape(-1, m)
-        for a in range(0, rows, step):
-            b = min(rows, a + step)
-            np.maximum(x[a:b], zero[:b - a], out=y[a:b])
-        return y
-    return np.maximum(x, np.float32(0), out=y)
 
 
 def activation_workspace(activation: str, params: Sequence[float] | None, n: int) -> int:
