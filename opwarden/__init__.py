@@ -5,14 +5,10 @@ from __future__ import annotations
 import os as _os
 import sys as _sys
 
-# NumPy's OpenBLAS keeps its worker threads busy-waiting for 2^28 cycles (~0.1 s) after every
-# call unless told otherwise, so a finished run goes on occupying the cores that whatever runs
-# next (another runtime, the user's own code, torch's OpenMP workers) needs: ONNX Runtime
-# alternated with us ran 20-30% slower (ResNet-50 36 -> 47 ms), and a torch-provider session
-# run after a NumPy-kernel session 6x slower (ShuffleNet 67 vs 11 ms: torch's two-thread
-# grouped GEMMs waiting on a core the spinning worker held). 2^20 cycles (~0.4 ms) still
-# bridges the gaps between the GEMMs of one run (our own times unchanged within noise). An
-# explicit setting wins.
+# NumPy's OpenBLAS keeps its worker threads busy-waiting for ~0.1 s after every call unless told
+# otherwise, so a finished run goes on holding the cores that whatever runs next needs (another
+# runtime, the user's code, torch's OpenMP workers). 2^20 cycles (~0.4 ms) still bridges the gaps
+# between the GEMMs of one run. An explicit setting wins. (Measurements: benchmarks/NOTES.md.)
 _BLAS_TIMEOUT_OURS = "OPENBLAS_THREAD_TIMEOUT" not in _os.environ
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 if _BLAS_TIMEOUT_OURS and "numpy" in _sys.modules:
