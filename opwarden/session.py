@@ -1,4 +1,11 @@
-"""InferenceSession: load -> validate -> place -> compile, then run with validated feeds."""
+"""InferenceSession: load -> validate -> place -> compile, then run with validated feeds.
+
+A run goes one way: the feeds are checked (`feed_check`), the memory manager leases the plan
+for their signature with the arena (`plan.manager`), the program binds it and compiles its lean
+loop once per plan and arena (`execute.program.Program.calls_for`), and the session picks the
+loop that runs it: the compiled lean loop, the wavefront loop (`execute.parallel`), the
+guarded loop (checks, tracing, deadlines, quarantine) or the memory-debugging loop.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +17,18 @@ from typing import Any
 import numpy as np
 
 from opwarden.contract import declared_value
-from opwarden.dtypes import dtype_name
-from opwarden.errors import InputError, MemoryLimitError, ModelError, OptionsError, OpwardenError
+from opwarden.errors import MemoryLimitError, ModelError, OptionsError, OpwardenError
 from opwarden.execute.codegen import LeanFault
+from opwarden.execute.parallel import run_parallel
 from opwarden.execute.program import Deadline, Program, describe_value
 from opwarden.execute.program import kernel_error as kernel_error
+from opwarden.feed_check import check_feeds, output_indices, type_str
 from opwarden.guard.faults import FaultRecord
 from opwarden.guard.guard import Guard
 from opwarden.guard.isolate import isolation_for
 from opwarden.ir.graph import Model, Value
 from opwarden.ir.load import load
 from opwarden.ir.validate import validate
-from opwarden.memory.constants import freeze as freeze_constant
-from opwarden.memory.constants import readonly_view
 from opwarden.memory.hugepages import move_weights
 from opwarden.options import SessionOptions
 from opwarden.passes import optimize
@@ -101,18 +107,10 @@ class NodeArg:
     type: str
 
 
-def _type_str(v: Value) -> str:
-    if v.kind == "tensor":
-        dt = v.fact.dtype
-        names = {"float32": "float", "float64": "double"}
-        return f"tensor({names.get(dt, dt) if dt else 'undefined'})"
-    return v.kind
-
-
 def _node_arg(v: Value) -> NodeArg:
     # dims only the model declares are reported as declared (ORT reports the declaration)
     shape = None if v.fact.shape is None else [declared_value(d) for d in v.fact.shape]
-    return NodeArg(v.name, shape, _type_str(v))
+    return NodeArg(v.name, shape, type_str(v))
 
 
 class InferenceSession:
@@ -206,8 +204,8 @@ class InferenceSession:
         """Run the model; returns the requested outputs (all when output_names is None)."""
         timeout = self.options.run_timeout_ms
         deadline = None if timeout is None else Deadline(timeout)
-        picks = self._output_indices(output_names)
-        feeds = self._feeds(input_feed)
+        picks = output_indices(self._outputs, output_names)
+        feeds = check_feeds(self.model.graph.inputs, self._inputs, input_feed)
         g = self.guard
         contract = "contract" in g.checks
         # The guarded loop checks the run's deadline; an isolated kernel's crash must reach the
@@ -217,10 +215,14 @@ class InferenceSession:
         if self._isolation is not None:
             self._isolation.prestart()  # fork before this run's threads run kernels
         debug = self.options.debug_memory
-        calls, fn, token = self.memory.calls_for(feeds, contract if lean and not debug else None)
+        entry, token = self.memory.lease(feeds)
         try:
+            # A private arena (token None: a concurrent run) is bound for this run only, and
+            # runs the generic loop rather than compiling one.
+            calls, fn = self.program.calls_for(
+                entry, contract if lean and not debug and token is not None else None)
             if debug:
-                outs = self.program.run_debug(feeds, None, calls, self.memory.last_plan)
+                outs = self.program.run_debug(feeds, None, calls, entry.binding.plan)
             elif lean and self.program.levels is not None and token is not None:
                 outs = self._run_parallel(feeds, calls, contract)
             elif fn is not None or (lean and not contract):
@@ -271,7 +273,7 @@ class InferenceSession:
 
             self._pool = cf.ThreadPoolExecutor(self.parallel, thread_name_prefix="opwarden-inter")
         try:
-            return self.program.run_parallel(feeds, calls, self._pool, contract)
+            return run_parallel(self.program, feeds, calls, self._pool, contract)
         except LeanFault as e:
             if contract and not isinstance(e.error, MemoryLimitError):
                 return self._run_guarded(feeds, calls)
@@ -294,7 +296,8 @@ class InferenceSession:
 
     def plan_for(self, input_feed: Mapping[str, Any]) -> MemoryPlan:
         """The memory plan these feeds would use (planned now if not cached); runs nothing."""
-        return self.memory.plan_for(self._feeds(input_feed))
+        return self.memory.plan_for(
+            check_feeds(self.model.graph.inputs, self._inputs, input_feed))
 
     # -- guard and trace ---------------------------------------------------------------------
     @property
@@ -326,212 +329,6 @@ class InferenceSession:
         from opwarden.place.summary import summarize
 
         return summarize(self.explain(), getattr(self.placements, "report", {}))
-
-    # -- feed validation ---------------------------------------------------------------------
-    def _output_indices(self, names: Sequence[str] | None) -> list[int]:
-        if names is None:
-            return list(range(len(self._outputs)))
-        if isinstance(names, str):
-            raise InputError(f"output_names must be a list of names, got the string {names!r}")
-        index = {v.name: i for i, v in enumerate(self._outputs)}
-        picks = []
-        for n in names:
-            if n not in index:
-                raise InputError(
-                    f"unknown output name {n!r}; the model's outputs are {list(index)}"
-                )
-            picks.append(index[n])
-        return picks
-
-    def _feeds(self, feed: Mapping[str, Any]) -> list[Any]:
-        if not isinstance(feed, Mapping):
-            raise InputError(
-                f"input_feed must be a dict of name -> array, got {type(feed).__name__}"
-            )
-        declared = {v.name: v for v in self.model.graph.inputs}
-        for name in feed:
-            if name not in declared:
-                raise InputError(
-                    f"unknown input name {name!r}; the model's inputs are "
-                    f"{[v.name for v in self._inputs]}"
-                )
-        dims: dict[str, tuple[int, str]] = {}
-        values = []
-        for v in self.model.graph.inputs:
-            if v.name in feed:
-                values.append(self._check_feed(v, feed[v.name], dims))
-            elif v.const is not None:
-                values.append(freeze_constant(v.const))
-            elif v.kind == "optional":
-                values.append(None)
-            else:
-                raise InputError(
-                    f"missing feed for input {v.name!r} ({_type_str(v)}, shape "
-                    f"{list(v.fact.shape) if v.fact.shape is not None else '?'})"
-                )
-        return values
-
-    def _check_feed(self, v: Value, x: Any, dims: dict[str, tuple[int, str]]) -> Any:
-        if v.kind in ("sequence", "map", "optional"):
-            tp = v.type_proto
-            if tp is not None or v.kind != "optional":
-                return _structured_feed(f"input {v.name!r}", tp, v.kind, x)
-            if x is None:
-                return None
-        if not isinstance(x, np.ndarray):
-            if isinstance(x, (np.generic, int, float, bool, list)):
-                try:
-                    x = np.asarray(x)
-                except (ValueError, TypeError) as e:  # a ragged list, say
-                    raise InputError(
-                        f"input {v.name!r}: the {type(x).__name__} given is not a tensor: {e}"
-                    ) from None
-            else:
-                raise InputError(f"input {v.name!r} must be a numpy array, got {type(x).__name__}")
-        want = v.fact.dtype
-        got = dtype_name(x.dtype)
-        if want is not None and got != want:
-            raise InputError(f"input {v.name!r} expects dtype {want}, got {got}")
-        if got == "string" and x.dtype != object:
-            x = x.astype(object)
-        shape = v.fact.shape
-        if shape is not None:
-            if x.ndim != len(shape):
-                raise InputError(
-                    f"input {v.name!r} expects rank {len(shape)} (shape {list(shape)}), "
-                    f"got rank {x.ndim} (shape {list(x.shape)})"
-                )
-            for axis, (d, n) in enumerate(zip(shape, x.shape)):
-                if isinstance(d, int) and d != n:
-                    raise InputError(
-                        f"input {v.name!r} dimension {axis} must be {d}, got {n} "
-                        f"(shape {list(x.shape)}, expected {list(shape)})"
-                    )
-                if isinstance(d, str):
-                    seen = dims.setdefault(d, (n, v.name))
-                    if seen[0] != n:
-                        raise InputError(
-                            f"input {v.name!r} dimension {axis} ({d!r}) is {n}, but input "
-                            f"{seen[1]!r} set {d!r} to {seen[0]}"
-                        )
-        # Kernels see the caller's memory through a read-only buffer: no kernel can make it
-        # writeable, and the caller's array keeps its own flags.
-        return readonly_view(_native(x))
-
-
-def _native(x: np.ndarray) -> np.ndarray:
-    """x in the machine's byte order (values kept): kernels, and the outputs, never see a
-    big-endian dtype on a little-endian machine."""
-    return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
-
-
-_KINDS = {"sequence_type": "sequence", "map_type": "map", "optional_type": "optional",
-          "tensor_type": "tensor"}
-
-
-def _structured_feed(what: str, tp: Any, kind: str, x: Any) -> Any:
-    """A sequence, map or optional feed checked against its declared type `tp` (None: only
-    the kind is known), rebuilt as new containers of read-only native-order arrays: every
-    sequence element a tensor of the declared element type, every map key and value of the
-    declared key and value types."""
-    if tp is not None:
-        kind = _KINDS.get(tp.WhichOneof("value") or "", "unknown")
-    if kind == "optional":
-        return None if x is None else _structured_feed(
-            what, tp.optional_type.elem_type if tp is not None else None, "unknown", x)
-    if kind == "sequence":
-        if not isinstance(x, (list, tuple)):
-            raise InputError(f"{what} is a sequence (a list of arrays); got {type(x).__name__}")
-        elem = tp.sequence_type.elem_type if tp is not None else None
-        return [_structured_feed(f"{what} element {i}", elem, "tensor", a)
-                for i, a in enumerate(x)]
-    if kind == "map":
-        if not isinstance(x, dict):
-            raise InputError(f"{what} is a map (a dict); got {type(x).__name__}")
-        if tp is None:
-            return dict(x)
-        key_dt = _elem_dtype(tp.map_type.key_type)
-        val_tp = tp.map_type.value_type
-        out = {}
-        for k, val in x.items():
-            out[_map_key(what, key_dt, k)] = _map_value(f"{what} value for key {k!r}", val_tp, val)
-        return out
-    if kind == "tensor":
-        dt = _elem_dtype(tp.tensor_type.elem_type) if tp is not None else None
-        return readonly_view(_native(_tensor_item(what, dt, x)))
-    if isinstance(x, np.ndarray):  # a type onnx has no feed for (sparse): left to the kernels
-        return readonly_view(_native(x))
-    if isinstance(x, (list, tuple)):
-        return _structured_feed(what, None, "sequence", x)
-    return x
-
-
-def _elem_dtype(elem_type: int) -> np.dtype | None:
-    from opwarden.dtypes import np_dtype
-
-    try:
-        return np.dtype(np_dtype(elem_type)) if elem_type else None
-    except (KeyError, TypeError):
-        return None
-
-
-def _tensor_item(what: str, dt: np.dtype | None, x: Any) -> np.ndarray:
-    """x as a tensor of dtype `dt`: arrays must have it; Python lists and scalars are
-    converted to it where the conversion keeps their kind (numbers to a numeric type, str to
-    string); ragged lists and other objects are refused."""
-    if not isinstance(x, np.ndarray):
-        if isinstance(x, np.generic):
-            x = np.asarray(x)
-        elif isinstance(x, (list, tuple, bool, int, float, str)):
-            try:
-                a = np.asarray(x)
-            except (ValueError, TypeError) as e:  # a ragged list, say
-                raise InputError(f"{what}: the {type(x).__name__} given is not a tensor: {e}") \
-                    from None
-            if a.dtype.kind == "U" and (dt is None or dt.kind == "O"):
-                x = a.astype(object)
-            elif a.dtype.kind in "biuf" and (dt is None or (
-                    dt.kind in "biuf" and np.can_cast(a.dtype, dt, "same_kind"))):
-                x = a if dt is None else a.astype(dt)
-            else:
-                raise InputError(
-                    f"{what}: a {type(x).__name__} of {a.dtype} values cannot be a tensor of "
-                    f"{'the declared type' if dt is None else dtype_name(dt)}"
-                )
-        else:
-            raise InputError(f"{what} must be a numpy array, got {type(x).__name__}")
-    if dt is not None and dtype_name(x.dtype) != dtype_name(dt):
-        raise InputError(f"{what} expects dtype {dtype_name(dt)}, got {dtype_name(x.dtype)}")
-    if dt is not None and dt.kind == "O" and x.dtype != object:
-        x = x.astype(object)
-    return x
-
-
-def _map_key(what: str, dt: np.dtype | None, k: Any) -> Any:
-    if dt is None:
-        return k
-    if dt.kind == "O":
-        if isinstance(k, str):
-            return str(k)
-        raise InputError(f"{what}: key {k!r} must be a string, got {type(k).__name__}")
-    if isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
-        k = int(k)
-        info = np.iinfo(dt) if dt.kind in "iu" else None
-        if info is not None and info.min <= k <= info.max:
-            return k
-        raise InputError(f"{what}: key {k} is out of range for {dtype_name(dt)} keys")
-    raise InputError(
-        f"{what}: key {k!r} must be an integer ({dtype_name(dt)}), got {type(k).__name__}"
-    )
-
-
-def _map_value(what: str, tp: Any, val: Any) -> Any:
-    if tp.WhichOneof("value") != "tensor_type":
-        return _structured_feed(what, tp, "unknown", val)
-    a = _tensor_item(what, _elem_dtype(tp.tensor_type.elem_type), val)
-    a = _native(a)
-    return a[()] if a.ndim == 0 else readonly_view(a)  # scalars as NumPy scalars, as maps hold
-
 
 __all__ = ["InferenceSession", "NodeArg", "SessionOptions", "describe_value"]
 

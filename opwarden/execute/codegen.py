@@ -73,7 +73,8 @@ def _ro_out(x: Any, o: np.ndarray, r: np.ndarray) -> Any:
     return r if x is o else _ro(x)
 
 
-def _feed(x: Any) -> Any:
+def feed_view(x: Any) -> Any:
+    """A feed as kernels see it under the contract check: a read-only view when writable."""
     if type(x) is np.ndarray and x.flags.writeable:
         v = x.view()
         v.flags.writeable = False
@@ -150,7 +151,7 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         "_many": _many,
         "_ro": _ro,
         "_ro_out": _ro_out,
-        "_feed": _feed,
+        "_feed": feed_view,
         "_alias": _alias,
         "_bad_out": _bad_out,
         "_out": _out,

@@ -2,6 +2,13 @@
 
 Everything is resolved before the first run (kernel, attribute kwargs, input/output slots, the
 slots that die after each step); `Program.run` only moves arrays between slots and calls kernels.
+
+A memory plan becomes runnable here: `Program.bind` gives each step its planned `out=` and
+`workspace=` views into the arena, and `Program.calls_for` binds a leased plan (plan.manager)
+once per arena and compiles its lean loop (codegen.py) once per contract flag, keeping both on
+the lease. The loops that run a call list: `run` (generic), `run_guarded` (every step under the
+guard), `run_debug` (checks the plan after every step); the compiled lean loop is codegen's and
+the wavefront loop parallel.py's.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from opwarden.ir.graph import Graph, Value
 from opwarden.memory.constants import freeze as freeze_constant
 from opwarden.place.partition import Placement
 from opwarden.plan.limits import guard_allocation
+from opwarden.plan.manager import PlanEntry
 
 
 class Step:
@@ -70,6 +78,17 @@ class Deadline:
                 f"{where}: the run passed its deadline of {self.ms:g} ms "
                 "(SessionOptions.run_timeout_ms) and was stopped"
             )
+
+
+class Bound:
+    """What a plan bound to one arena yields (`Program.calls_for`): the call list, and its
+    compiled lean loops by contract flag."""
+
+    __slots__ = ("calls", "lean")
+
+    def __init__(self, calls: list[tuple]) -> None:
+        self.calls = calls
+        self.lean: dict[bool, Any] = {}
 
 
 def _as_result(x: Any) -> Any:
@@ -195,7 +214,7 @@ class Program:
             st.frees = tuple(frees.get(i, ()))
         self.level_frees = [tuple(level_frees.get(t, ())) for t in range(len(self.level_width))]
 
-    def _env(self, feeds: list[Any], captured: list[Any] | None) -> list[Any]:
+    def initial_env(self, feeds: list[Any], captured: list[Any] | None) -> list[Any]:
         env = list(self.template)
         for s, x in zip(self.input_slots, feeds):
             env[s] = x
@@ -254,13 +273,30 @@ class Program:
 
         return compile_calls(self, calls if calls is not None else self.calls, contract)
 
+    def calls_for(self, entry: PlanEntry, lean: bool | None = None) -> tuple[list[tuple], Any]:
+        """(the call list bound to a leased plan's arena, its compiled lean loop or None).
+
+        `lean` asks for the compiled loop (True: with the contract check, False: without).
+        Both are kept on the entry (`entry.bound`), so a signature binds and compiles once per
+        arena; the memory manager drops them when it replaces the arena or evicts the plan.
+        """
+        bound = entry.bound
+        if bound is None:
+            bound = entry.bound = Bound(self.bind(entry.binding, entry.arena))
+        if lean is None:
+            return bound.calls, None
+        fn = bound.lean.get(lean)
+        if fn is None:
+            fn = bound.lean[lean] = self.compile(bound.calls, contract=lean)
+        return bound.calls, fn
+
     def run(
         self, feeds: list[Any], captured: list[Any] | None = None, calls: list | None = None
     ) -> list[Any]:
         """Run with values for graph.inputs (and captured outer values); returns graph outputs."""
-        env = self._env(feeds, captured)
+        env = self.initial_env(feeds, captured)
         for call in calls or self.calls:
-            _call_step(call, env)
+            call_step(call, env)
             for s in call[4]:
                 env[s] = None
         return [env[s] for s in self.output_slots]
@@ -274,7 +310,7 @@ class Program:
         deadline: Deadline | None = None,
     ) -> list[Any]:
         """`run` with every step under the guard (checks, fallback, deadlines, tracing)."""
-        env = self._env(feeds, captured)
+        env = self.initial_env(feeds, captured)
         fin: list[Any] = [None] * len(env)
         for st, _fn, ins, kw, _frees, hook in calls or self.calls:
             if deadline is not None:
@@ -300,52 +336,13 @@ class Program:
                 env[s] = None
         return [env[s] for s in self.output_slots]
 
-    def run_parallel(
-        self, feeds: list[Any], calls: list, pool: Any, contract: bool = False
-    ) -> list[Any]:
-        """`run` with the steps of each wavefront submitted together to a thread pool.
-
-        Each step reads only values of earlier wavefronts and writes its own slots, so results
-        do not depend on scheduling. With `contract`, the lean contract checks apply and a
-        failure raises LeanFault (the session reruns under the guard).
-        """
-        from opwarden.blas import blas_thread_count, set_blas_threads
-
-        env = self._env(feeds, None)
-        if contract:
-            from opwarden.execute.codegen import _feed
-
-            env = [_feed(x) for x in env]
-        assert self.levels is not None
-        blas_threads = blas_thread_count()
-        for t, lv in enumerate(self.levels):
-            if len(lv) == 1:
-                _one_step(calls[lv[0]], env, contract, lv[0])
-            else:
-                # Branches share the cores: BLAS inside each gets a share, not all of them.
-                share = max(1, blas_threads // min(len(lv), pool._max_workers))
-                if share != blas_threads:
-                    set_blas_threads(share)
-                try:
-                    futures = [pool.submit(_one_step, calls[i], env, contract, i) for i in lv]
-                    errors = [f.exception() for f in futures]
-                finally:
-                    if share != blas_threads:
-                        set_blas_threads(blas_threads)
-                for e in errors:
-                    if e is not None:
-                        raise e
-            for s in self.level_frees[t]:
-                env[s] = None
-        return [env[s] for s in self.output_slots]
-
     def run_debug(
         self, feeds: list[Any], captured: list[Any] | None, calls: list, plan: Any
     ) -> list[Any]:
         """`run` that verifies after every step that no live planned tensor was overwritten."""
         import zlib
 
-        env = self._env(feeds, captured)
+        env = self.initial_env(feeds, captured)
         live: dict[int, int] = {}  # slot -> checksum of its bytes when produced
         last = {}
         for i, (st, *_rest) in enumerate(calls):
@@ -354,7 +351,7 @@ class Program:
                     last[s] = i
         for i, call in enumerate(calls):
             st, frees = call[0], call[4]
-            _call_step(call, env)
+            call_step(call, env)
             for s, crc in list(live.items()):
                 x = env[s]
                 if last.get(s, -1) <= i:  # dead after this step: in-place reuse is allowed
@@ -376,7 +373,7 @@ class Program:
         return [env[s] for s in self.output_slots]
 
 
-def _call_step(call: tuple, env: list[Any]) -> None:
+def call_step(call: tuple, env: list[Any]) -> None:
     """One bound call against `env`: gather inputs, call the kernel, store outputs."""
     st, fn, ins, kw, _frees, hook = call
     args = [env[s] if s >= 0 else None for s in ins]
@@ -393,47 +390,6 @@ def _call_step(call: tuple, env: list[Any]) -> None:
     _store(st, res, env)
     if hook is not None:
         hook(st, env)
-
-
-def _one_step(call: tuple, env: list[Any], contract: bool, index: int) -> None:
-    """One step of the parallel loop: `_call_step`, plus the lean contract checks."""
-    if not contract:
-        _call_step(call, env)
-        return
-    from opwarden.execute.codegen import LeanFault
-
-    try:
-        _call_step(call, env)
-        _check_lean_contract(call, env)
-    except (KeyboardInterrupt, GeneratorExit):
-        raise
-    except BaseException as e:  # noqa: BLE001 - the session reruns the whole run under the guard
-        raise LeanFault(index, e) from e
-
-
-def _check_lean_contract(call: tuple, env: list[Any]) -> None:
-    """What the lean loop checks: typed outputs are arrays of the facts' dtype and static
-    shape (symbolic dims unchecked here), no undeclared output-is-input, outputs made
-    read-only."""
-    from opwarden.guard.checks import output_faults
-
-    st, _fn, ins, kw, _frees, _hook = call
-    bad = output_faults([env[s] if s >= 0 else None for s in st.outs],
-                        st.placement.node.outputs, {})
-    if bad:
-        raise ValueError(f"{bad[0][0]}: {bad[0][1]}")
-    contract = st.placement.variant.op.contract
-    allowed = contract.aliases(len(st.outs))
-    args = [env[s] if s >= 0 else None for s in ins]
-    for k, s in enumerate(st.outs):
-        x = env[s] if s >= 0 else None
-        if type(x) is not np.ndarray:
-            continue
-        for a, arg in enumerate(args):
-            if (a, k) not in allowed and arg is not None and (x is arg or x.base is arg):
-                raise ValueError(f"output {k} aliases input {a}, undeclared")
-        if x.flags.writeable and x is not kw.get("out"):
-            x.flags.writeable = False
 
 
 class Tentative:

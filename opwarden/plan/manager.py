@@ -1,11 +1,18 @@
 """Memory: static plans per input-shape signature, one arena, limits checked before allocating.
 
-`MemoryManager` sits between the session and the executor. For each signature (the shapes of
-the feeds) it plans once (`lifetimes.analyze` -> `planner.build_plan`), keeps the plan in a
-bounded LRU cache, refuses plans that exceed the memory limit, and binds the plan to the
+`MemoryManager` is the step of a run between feed validation and the executor. For each
+signature (the values of the feeds' symbolic dims) it plans once (`lifetimes.analyze` ->
+`planner.build_plan`), keeps the plan in a bounded LRU cache (`plan_cache_size`), refuses plans
+that exceed the memory limit before anything is allocated, and leases the plan with the
 session's arena: one grow-only buffer sized for the largest plan in use, so running many batch
 sizes does not grow memory without bound. A run on another thread while the arena is busy gets
 a private arena of its own.
+
+The manager reads the compiled program's steps and slots (what `analyze` plans) but never calls
+it: binding a plan to the arena and compiling the lean loop are the executor's
+(`execute.program.Program.calls_for`), which keeps what it derives on the leased `PlanEntry`.
+The manager only drops that when the arena is replaced (so the old arena's memory is freed
+before the bigger one is allocated) or when the LRU evicts the plan.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from opwarden.plan.lifetimes import Binding, analyze, tensor_bytes
 from opwarden.plan.limits import default_limit
 from opwarden.plan.planner import ALIGNMENT, Buffer, MemoryPlan
 
-__all__ = ["Buffer", "MemoryManager", "MemoryPlan", "default_limit", "describe_bytes"]
+__all__ = ["Buffer", "MemoryManager", "MemoryPlan", "PlanEntry", "default_limit", "describe_bytes"]
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray:
@@ -31,14 +38,17 @@ def _aligned_empty(nbytes: int) -> np.ndarray:
     return raw[shift : shift + nbytes]
 
 
-class _Entry:
-    __slots__ = ("binding", "calls", "arena_id", "lean")
+class PlanEntry:
+    """A plan leased for a run: its `binding` (buffer offsets per step), the `arena` its buffers
+    are views of, and `bound`, what the executor derived from the two (its bound call list and
+    compiled loops; None until it binds, reset to None whenever `arena` changes)."""
 
-    def __init__(self, binding: Binding) -> None:
+    __slots__ = ("binding", "arena", "bound")
+
+    def __init__(self, binding: Binding, arena: np.ndarray | None = None) -> None:
         self.binding = binding
-        self.calls: Any = None
-        self.arena_id = -1
-        self.lean: dict[bool, Any] = {}
+        self.arena = arena
+        self.bound: Any = None
 
 
 class MemoryManager:
@@ -48,9 +58,8 @@ class MemoryManager:
         self.limit = limit
         self.cache_size = cache_size
         self.program: Any = None
-        self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._cache: OrderedDict[tuple, PlanEntry] = OrderedDict()
         self._arena: np.ndarray | None = None
-        self._arena_gen = 0
         self._busy = threading.Lock()
         self._plan_lock = threading.Lock()
         self.last_plan: MemoryPlan | None = None
@@ -96,7 +105,7 @@ class MemoryManager:
             key.append(n)
         return tuple(key), dims
 
-    def _entry(self, key: tuple, dims: dict[str, int]) -> _Entry:
+    def _entry(self, key: tuple, dims: dict[str, int]) -> PlanEntry:
         entry = self._cache.get(key)
         if entry is not None:
             self._cache.move_to_end(key)
@@ -107,7 +116,7 @@ class MemoryManager:
             binding = analyze(self.program, dims, signature=key)
             self.plans_built += 1
             self._check_limit(binding.plan, dims, tensors=False)
-            entry = _Entry(binding)
+            entry = PlanEntry(binding)
             self._cache[key] = entry
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
@@ -142,43 +151,38 @@ class MemoryManager:
                 "(SessionOptions.memory_limit_bytes); refused before allocating"
             )
 
-    # -- binding -----------------------------------------------------------------------------
-    def calls_for(self, feeds: list[Any], lean: bool | None = None) -> tuple[Any, Any, Any]:
-        """(call list bound to an arena, its compiled lean function or None, release token).
+    # -- leasing -----------------------------------------------------------------------------
+    def lease(self, feeds: list[Any]) -> tuple[PlanEntry, threading.Lock | None]:
+        """(the plan for these validated feeds with the arena it runs in, release token).
 
-        `lean` asks for the compiled function (True: with the contract check, False: without).
+        The token is the shared arena's lock, held until the run releases it; None for a
+        private arena (another run holds the shared one), whose entry is this run's alone.
         """
         key, dims = self.signature(feeds)
         entry = self._entry(key, dims)
         plan = entry.binding.plan
         self.last_plan = plan
         if self._busy.acquire(blocking=False):
-            need = plan.arena_bytes
-            if self._arena is None or self._arena.nbytes < need:
-                # Drop every view of the old arena (bound calls, compiled runs) so its memory
-                # is actually freed before the bigger one is allocated.
-                for e in self._cache.values():
-                    e.calls, e.lean, e.arena_id = None, {}, -1
-                old = 0 if self._arena is None else self._arena.nbytes
-                self._arena = None
-                # Grow geometrically (within the limit) so rising batch sizes reallocate a few
-                # times, not once per new size.
-                grown = min(max(need, old + old // 2), max(self.limit - need, need))
-                self._arena = _aligned_empty(max(need, grown, 1))
-                self._arena_gen += 1
-            if entry.arena_id != self._arena_gen or entry.calls is None:
-                entry.calls = self.program.bind(entry.binding, self._arena)
-                entry.arena_id = self._arena_gen
-                entry.lean = {}
-            fn = None
-            if lean is not None:
-                fn = entry.lean.get(lean)
-                if fn is None:
-                    fn = entry.lean[lean] = self.program.compile(entry.calls, contract=lean)
-            return entry.calls, fn, self._busy
-        # Another run holds the shared arena: this one gets a private arena.
-        private = _aligned_empty(max(plan.arena_bytes, 1))
-        return self.program.bind(entry.binding, private), None, None
+            arena = self._arena
+            if arena is None or arena.nbytes < plan.arena_bytes:
+                arena = self._grow(plan.arena_bytes)
+            if entry.arena is not arena:
+                entry.arena, entry.bound = arena, None
+            return entry, self._busy
+        return PlanEntry(entry.binding, _aligned_empty(max(plan.arena_bytes, 1))), None
+
+    def _grow(self, need: int) -> np.ndarray:
+        # Drop every view of the old arena (the executor's bound calls and compiled runs) so
+        # its memory is actually freed before the bigger one is allocated.
+        for e in self._cache.values():
+            e.arena, e.bound = None, None
+        old = 0 if self._arena is None else self._arena.nbytes
+        self._arena = None
+        # Grow geometrically (within the limit) so rising batch sizes reallocate a few times,
+        # not once per new size.
+        grown = min(max(need, old + old // 2), max(self.limit - need, need))
+        arena = self._arena = _aligned_empty(max(need, grown, 1))
+        return arena
 
     @property
     def arena_bytes(self) -> int:
