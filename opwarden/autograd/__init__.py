@@ -1,8 +1,10 @@
-"""Reverse-mode differentiation: built-in backward rules and `grad` over a whole model."""
+"""Reverse-mode differentiation: the backward-rule protocol and `grad` over a whole model.
+
+The built-in backward rules attach with their operators (the ops files, ops/grad.py).
+"""
 
 from __future__ import annotations
 
-from opwarden.autograd import rules  # noqa: F401 - attaches the built-in backward rules
 from opwarden.autograd.core import GradContext, call_rule
 from opwarden.autograd.graph import grad
 

@@ -1,4 +1,7 @@
-"""The backward-rule protocol: the context a rule receives and the checked call of a rule."""
+"""The backward-rule protocol: the context a rule receives and the checked call of a rule.
+
+The rules themselves live beside their operators in the ops files (see opwarden/ops/grad.py).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from opwarden.errors import ContractError, UnsupportedOpError
+from opwarden.ops.grad import is_float
 
 
 @dataclass
@@ -26,14 +30,6 @@ class GradContext:
         if self.node:
             return f"node {self.node}"
         return f"operator {self.op.qualname}" if self.op is not None else "backward rule"
-
-
-def is_float(x: Any) -> bool:
-    """Does this value carry a gradient (a floating-point tensor)?"""
-    if not isinstance(x, (np.ndarray, np.generic)):
-        return False
-    dt = np.asarray(x).dtype
-    return dt.kind == "f" or dt.name in ("bfloat16",)
 
 
 def upstream(outputs: Sequence[Any], grads: Sequence[Any | None]) -> list[Any]:

@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from opwarden.autograd.core import GradContext, call_rule, is_float, upstream
+from opwarden.autograd.core import GradContext, call_rule, upstream
 from opwarden.errors import InputError, ModelError, OpwardenError, UnsupportedOpError
 from opwarden.ir.graph import Graph, Model, Value
 from opwarden.ir.load import load
 from opwarden.ir.validate import validate
+from opwarden.ops.grad import is_float
 from opwarden.ops.select import kernel_kwargs
 from opwarden.place.partition import place_graph
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from opwarden.contract.layout import LAYOUT_SENSITIVE
 from opwarden.devices.base import (
     Device,
     OpCapability,
@@ -17,7 +16,6 @@ from opwarden.devices.profile import load_builtin_profiles, load_profile
 load_builtin_profiles()
 
 __all__ = [
-    "LAYOUT_SENSITIVE",
     "PREDICATES",
     "Constraint",
     "Device",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from opwarden.contract.layout import sensitive_inputs
+from opwarden.ops.select import sensitive_inputs
 from opwarden.devices.constraints import Constraint
 from opwarden.errors import OptionsError
 

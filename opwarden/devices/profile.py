@@ -34,7 +34,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the tomli backport, when installed
     import tomli as tomllib  # type: ignore[no-redef]
 
-from opwarden.contract.layout import LAYOUT_SENSITIVE
+from opwarden.ops.select import layout_inputs
 from opwarden.devices.base import Device, OpCapability, register_device
 from opwarden.devices.constraints import Constraint
 from opwarden.errors import OptionsError
@@ -124,7 +124,8 @@ def _capability(entry: dict[str, Any], defaults: dict, where: str, device: str) 
         raise OptionsError(f"{where}: needs op = \"OpType\"")
     dtypes = e.pop("dtypes", defaults.get("dtypes"))
     # Layouts concern the activation tensor of layout-sensitive operators only.
-    default_layouts = defaults.get("layouts", ["any"]) if op in LAYOUT_SENSITIVE else ["any"]
+    sensitive = layout_inputs(op, str(e.get("domain", "")))
+    default_layouts = defaults.get("layouts", ["any"]) if sensitive else ["any"]
     layouts = tuple(e.pop("layouts", default_layouts))
     for lay in layouts:
         if lay not in _LAYOUTS:

@@ -9,6 +9,7 @@ from opwarden.ops.base import REGISTRY, OpDef, Sample, Variant, kernel, op
 # Operator families, one module each; each module registers its ops on import.
 FAMILIES = (
     "elementwise",
+    "logic",
     "activation",
     "cast",
     "quant",
@@ -19,6 +20,7 @@ FAMILIES = (
     "pool",
     "image",
     "shape",
+    "constant",
     "index",
     "rnn",
     "signal",

@@ -1,4 +1,5 @@
-"""Operators: activation family."""
+"""Operators: activation family, with their backward rules and the activation table
+(`REFERENCES`: canonical name -> reference kernel) the fused ops apply by name."""
 
 import math
 
@@ -6,22 +7,10 @@ import numpy as np
 
 from opwarden.contract import UNARY, Contract, one_of
 from opwarden.errors import KernelError
-from opwarden.ops.base import op
+from opwarden.ops.base import Sample, op
+from opwarden.ops.common import apply_wide
 from opwarden.ops.elementwise import erf
-
-
-def _wide(x: np.ndarray) -> np.ndarray:
-    """Floats narrower than 32 bits are computed in float32 and rounded once at the end."""
-    if x.dtype.kind != "f" and not x.dtype.name.startswith(("bfloat", "float")):
-        return x
-    return x.astype(np.float32) if x.dtype.itemsize < 4 else x
-
-
-def _apply(fn, X: np.ndarray, *more: np.ndarray) -> np.ndarray:
-    """fn on the (widened) inputs, result in X's dtype, without floating-point warnings."""
-    with np.errstate(all="ignore"):
-        r = fn(_wide(X), *(_wide(m) for m in more))
-        return np.asarray(r).astype(X.dtype, copy=False)
+from opwarden.ops.grad import away_from_zero, differentiable, fit, reduce_to, unary, unary_cases
 
 
 def _c(x: np.ndarray, value: float):
@@ -91,7 +80,7 @@ def Relu(X):
 @op("LeakyRelu", since=6, contract=UNARY)
 def LeakyRelu(X, *, alpha=0.01):
     """X for X >= 0, alpha*X below (ONNX LeakyRelu-6/16)."""
-    return _apply(lambda x: np.where(x < 0, _c(x, alpha) * x, x), X)
+    return apply_wide(lambda x: np.where(x < 0, _c(x, alpha) * x, x), X)
 
 
 @op("PRelu", since=6, contract=Contract(
@@ -104,13 +93,13 @@ def PRelu(X, slope):
         shape = None
     if shape != X.shape:
         raise KernelError(f"PRelu: slope of shape {slope.shape} does not broadcast to {X.shape}")
-    return _apply(lambda x, s: np.where(x < 0, s * x, x), X, slope)
+    return apply_wide(lambda x, s: np.where(x < 0, s * x, x), X, slope)
 
 
 @op("Elu", since=6, contract=UNARY)
 def Elu(X, *, alpha=1.0):
     """X for X >= 0, alpha*(e^X - 1) below (ONNX Elu-6/22)."""
-    return _apply(lambda x: np.where(x < 0, _c(x, alpha) * np.expm1(x), x), X)
+    return apply_wide(lambda x: np.where(x < 0, _c(x, alpha) * np.expm1(x), x), X)
 
 
 @op("Selu", since=6, contract=UNARY)
@@ -120,7 +109,7 @@ def Selu(X, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875)
     def f(x):
         return _c(x, gamma) * np.where(x > 0, x, _c(x, alpha) * np.expm1(x))
 
-    return _apply(f, X)
+    return apply_wide(f, X)
 
 
 @op("Celu", since=12, contract=UNARY)
@@ -133,49 +122,49 @@ def Celu(X, *, alpha=1.0):
         a = _c(x, alpha)
         return np.maximum(x, _c(x, 0)) + np.minimum(_c(x, 0), a * np.expm1(x / a))
 
-    return _apply(f, X)
+    return apply_wide(f, X)
 
 
 @op("Sigmoid", since=6, contract=UNARY)
 def Sigmoid(X):
     """1 / (1 + e^-X) (ONNX Sigmoid-6/13)."""
-    return _apply(_sigmoid, X)
+    return apply_wide(_sigmoid, X)
 
 
 @op("HardSigmoid", since=6, contract=UNARY)
 def HardSigmoid(X, *, alpha=0.2, beta=0.5):
     """max(0, min(1, alpha*X + beta)) (ONNX HardSigmoid-6/22)."""
-    return _apply(lambda x: np.clip(_c(x, alpha) * x + _c(x, beta), 0, 1), X)
+    return apply_wide(lambda x: np.clip(_c(x, alpha) * x + _c(x, beta), 0, 1), X)
 
 
 @op("HardSwish", since=14, contract=UNARY)
 def HardSwish(X):
     """X * max(0, min(1, X/6 + 1/2)) (ONNX HardSwish-14/22)."""
-    return _apply(lambda x: x * np.clip(x / _c(x, 6) + _c(x, 0.5), 0, 1), X)
+    return apply_wide(lambda x: x * np.clip(x / _c(x, 6) + _c(x, 0.5), 0, 1), X)
 
 
 @op("Softplus", since=1, contract=UNARY)
 def Softplus(X):
     """ln(1 + e^X) (ONNX Softplus-1/22)."""
-    return _apply(_softplus, X)
+    return apply_wide(_softplus, X)
 
 
 @op("Softsign", since=1, contract=UNARY)
 def Softsign(X):
     """X / (1 + |X|) (ONNX Softsign-1/22)."""
-    return _apply(lambda x: x / (_c(x, 1) + np.abs(x)), X)
+    return apply_wide(lambda x: x / (_c(x, 1) + np.abs(x)), X)
 
 
 @op("Tanh", since=6, contract=UNARY)
 def Tanh(X):
     """Hyperbolic tangent (ONNX Tanh-6/13)."""
-    return _apply(np.tanh, X)
+    return apply_wide(np.tanh, X)
 
 
 @op("ThresholdedRelu", since=10, contract=_SUPPRESS)
 def ThresholdedRelu(X, *, alpha=1.0):
     """X where X > alpha, else 0 (NaN fails the test and gives 0) (ONNX ThresholdedRelu-10/22)."""
-    return _apply(lambda x: np.where(x > _c(x, alpha), x, _c(x, 0)), X)
+    return apply_wide(lambda x: np.where(x > _c(x, alpha), x, _c(x, 0)), X)
 
 
 @op("Shrink", since=9, contract=Contract(may_alias=((0, 0),), nan="suppress", overflow="wrap"))
@@ -194,7 +183,7 @@ def Shrink(input, *, bias=0.0, lambd=0.5):
         b = _c(x, bias)
         return np.where(x < -lambd, x + b, np.where(x > lambd, x - b, _c(x, 0)))
 
-    return _apply(f, X)
+    return apply_wide(f, X)
 
 
 @op("Gelu", since=20, contract=Contract(
@@ -211,19 +200,19 @@ def Gelu(X, *, approximate="none"):
         inner = _c(x, math.sqrt(2 / math.pi)) * (x + _c(x, 0.044715) * x * x * x)
         return _c(x, 0.5) * x * (_c(x, 1) + np.tanh(inner))
 
-    return _apply(exact if approximate == "none" else tanh, X)
+    return apply_wide(exact if approximate == "none" else tanh, X)
 
 
 @op("Mish", since=18, contract=UNARY)
 def Mish(X):
     """X * tanh(ln(1 + e^X)) (ONNX Mish-18/22)."""
-    return _apply(lambda x: x * np.tanh(_softplus(x)), X)
+    return apply_wide(lambda x: x * np.tanh(_softplus(x)), X)
 
 
 @op("Swish", since=24, contract=UNARY)
 def Swish(X, *, alpha=1.0):
     """X * sigmoid(alpha*X) (ONNX Swish-24)."""
-    return _apply(lambda x: x * _sigmoid(_c(x, alpha) * x), X)
+    return apply_wide(lambda x: x * _sigmoid(_c(x, alpha) * x), X)
 
 
 @op("SwiGLU", since=28, contract=Contract(may_alias=((0, 0), (1, 0))))
@@ -231,7 +220,7 @@ def SwiGLU(A, B, *, alpha=1.0):
     """Swish_alpha(A) * B for A and B of the same shape (ONNX SwiGLU-28)."""
     if A.shape != B.shape:
         raise KernelError(f"SwiGLU: A of shape {A.shape} and B of shape {B.shape} differ")
-    return _apply(lambda a, b: a * _sigmoid(_c(a, alpha) * a) * b, A, B)
+    return apply_wide(lambda a, b: a * _sigmoid(_c(a, alpha) * a) * b, A, B)
 
 
 def _clip(X: np.ndarray, lo, hi) -> np.ndarray:
@@ -266,3 +255,127 @@ def Clip_6(input, *, min=-3.4028234663852886e38, max=3.4028234663852886e38):  # 
     with np.errstate(all="ignore"):  # FLT_MAX overflows float16 to inf, which is still a bound
         lo, hi = np.asarray(min, input.dtype), np.asarray(max, input.dtype)
     return _clip(input, lo, hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# The activation table: canonical ONNX name -> reference kernel, for the ops that apply an
+# activation by name (the fused ops). `activation_reference` matches names in any case.
+
+REFERENCES = {
+    "Relu": Relu, "LeakyRelu": LeakyRelu, "Elu": Elu, "Selu": Selu, "Celu": Celu,
+    "Sigmoid": Sigmoid, "HardSigmoid": HardSigmoid, "HardSwish": HardSwish,
+    "Softplus": Softplus, "Softsign": Softsign, "Tanh": Tanh, "ThresholdedRelu": ThresholdedRelu,
+    "Gelu": Gelu, "Mish": Mish, "Clip": Clip,
+}
+_BY_LOWER = {k.lower(): v for k, v in REFERENCES.items()}
+
+
+def activation_reference(name: str):
+    """The reference kernel of activation `name` ("Relu", "relu", ...); KernelError if none."""
+    fn = _BY_LOWER.get(str(name).lower())
+    if fn is None:
+        raise KernelError(f"unknown activation {name!r}; expected one of {sorted(REFERENCES)}")
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward rules
+
+_unary_grad_cases = unary_cases({
+    # stay off the thresholds
+    "HardSwish": lambda: np.array([[-4.0, -2.5, -0.5], [0.7, 2.9, 4.2]]),
+    "HardSigmoid": lambda: np.array([[-4.0, -2.0, -0.5], [0.7, 2.2, 4.2]]),
+    "Shrink": lambda: np.array([[-1.0, -0.2, 0.3], [0.7, 1.6, -0.9]]),
+    "ThresholdedRelu": lambda: np.array([[-1.0, 0.5, 1.3], [2.7, 0.2, 1.6]]),
+}, {
+    "LeakyRelu": {"alpha": 0.1}, "Elu": {"alpha": 0.7}, "Celu": {"alpha": 1.5},
+    "Selu": {"alpha": 1.5, "gamma": 1.2}, "HardSigmoid": {"alpha": 0.3, "beta": 0.4},
+    "Gelu": {"approximate": "tanh"}, "Shrink": {"lambd": 0.4, "bias": 0.1},
+    "ThresholdedRelu": {"alpha": 0.8},
+})
+
+
+def _grad(*op_types: str):
+    return unary(*op_types, cases=_unary_grad_cases)
+
+
+_grad("Tanh")(lambda x, y, a: 1 - y * y)
+_grad("Sigmoid")(lambda x, y, a: y * (1 - y))
+_grad("Relu")(lambda x, y, a: (x > 0).astype(y.dtype))
+_grad("LeakyRelu")(lambda x, y, a: np.where(x >= 0, 1, a.get("alpha", 0.01)).astype(y.dtype))
+_grad("Elu")(lambda x, y, a: np.where(x > 0, 1, y + a.get("alpha", 1.0)).astype(y.dtype))
+_grad("Celu")(lambda x, y, a: np.where(x > 0, 1, np.exp(x / a.get("alpha", 1.0))))
+_grad("ThresholdedRelu")(lambda x, y, a: (x > a.get("alpha", 1.0)).astype(y.dtype))
+_grad("Softplus")(lambda x, y, a: _sigmoid(x))
+_grad("Softsign")(lambda x, y, a: 1 / ((1 + np.abs(x)) ** 2))
+
+
+@_grad("Selu")
+def _selu_grad(x, y, a):
+    alpha, gamma = a.get("alpha", 1.6732632423543772), a.get("gamma", 1.0507009873554805)
+    return gamma * np.where(x > 0, 1, alpha * np.exp(np.minimum(x, 0)))
+
+
+@_grad("HardSigmoid")
+def _hardsigmoid_grad(x, y, a):
+    z = a.get("alpha", 0.2) * x + a.get("beta", 0.5)
+    return np.where((z > 0) & (z < 1), a.get("alpha", 0.2), 0).astype(y.dtype)
+
+
+@_grad("HardSwish")
+def _hardswish_grad(x, y, a):
+    return np.where(x < -3, 0, np.where(x > 3, 1, x / 3 + 0.5)).astype(y.dtype)
+
+
+@_grad("Shrink")
+def _shrink_grad(x, y, a):
+    lambd = a.get("lambd", 0.5)
+    return ((x < -lambd) | (x > lambd)).astype(y.dtype)
+
+
+@_grad("Mish")
+def _mish_grad(x, y, a):
+    sp = np.logaddexp(0, x)
+    t = np.tanh(sp)
+    return t + x * (1 - t * t) * _sigmoid(x)
+
+
+@_grad("Gelu")
+def _gelu_grad(x, y, a):
+    if a.get("approximate", "none") == "tanh":
+        k = math.sqrt(2 / math.pi)
+        inner = k * (x + 0.044715 * x**3)
+        t = np.tanh(inner)
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x)
+    cdf = 0.5 * (1 + erf(x / math.sqrt(2)))
+    return cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+@differentiable("PRelu", cases=lambda t, v: [Sample([away_from_zero(2, 3),
+                                                     away_from_zero(3, seed=4)])])
+def _prelu_grad(ctx, dY, **attrs):
+    X, slope = ctx.inputs[:2]
+    neg = X < 0
+    dx = dY * np.where(neg, slope, 1)
+    return fit(ctx, dx, reduce_to(np.where(neg, dY * X, 0), slope))
+
+
+def _clip_grad_cases(op_type: str, since: int) -> list[Sample]:
+    y = np.array([[-2.0, -0.5, 0.2], [0.9, 1.7, -1.2]])
+    if since < 11:
+        return [Sample([y], {"min": -1.0, "max": 1.0})]
+    return [Sample([y, np.array(-1.0), np.array(1.0)]), Sample([y, None, np.array(0.5)])]
+
+
+@differentiable("Clip", cases=_clip_grad_cases)
+def _clip_grad(ctx, dY, **attrs):
+    X = np.asarray(ctx.inputs[0])
+    lo = ctx.inputs[1] if len(ctx.inputs) > 1 else attrs.get("min")
+    hi = ctx.inputs[2] if len(ctx.inputs) > 2 else attrs.get("max")
+    below = np.zeros(X.shape, bool) if lo is None else X < lo
+    mid = X if lo is None else np.maximum(X, lo)
+    above = np.zeros(X.shape, bool) if hi is None else mid > hi
+    dx = np.where(below | above, 0, dY)
+    dlo = np.sum(np.where(below & ~above, dY, 0))
+    dhi = np.sum(np.where(above, dY, 0))
+    return fit(ctx, dx, dlo, dhi)

@@ -1,4 +1,9 @@
-"""One operator, one object: schema + contract + reference kernel + rules + variants."""
+"""One operator, one object: schema + contract + reference kernel + rules + variants.
+
+The rules an operator carries: its shape rule (``infer``), its backward rule and gradcheck
+cases (``grad``, ``grad_cases``; helpers in ops/grad.py), its samples, the inputs a layout
+places (``layout_inputs``); each ops file declares them beside the operator.
+"""
 
 from __future__ import annotations
 
@@ -133,6 +138,7 @@ class OpDef:
         reference: Callable[..., Any],
         contract: Contract,
         schema: Schema | None,
+        layout_inputs: tuple[int, ...] = (),
     ) -> None:
         self.op_type = op_type
         self.domain = domain
@@ -142,6 +148,11 @@ class OpDef:
         self.custom_schema = schema  # None for standard ops: the ONNX schema is looked up per opset
         self.infer_fn: Callable[..., Any] | None = None
         self.grad_fn: Callable[..., Any] | None = None
+        # f(op_type, since) -> Samples the backward rule is gradchecked on (ops.grad)
+        self.grad_cases_fn: Callable[[str, int], list[Sample]] | None = None
+        # The activation inputs whose channel axis a layout (NCHW / NHWC) places; output 0 is
+        # the activation output. Empty: the op does not care about layout.
+        self.layout_inputs = tuple(layout_inputs)
         self.samples_fn: Callable[[Any], Iterable[Sample]] | None = None
         self.variants: list[Variant] = []
         self.__doc__ = reference.__doc__
@@ -235,6 +246,12 @@ class OpDef:
     def grad(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorator setting the backward rule: f(ctx, *dOutputs, **attrs) -> one grad per input."""
         self.grad_fn = fn
+        return fn
+
+    def grad_cases(self, fn: Callable[[str, int], list[Sample]]) -> Callable[..., Any]:
+        """Decorator setting the gradcheck cases of the backward rule: f(op_type, since) ->
+        Samples (float64, away from the op's kinks)."""
+        self.grad_cases_fn = fn
         return fn
 
     def samples(self, fn: Callable[[Any], Iterable[Sample]]) -> Callable[..., Any]:
@@ -337,6 +354,7 @@ def op(
     outputs: list[str] | None = None,
     types: Mapping[str, Iterable[str]] | None = None,
     attrs: Mapping[str, Any] | None = None,
+    layout_inputs: tuple[int, ...] = (),
 ) -> Callable[[Callable[..., Any]], OpDef]:
     """Declare an operator whose reference kernel is the decorated NumPy function.
 
@@ -344,6 +362,7 @@ def op(
     ONNX changed the op). Custom domains declare the schema here: ``inputs``/``outputs`` as
     ``"name: T"`` strings (suffix ``?`` optional, prefix ``*`` variadic), ``types`` mapping
     constraint names to dtype names, ``attrs`` mapping names to defaults (or ``(type, default)``).
+    ``layout_inputs``: the inputs whose channel axis a layout places (see OpDef.layout_inputs).
     """
     domain = canonical_domain(domain)
 
@@ -359,12 +378,12 @@ def op(
                     f"is version {sch.since})"
                 )
             _check_allowed_names(op_type, contract, sch)
-            opdef = OpDef(op_type, domain, sch.since, fn, contract or DEFAULT, None)
+            opdef = OpDef(op_type, domain, sch.since, fn, contract or DEFAULT, None, layout_inputs)
         else:
             from opwarden.ops.custom import build_schema
 
             sch = build_schema(op_type, domain, since or 1, inputs, outputs, types, attrs, fn)
-            opdef = OpDef(op_type, domain, since or 1, fn, contract or DEFAULT, sch)
+            opdef = OpDef(op_type, domain, since or 1, fn, contract or DEFAULT, sch, layout_inputs)
         REGISTRY.add(opdef)
         return opdef
 

@@ -1,4 +1,4 @@
-"""Operators: cast family (Cast, CastLike).
+"""Operators: cast family (Cast, CastLike, BitCast).
 
 `cast_array` holds the conversion rules of the ONNX Cast spec and is shared with quant.py:
 numeric <-> numeric (C-like truncation/wrapping for integers, RNE for floats), float8 with the
@@ -8,6 +8,8 @@ and string parsing/formatting ("NaN", "INF", "-INF").
 
 from __future__ import annotations
 
+import sys
+
 import ml_dtypes
 import numpy as np
 from onnx import TensorProto
@@ -15,7 +17,8 @@ from onnx import TensorProto
 from opwarden.contract import Contract, one_of, such_that
 from opwarden.dtypes import STRING, np_dtype
 from opwarden.errors import KernelError
-from opwarden.ops.base import op
+from opwarden.ops.base import Sample, op
+from opwarden.ops.grad import away_from_zero, differentiable, fit
 
 _F8 = frozenset(
     np.dtype(t)
@@ -346,3 +349,61 @@ def CastLike_19(input, target_type, *, saturate=1):
 def CastLike(input, target_type, *, saturate=1, round_mode="up"):
     """CastLike with float8e8m0 rounding control (ONNX CastLike-24; 25 only adds types)."""
     return cast_array(input, np.asarray(target_type).dtype, bool(saturate), round_mode)
+
+
+# ONNX widths of the types stored one per byte by ml_dtypes (the value sits in the low bits).
+_SUB_BYTE_BITS = {"int4": 4, "uint4": 4, "float4_e2m1fn": 4, "int2": 2, "uint2": 2}
+
+
+def _bit_width(dt: np.dtype) -> int:
+    return _SUB_BYTE_BITS.get(dt.name, dt.itemsize * 8)
+
+
+def _bitcast_target(to) -> bool:
+    try:
+        return np_dtype(int(to)) != np.dtype(object)
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+@op("BitCast", since=26, contract=Contract(
+    may_alias=((0, 0),), nan="produce",
+    allowed={"to": such_that(_bitcast_target, "a non-string ONNX tensor element type")}))
+def BitCast(input, *, to=None):
+    """Reinterpret the bits of each element as type `to` of the same width (ONNX BitCast-26)."""
+    if to is None or not _bitcast_target(to):
+        raise KernelError(f"BitCast: 'to' must be a non-string tensor type, got {to!r}")
+    target = np_dtype(int(to))
+    if input.dtype == np.dtype(object):
+        raise KernelError("BitCast: string tensors cannot be reinterpreted")
+    if _bit_width(input.dtype) != _bit_width(target):
+        raise KernelError(
+            f"BitCast: {input.dtype} is {_bit_width(input.dtype)} bits but {target} is "
+            f"{_bit_width(target)} bits"
+        )
+    # (np.ascontiguousarray would turn a 0-d tensor into 1-d.)
+    src = input if input.flags.c_contiguous else input.copy(order="C")
+    if sys.byteorder != "little":  # the spec fixes little-endian bytes
+        src = src.byteswap()
+    if target == np.bool_:
+        # A bool holds 0 or 1; any nonzero byte reads as true.
+        return np.asarray(src.view(np.uint8) != 0)
+    if _bit_width(target) < 8:
+        # Keep only the value bits so the target reads exactly them.
+        bits = np.asarray(src.view(np.uint8) & np.uint8((1 << _bit_width(target)) - 1))
+        return bits.view(target)
+    out = src.view(target)
+    return out.byteswap() if sys.byteorder != "little" else out
+
+
+def _cast_grad_cases(op_type: str, since: int) -> list[Sample]:
+    x = away_from_zero(2, 3)
+    if op_type == "Cast":
+        return [Sample([x], {"to": 11})]
+    return [Sample([x, np.zeros(1)])]
+
+
+@differentiable("Cast", "CastLike", cases=_cast_grad_cases)
+def _cast_grad(ctx, dY, **attrs):
+    # dY comes back in the input's dtype (fit casts it).
+    return fit(ctx, dY)

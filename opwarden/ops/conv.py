@@ -14,6 +14,7 @@ import numpy as np
 from opwarden.contract import Contract, one_of, such_that
 from opwarden.errors import KernelError
 from opwarden.ops.base import Sample, op
+from opwarden.ops.grad import away_from_zero, differentiable, fit
 
 AUTO_PAD = one_of("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _POSITIVE_GROUP = such_that(lambda g: int(g) >= 1, "a positive integer")
@@ -188,7 +189,7 @@ _CONV_CONTRACT = Contract(
 )
 
 
-@op("Conv", since=1, contract=_CONV_CONTRACT)
+@op("Conv", since=1, layout_inputs=(0,), contract=_CONV_CONTRACT)
 def Conv(
     X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
     strides=None,
@@ -272,6 +273,49 @@ def _conv_samples(rng):
         yield Sample(inputs, attrs, label=label, constants=(1, 2) if bias else (1,))
 
 
+def _conv_grad_cases(op_type: str, since: int) -> list[Sample]:
+    x = away_from_zero(2, 4, 5, 5)
+    return [
+        Sample([x, away_from_zero(3, 4, 3, 3, seed=2), away_from_zero(3, seed=3)],
+               {"pads": [1, 1, 1, 1]}),
+        Sample([x, away_from_zero(4, 2, 2, 3, seed=4)],
+               {"group": 2, "strides": [2, 1], "dilations": [1, 2], "pads": [0, 1, 1, 0]},
+               label="groups strides dilations"),
+        Sample([x, away_from_zero(2, 4, 3, 3, seed=5)],
+               {"auto_pad": "SAME_LOWER", "strides": [2, 2]}, label="SAME_LOWER"),
+        Sample([away_from_zero(1, 2, 6), away_from_zero(2, 2, 3, seed=6)], {"strides": [2]},
+               label="1-D"),
+    ]
+
+
+@differentiable("Conv", cases=_conv_grad_cases)
+def _conv_grad(ctx, dY, **attrs):
+    # dW: each output gradient against the im2col columns; dX: the columns' gradient folded
+    # back (col2im) and unpadded.
+    X, W = (np.asarray(x) for x in ctx.inputs[:2])
+    B = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    group = int(attrs.get("group", 1) or 1)
+    kernel = W.shape[2:]
+    nsp = X.ndim - 2
+    s, d = spatial_params(nsp, attrs.get("strides"), attrs.get("dilations"))
+    begin, end = conv_pads(X.shape[2:], kernel, s, d, attrs.get("pads"), attrs.get("auto_pad"))
+    out_sp = dY.shape[2:]
+    n, c = X.shape[:2]
+    m = W.shape[0]
+    xp = pad_spatial(X.astype(dY.dtype, copy=False), begin, end)
+    cols = im2col(xp, kernel, s, d, out_sp)  # (N, C, K, P)
+    k, p = cols.shape[2], cols.shape[3]
+    colsg = cols.reshape(n, group, (c // group) * k, p)
+    gy = dY.reshape(n, group, m // group, p)
+    wg = W.astype(dY.dtype, copy=False).reshape(group, m // group, (c // group) * k)
+    dw = np.einsum("ngmp,ngkp->gmk", gy, colsg).reshape(W.shape)
+    dcols = np.einsum("gmk,ngmp->ngkp", wg, gy).reshape((n, c, k) + tuple(out_sp))
+    dxp = col2im(dcols, kernel, s, d, out_sp, xp.shape[2:])
+    dx = pad_spatial(dxp, [-b for b in begin], [-e for e in end])
+    db = None if B is None else dY.sum(axis=(0,) + tuple(range(2, dY.ndim)))
+    return fit(ctx, dx, dw, db)
+
+
 # ---------------------------------------------------------------------------------------------
 # ConvTranspose
 
@@ -314,6 +358,7 @@ def _convtranspose_workspace(x, w, *rest, group=1, **_):
 
 @op(
     "ConvTranspose",
+    layout_inputs=(0,),
     since=1,
     contract=Contract(
         layout="NCHW",

@@ -1,37 +1,26 @@
-"""Operators: elementwise family (unary math, arithmetic, comparison, logic, bitwise, variadic)."""
+"""Operators: elementwise family (unary math, arithmetic, variadic, Where), with their backward
+rules; comparison, logic and bitwise ops live in logic.py, BitCast in cast.py."""
 
 import math
-import sys
 
 import numpy as np
 
-from opwarden.contract import ELEMENTWISE, Contract, one_of, such_that
-from opwarden.dtypes import np_dtype
+from opwarden.contract import ELEMENTWISE, Contract, one_of
 from opwarden.errors import KernelError
-from opwarden.ops.base import op
+from opwarden.ops.base import Sample, op
+from opwarden.ops.common import apply_wide, wide
+from opwarden.ops.grad import (
+    away_from_zero,
+    differentiable,
+    fit,
+    positive,
+    reduce_to,
+    unary,
+    unary_cases,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
-
-
-def _is_float(dt: np.dtype) -> bool:
-    """True for IEEE floats and ml_dtypes floats (bfloat16, float8, float4: kind 'V')."""
-    return dt.kind == "f" or dt.name.startswith(("bfloat", "float"))
-
-
-def _wide(x: np.ndarray) -> np.ndarray:
-    """Floats narrower than 32 bits are computed in float32 (one rounding back at the end)."""
-    if _is_float(x.dtype) and x.dtype.itemsize < 4:
-        return x.astype(np.float32)
-    return x
-
-
-def _apply(fn, *xs, dtype=None) -> np.ndarray:
-    """fn on the inputs (narrow floats widened), cast to `dtype` (default: input 0's dtype)."""
-    out = xs[0].dtype if dtype is None else np.dtype(dtype)
-    with np.errstate(all="ignore"):
-        r = fn(*(_wide(x) for x in xs))
-        return np.asarray(r).astype(out, copy=False)
 
 
 def _check_int_divisor(B: np.ndarray, what: str) -> None:
@@ -70,9 +59,6 @@ _FLOAT_UNARY = Contract(may_alias=((0, 0),))
 _FLOAT_UNARY_NAN = Contract(may_alias=((0, 0),), nan="produce")
 _INT_UNARY = Contract(may_alias=((0, 0),), overflow="wrap")
 _PREDICATE = Contract(nan="none")
-_COMPARE = Contract(nan="none", broadcast="multidirectional")
-_LEGACY_COMPARE = Contract(nan="none", broadcast="unidirectional", allowed=_LEGACY)
-_BITS = Contract(may_alias=((0, 0),), nan="none", broadcast="multidirectional", overflow="wrap")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,121 +68,121 @@ _BITS = Contract(may_alias=((0, 0),), nan="none", broadcast="multidirectional", 
 @op("Abs", since=6, contract=_INT_UNARY)
 def Abs(X):
     """|X|; the most negative signed integer wraps to itself (ONNX Abs-6/13)."""
-    return _apply(np.abs, X)
+    return apply_wide(np.abs, X)
 
 
 @op("Neg", since=6, contract=_INT_UNARY)
 def Neg(X):
     """-X; the most negative signed integer wraps to itself (ONNX Neg-6/13)."""
-    return _apply(np.negative, X)
+    return apply_wide(np.negative, X)
 
 
 @op("Reciprocal", since=6, contract=_FLOAT_UNARY)
 def Reciprocal(X):
     """1/X (ONNX Reciprocal-6/13)."""
-    return _apply(np.reciprocal, X)
+    return apply_wide(np.reciprocal, X)
 
 
 @op("Floor", since=6, contract=_FLOAT_UNARY)
 def Floor(X):
     """Largest integer <= X (ONNX Floor-6/13)."""
-    return _apply(np.floor, X)
+    return apply_wide(np.floor, X)
 
 
 @op("Ceil", since=6, contract=_FLOAT_UNARY)
 def Ceil(X):
     """Smallest integer >= X (ONNX Ceil-6/13)."""
-    return _apply(np.ceil, X)
+    return apply_wide(np.ceil, X)
 
 
 @op("Round", since=11, contract=_FLOAT_UNARY)
 def Round(X):
     """Nearest integer, halves to even (ONNX Round-11/22)."""
-    return _apply(np.rint, X)  # rint rounds half to even
+    return apply_wide(np.rint, X)  # rint rounds half to even
 
 
 @op("Sqrt", since=6, contract=_FLOAT_UNARY_NAN)
 def Sqrt(X):
     """Square root; NaN for negative X (ONNX Sqrt-6/13)."""
-    return _apply(np.sqrt, X)
+    return apply_wide(np.sqrt, X)
 
 
 @op("Exp", since=6, contract=_FLOAT_UNARY)
 def Exp(X):
     """e**X (ONNX Exp-6/13)."""
-    return _apply(np.exp, X)
+    return apply_wide(np.exp, X)
 
 
 @op("Log", since=6, contract=_FLOAT_UNARY_NAN)
 def Log(X):
     """Natural logarithm; -inf at 0, NaN below (ONNX Log-6/13)."""
-    return _apply(np.log, X)
+    return apply_wide(np.log, X)
 
 
 @op("Sin", since=7, contract=_FLOAT_UNARY)
 def Sin(X):
     """Sine (ONNX Sin-7/22)."""
-    return _apply(np.sin, X)
+    return apply_wide(np.sin, X)
 
 
 @op("Cos", since=7, contract=_FLOAT_UNARY)
 def Cos(X):
     """Cosine (ONNX Cos-7/22)."""
-    return _apply(np.cos, X)
+    return apply_wide(np.cos, X)
 
 
 @op("Tan", since=7, contract=_FLOAT_UNARY)
 def Tan(X):
     """Tangent (ONNX Tan-7/22)."""
-    return _apply(np.tan, X)
+    return apply_wide(np.tan, X)
 
 
 @op("Asin", since=7, contract=_FLOAT_UNARY_NAN)
 def Asin(X):
     """Arcsine; NaN outside [-1, 1] (ONNX Asin-7/22)."""
-    return _apply(np.arcsin, X)
+    return apply_wide(np.arcsin, X)
 
 
 @op("Acos", since=7, contract=_FLOAT_UNARY_NAN)
 def Acos(X):
     """Arccosine; NaN outside [-1, 1] (ONNX Acos-7/22)."""
-    return _apply(np.arccos, X)
+    return apply_wide(np.arccos, X)
 
 
 @op("Atan", since=7, contract=_FLOAT_UNARY)
 def Atan(X):
     """Arctangent (ONNX Atan-7/22)."""
-    return _apply(np.arctan, X)
+    return apply_wide(np.arctan, X)
 
 
 @op("Sinh", since=9, contract=_FLOAT_UNARY)
 def Sinh(X):
     """Hyperbolic sine (ONNX Sinh-9/22)."""
-    return _apply(np.sinh, X)
+    return apply_wide(np.sinh, X)
 
 
 @op("Cosh", since=9, contract=_FLOAT_UNARY)
 def Cosh(X):
     """Hyperbolic cosine (ONNX Cosh-9/22)."""
-    return _apply(np.cosh, X)
+    return apply_wide(np.cosh, X)
 
 
 @op("Asinh", since=9, contract=_FLOAT_UNARY)
 def Asinh(X):
     """Inverse hyperbolic sine (ONNX Asinh-9/22)."""
-    return _apply(np.arcsinh, X)
+    return apply_wide(np.arcsinh, X)
 
 
 @op("Acosh", since=9, contract=_FLOAT_UNARY_NAN)
 def Acosh(X):
     """Inverse hyperbolic cosine; NaN below 1 (ONNX Acosh-9/22)."""
-    return _apply(np.arccosh, X)
+    return apply_wide(np.arccosh, X)
 
 
 @op("Atanh", since=9, contract=_FLOAT_UNARY_NAN)
 def Atanh(X):
     """Inverse hyperbolic tangent; NaN outside [-1, 1] (ONNX Atanh-9/22)."""
-    return _apply(np.arctanh, X)
+    return apply_wide(np.arctanh, X)
 
 
 _erf_scalar = np.frompyfunc(math.erf, 1, 1)
@@ -210,19 +196,19 @@ def erf(x: np.ndarray) -> np.ndarray:
 @op("Erf", since=9, contract=_FLOAT_UNARY)
 def Erf(X):
     """Gauss error function (ONNX Erf-9/13)."""
-    return _apply(erf, X)
+    return apply_wide(erf, X)
 
 
 @op("Sign", since=9, contract=Contract(may_alias=((0, 0),)))
 def Sign(X):
     """-1, 0 or 1 by the sign of X; NaN stays NaN (ONNX Sign-9/13)."""
-    return _apply(np.sign, X)
+    return apply_wide(np.sign, X)
 
 
 @op("IsNaN", since=9, contract=_PREDICATE)
 def IsNaN(X):
     """True where X is NaN (ONNX IsNaN-9/13/20)."""
-    return _apply(np.isnan, X, dtype=np.bool_)
+    return apply_wide(np.isnan, X, dtype=np.bool_)
 
 
 @op("IsInf", since=10, contract=Contract(
@@ -233,7 +219,7 @@ def IsInf(X, *, detect_negative=1, detect_positive=1):
     def f(x):
         return (np.isposinf(x) & bool(detect_positive)) | (np.isneginf(x) & bool(detect_negative))
 
-    return _apply(f, X, dtype=np.bool_)
+    return apply_wide(f, X, dtype=np.bool_)
 
 
 @op("Not", since=1, contract=Contract(may_alias=((0, 0),), nan="none"))
@@ -258,44 +244,44 @@ def _trunc_div(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 @op("Add", since=7, contract=_ARITH)
 def Add(A, B):
     """A + B with numpy broadcasting; integers wrap (ONNX Add-7/13/14)."""
-    return _apply(np.add, A, B)
+    return apply_wide(np.add, A, B)
 
 
 @op("Sub", since=7, contract=_ARITH)
 def Sub(A, B):
     """A - B with numpy broadcasting; integers wrap (ONNX Sub-7/13/14)."""
-    return _apply(np.subtract, A, B)
+    return apply_wide(np.subtract, A, B)
 
 
 @op("Mul", since=7, contract=_ARITH)
 def Mul(A, B):
     """A * B with numpy broadcasting; integers wrap (ONNX Mul-7/13/14)."""
-    return _apply(np.multiply, A, B)
+    return apply_wide(np.multiply, A, B)
 
 
 @op("Div", since=7, contract=Contract(
     may_alias=((0, 0),), broadcast="multidirectional", overflow="wrap", nan="produce"))
 def Div(A, B):
     """A / B with numpy broadcasting; integer division truncates toward zero (ONNX Div-7/13/14)."""
-    return _apply(_trunc_div, A, B)
+    return apply_wide(_trunc_div, A, B)
 
 
 @op("Add", since=6, contract=_LEGACY_ARITH)
 def Add_6(A, B, *, broadcast=0, axis=None):
     """A + B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Add-6)."""
-    return _apply(np.add, A, legacy_broadcast(A, B, broadcast, axis))
+    return apply_wide(np.add, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("Sub", since=6, contract=_LEGACY_ARITH)
 def Sub_6(A, B, *, broadcast=0, axis=None):
     """A - B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Sub-6)."""
-    return _apply(np.subtract, A, legacy_broadcast(A, B, broadcast, axis))
+    return apply_wide(np.subtract, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("Mul", since=6, contract=_LEGACY_ARITH)
 def Mul_6(A, B, *, broadcast=0, axis=None):
     """A * B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Mul-6)."""
-    return _apply(np.multiply, A, legacy_broadcast(A, B, broadcast, axis))
+    return apply_wide(np.multiply, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 @op("Div", since=6, contract=Contract(
@@ -303,7 +289,7 @@ def Mul_6(A, B, *, broadcast=0, axis=None):
     allowed=_LEGACY))
 def Div_6(A, B, *, broadcast=0, axis=None):
     """A / B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Div-6)."""
-    return _apply(_trunc_div, A, legacy_broadcast(A, B, broadcast, axis))
+    return apply_wide(_trunc_div, A, legacy_broadcast(A, B, broadcast, axis))
 
 
 def _int_pow(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -368,148 +354,7 @@ def _mod(A: np.ndarray, B: np.ndarray, fmod: int) -> np.ndarray:
     allowed={"fmod": one_of(0, 1)}))
 def Mod(A, B, *, fmod=0):
     """Remainder with the sign of B (fmod=0) or of A (fmod=1, C fmod) (ONNX Mod-10/13/28)."""
-    return _apply(lambda a, b: _mod(a, b, fmod), A, B)
-
-
-# ---------------------------------------------------------------------------------------------
-# Comparison and logic
-
-
-def _compare(fn, A, B):
-    return _apply(fn, A, B, dtype=np.bool_)
-
-
-@op("Equal", since=7, contract=_COMPARE)
-def Equal(A, B):
-    """A == B elementwise, numpy broadcasting; strings too (ONNX Equal-7/11/13/19)."""
-    return _compare(np.equal, A, B)
-
-
-@op("Greater", since=7, contract=_COMPARE)
-def Greater(A, B):
-    """A > B elementwise, numpy broadcasting (ONNX Greater-7/9/13)."""
-    return _compare(np.greater, A, B)
-
-
-@op("Less", since=7, contract=_COMPARE)
-def Less(A, B):
-    """A < B elementwise, numpy broadcasting (ONNX Less-7/9/13)."""
-    return _compare(np.less, A, B)
-
-
-@op("GreaterOrEqual", since=12, contract=_COMPARE)
-def GreaterOrEqual(A, B):
-    """A >= B elementwise, numpy broadcasting (ONNX GreaterOrEqual-12/16)."""
-    return _compare(np.greater_equal, A, B)
-
-
-@op("LessOrEqual", since=12, contract=_COMPARE)
-def LessOrEqual(A, B):
-    """A <= B elementwise, numpy broadcasting (ONNX LessOrEqual-12/16)."""
-    return _compare(np.less_equal, A, B)
-
-
-@op("Equal", since=1, contract=_LEGACY_COMPARE)
-def Equal_1(A, B, *, broadcast=0, axis=None):
-    """A == B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Equal-1)."""
-    return _compare(np.equal, A, legacy_broadcast(A, B, broadcast, axis))
-
-
-@op("Greater", since=1, contract=_LEGACY_COMPARE)
-def Greater_1(A, B, *, broadcast=0, axis=None):
-    """A > B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Greater-1)."""
-    return _compare(np.greater, A, legacy_broadcast(A, B, broadcast, axis))
-
-
-@op("Less", since=1, contract=_LEGACY_COMPARE)
-def Less_1(A, B, *, broadcast=0, axis=None):
-    """A < B with the legacy B-to-A `broadcast`/`axis` rule (ONNX Less-1)."""
-    return _compare(np.less, A, legacy_broadcast(A, B, broadcast, axis))
-
-
-@op("And", since=7, contract=_COMPARE)
-def And(A, B):
-    """Logical and, numpy broadcasting (ONNX And-7)."""
-    return _compare(np.logical_and, A, B)
-
-
-@op("Or", since=7, contract=_COMPARE)
-def Or(A, B):
-    """Logical or, numpy broadcasting (ONNX Or-7)."""
-    return _compare(np.logical_or, A, B)
-
-
-@op("Xor", since=7, contract=_COMPARE)
-def Xor(A, B):
-    """Logical exclusive or, numpy broadcasting (ONNX Xor-7)."""
-    return _compare(np.logical_xor, A, B)
-
-
-@op("And", since=1, contract=_LEGACY_COMPARE)
-def And_1(A, B, *, broadcast=0, axis=None):
-    """Logical and with the legacy B-to-A `broadcast`/`axis` rule (ONNX And-1)."""
-    return _compare(np.logical_and, A, legacy_broadcast(A, B, broadcast, axis))
-
-
-@op("Or", since=1, contract=_LEGACY_COMPARE)
-def Or_1(A, B, *, broadcast=0, axis=None):
-    """Logical or with the legacy B-to-A `broadcast`/`axis` rule (ONNX Or-1)."""
-    return _compare(np.logical_or, A, legacy_broadcast(A, B, broadcast, axis))
-
-
-@op("Xor", since=1, contract=_LEGACY_COMPARE)
-def Xor_1(A, B, *, broadcast=0, axis=None):
-    """Logical xor with the legacy B-to-A `broadcast`/`axis` rule (ONNX Xor-1)."""
-    return _compare(np.logical_xor, A, legacy_broadcast(A, B, broadcast, axis))
-
-
-# ---------------------------------------------------------------------------------------------
-# Bitwise
-
-
-@op("BitShift", since=11, contract=Contract(
-    may_alias=((0, 0),), nan="none", broadcast="multidirectional", overflow="wrap",
-    allowed={"direction": one_of("LEFT", "RIGHT")}))
-def BitShift(X, Y, *, direction=None):
-    """X << Y or X >> Y (arithmetic for signed); shifts outside [0, bits) give the sign fill
-    (ONNX BitShift-11/28)."""
-    if direction not in ("LEFT", "RIGHT"):
-        raise KernelError(f"BitShift: direction must be 'LEFT' or 'RIGHT', got {direction!r}")
-    bits = X.dtype.itemsize * 8
-    with np.errstate(all="ignore"):
-        # NumPy (like C) leaves shifts by a negative amount or >= the width undefined: mask them.
-        valid = (Y >= 0) & (Y < bits)
-        amount = np.where(valid, Y, 0).astype(X.dtype)
-        if direction == "LEFT":
-            shifted, fill = np.left_shift(X, amount), np.zeros((), X.dtype)
-        else:
-            shifted = np.right_shift(X, amount)
-            fill = np.where(X < 0, -1, 0).astype(X.dtype) if X.dtype.kind == "i" else 0
-        return np.asarray(np.where(valid, shifted, fill), dtype=X.dtype)
-
-
-@op("BitwiseAnd", since=18, contract=_BITS)
-def BitwiseAnd(A, B):
-    """Bitwise and, numpy broadcasting (ONNX BitwiseAnd-18)."""
-    return _apply(np.bitwise_and, A, B)
-
-
-@op("BitwiseOr", since=18, contract=_BITS)
-def BitwiseOr(A, B):
-    """Bitwise or, numpy broadcasting (ONNX BitwiseOr-18)."""
-    return _apply(np.bitwise_or, A, B)
-
-
-@op("BitwiseXor", since=18, contract=_BITS)
-def BitwiseXor(A, B):
-    """Bitwise exclusive or, numpy broadcasting (ONNX BitwiseXor-18)."""
-    return _apply(np.bitwise_xor, A, B)
-
-
-@op("BitwiseNot", since=18, contract=Contract(may_alias=((0, 0),), nan="none", overflow="wrap"))
-def BitwiseNot(X):
-    """Bitwise complement (ONNX BitwiseNot-18)."""
-    return _apply(np.invert, X)
+    return apply_wide(lambda a, b: _mod(a, b, fmod), A, B)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,9 +367,9 @@ def _fold(fn, Xs) -> np.ndarray:
         raise KernelError("at least one input is required")
     dtype = Xs[0].dtype
     with np.errstate(all="ignore"):
-        acc = _wide(Xs[0]).copy()  # copy: a lone input must not be returned as the output
+        acc = wide(Xs[0]).copy()  # copy: a lone input must not be returned as the output
         for x in Xs[1:]:
-            acc = fn(acc, _wide(x))
+            acc = fn(acc, wide(x))
         return np.asarray(acc).astype(dtype, copy=False)
 
 
@@ -552,13 +397,13 @@ def Min(*Xs):
 @op("Mean", since=6, contract=Contract(may_alias=((0, 0),), broadcast="multidirectional"))
 def Mean(*Xs):
     """Elementwise mean of all inputs, numpy broadcasting (ONNX Mean-6/8/13)."""
-    total = _fold(np.add, [_wide(x) for x in Xs])
+    total = _fold(np.add, [wide(x) for x in Xs])
     with np.errstate(all="ignore"):
         return np.asarray(total / total.dtype.type(len(Xs))).astype(Xs[0].dtype, copy=False)
 
 
 # ---------------------------------------------------------------------------------------------
-# Selection and reinterpretation
+# Selection
 
 
 @op("Where", since=9, contract=Contract(nan="suppress", broadcast="multidirectional"))
@@ -567,46 +412,146 @@ def Where(condition, X, Y):
     return np.asarray(np.where(condition, X, Y), dtype=X.dtype)
 
 
-# ONNX widths of the types stored one per byte by ml_dtypes (the value sits in the low bits).
-_SUB_BYTE_BITS = {"int4": 4, "uint4": 4, "float4_e2m1fn": 4, "int2": 2, "uint2": 2}
+# ---------------------------------------------------------------------------------------------
+# Backward rules
 
 
-def _bit_width(dt: np.dtype) -> int:
-    return _SUB_BYTE_BITS.get(dt.name, dt.itemsize * 8)
+def _b_shape(ctx, attrs: dict) -> tuple[int, ...]:
+    """The shape input B broadcasts from: its own, or its legacy (opset < 7) alignment."""
+    A, B = (np.asarray(x) for x in ctx.inputs[:2])
+    if "broadcast" in attrs or ctx.op is not None and ctx.op.since < 7:
+        return legacy_broadcast(A, B, attrs.get("broadcast", 0), attrs.get("axis")).shape
+    return B.shape
 
 
-def _bitcast_target(to) -> bool:
-    try:
-        return np_dtype(int(to)) != np.dtype(object)
-    except (KeyError, TypeError, ValueError):
-        return False
+def _binary_grad_cases(op_type: str, since: int) -> list[Sample]:
+    r, pos = away_from_zero, positive
+    b_pos = op_type in ("Div", "Pow")
+    a = pos(2, 3, 4) if op_type == "Pow" else r(2, 3, 4)
+    if since < 7:
+        b_full = pos(2, 3, 4, seed=5) if b_pos else r(2, 3, 4, seed=5)
+        b_axis = pos(3, seed=6) if b_pos else r(3, seed=6)
+        return [
+            Sample([a, b_full]),
+            Sample([a, b_axis], {"broadcast": 1, "axis": 1}, label="legacy axis broadcast"),
+        ]
+    b1 = pos(3, 1, seed=3) if b_pos else r(3, 1, seed=3)
+    b2 = pos(2, 3, 4, seed=4) if b_pos else r(2, 3, 4, seed=4)
+    return [Sample([a, b1], label="broadcast"), Sample([a[:, :1, :], b2], label="A broadcast")]
 
 
-@op("BitCast", since=26, contract=Contract(
-    may_alias=((0, 0),), nan="produce",
-    allowed={"to": such_that(_bitcast_target, "a non-string ONNX tensor element type")}))
-def BitCast(input, *, to=None):
-    """Reinterpret the bits of each element as type `to` of the same width (ONNX BitCast-26)."""
-    if to is None or not _bitcast_target(to):
-        raise KernelError(f"BitCast: 'to' must be a non-string tensor type, got {to!r}")
-    target = np_dtype(int(to))
-    if input.dtype == np.dtype(object):
-        raise KernelError("BitCast: string tensors cannot be reinterpreted")
-    if _bit_width(input.dtype) != _bit_width(target):
-        raise KernelError(
-            f"BitCast: {input.dtype} is {_bit_width(input.dtype)} bits but {target} is "
-            f"{_bit_width(target)} bits"
-        )
-    # (np.ascontiguousarray would turn a 0-d tensor into 1-d.)
-    src = input if input.flags.c_contiguous else input.copy(order="C")
-    if sys.byteorder != "little":  # the spec fixes little-endian bytes
-        src = src.byteswap()
-    if target == np.bool_:
-        # A bool holds 0 or 1; any nonzero byte reads as true.
-        return np.asarray(src.view(np.uint8) != 0)
-    if _bit_width(target) < 8:
-        # Keep only the value bits so the target reads exactly them.
-        bits = np.asarray(src.view(np.uint8) & np.uint8((1 << _bit_width(target)) - 1))
-        return bits.view(target)
-    out = src.view(target)
-    return out.byteswap() if sys.byteorder != "little" else out
+@differentiable("Add", cases=_binary_grad_cases)
+def _add_grad(ctx, dY, **attrs):
+    A, B = ctx.inputs[:2]
+    return fit(ctx, reduce_to(dY, A), reduce_to(dY, B, _b_shape(ctx, attrs)))
+
+
+@differentiable("Sub", cases=_binary_grad_cases)
+def _sub_grad(ctx, dY, **attrs):
+    A, B = ctx.inputs[:2]
+    return fit(ctx, reduce_to(dY, A), reduce_to(-dY, B, _b_shape(ctx, attrs)))
+
+
+@differentiable("Mul", cases=_binary_grad_cases)
+def _mul_grad(ctx, dY, **attrs):
+    A, B = ctx.inputs[:2]
+    bs = _b_shape(ctx, attrs)
+    b = np.asarray(B).reshape(bs)
+    return fit(ctx, reduce_to(dY * b, A), reduce_to(dY * A, B, bs))
+
+
+@differentiable("Div", cases=_binary_grad_cases)
+def _div_grad(ctx, dY, **attrs):
+    A, B = ctx.inputs[:2]
+    bs = _b_shape(ctx, attrs)
+    b = np.asarray(B).reshape(bs)
+    return fit(ctx, reduce_to(dY / b, A), reduce_to(-dY * A / (b * b), B, bs))
+
+
+@differentiable("Pow", cases=_binary_grad_cases)
+def _pow_grad(ctx, dY, **attrs):
+    X, E = ctx.inputs[:2]
+    Y = ctx.outputs[0]
+    es = _b_shape(ctx, attrs)
+    e = np.asarray(E).reshape(es).astype(Y.dtype)
+    x = np.asarray(X).astype(Y.dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dx = dY * e * np.power(x, e - 1)
+        de = np.where(x > 0, dY * Y * np.log(np.where(x > 0, x, 1)), 0)
+    return fit(ctx, reduce_to(dx, X), reduce_to(de, E, es))
+
+
+def _variadic_grad_cases(op_type: str, since: int) -> list[Sample]:
+    r = away_from_zero
+    return [Sample([r(2, 3, seed=1), r(3, seed=2), r(1, 3, seed=3)])]
+
+
+@differentiable("Sum", cases=_variadic_grad_cases)
+def _sum_grad(ctx, dY, **attrs):
+    return fit(ctx, *[reduce_to(dY, x) for x in ctx.inputs])
+
+
+@differentiable("Mean", cases=_variadic_grad_cases)
+def _mean_grad(ctx, dY, **attrs):
+    n = len(ctx.inputs)
+    return fit(ctx, *[reduce_to(dY / n, x) for x in ctx.inputs])
+
+
+@differentiable("Max", "Min", cases=_variadic_grad_cases)
+def _maxmin_grad(ctx, dY, **attrs):
+    Y = ctx.outputs[0]
+    masks = [np.broadcast_to(x, Y.shape) == Y for x in ctx.inputs]
+    # Ties share the gradient evenly (the subgradient that keeps the sum right).
+    count = np.maximum(sum(m.astype(Y.dtype) for m in masks), 1)
+    return fit(ctx, *[reduce_to(dY * m / count, x) for m, x in zip(masks, ctx.inputs)])
+
+
+def _where_grad_cases(op_type: str, since: int) -> list[Sample]:
+    r = away_from_zero
+    return [Sample([np.array([True, False, True]), r(2, 3), r(2, 1, seed=2)])]
+
+
+@differentiable("Where", cases=_where_grad_cases)
+def _where_grad(ctx, dY, **attrs):
+    c, X, Y = ctx.inputs
+    return fit(ctx, None, reduce_to(np.where(c, dY, 0), X), reduce_to(np.where(c, 0, dY), Y))
+
+
+# Unary math: d(op)/dX as f(x, y, attrs), gradchecked on inputs inside each op's domain and
+# off its integer / half-integer steps.
+_unary_grad_cases = unary_cases({
+    "Log": lambda: positive(2, 3),
+    "Sqrt": lambda: positive(2, 3),
+    "Reciprocal": lambda: positive(2, 3),
+    "Asin": lambda: away_from_zero(2, 3, lo=-0.8, hi=0.8),
+    "Acos": lambda: away_from_zero(2, 3, lo=-0.8, hi=0.8),
+    "Atanh": lambda: away_from_zero(2, 3, lo=-0.8, hi=0.8),
+    "Acosh": lambda: positive(2, 3, lo=1.2, hi=3.0),
+    "Tan": lambda: away_from_zero(2, 3, lo=-1.2, hi=1.2),
+    "Floor": lambda: away_from_zero(2, 3) * 0 + np.array([[0.3, 1.4, -0.6], [2.2, -1.3, 0.7]]),
+    "Ceil": lambda: np.array([[0.3, 1.4, -0.6], [2.2, -1.3, 0.7]]),
+    "Round": lambda: np.array([[0.3, 1.2, -0.7], [2.2, -1.3, 0.8]]),
+}, {})
+_ERF_SLOPE = 2 / math.sqrt(math.pi)
+
+unary("Neg", cases=_unary_grad_cases)(lambda x, y, a: -np.ones_like(x))
+unary("Exp", cases=_unary_grad_cases)(lambda x, y, a: y)
+unary("Log", cases=_unary_grad_cases)(lambda x, y, a: 1 / x)
+unary("Sqrt", cases=_unary_grad_cases)(lambda x, y, a: 0.5 / y)
+unary("Abs", cases=_unary_grad_cases)(lambda x, y, a: np.sign(x))
+unary("Reciprocal", cases=_unary_grad_cases)(lambda x, y, a: -y * y)
+unary("Sin", cases=_unary_grad_cases)(lambda x, y, a: np.cos(x))
+unary("Cos", cases=_unary_grad_cases)(lambda x, y, a: -np.sin(x))
+unary("Tan", cases=_unary_grad_cases)(lambda x, y, a: 1 + y * y)
+unary("Asin", cases=_unary_grad_cases)(lambda x, y, a: 1 / np.sqrt(1 - x * x))
+unary("Acos", cases=_unary_grad_cases)(lambda x, y, a: -1 / np.sqrt(1 - x * x))
+unary("Atan", cases=_unary_grad_cases)(lambda x, y, a: 1 / (1 + x * x))
+unary("Sinh", cases=_unary_grad_cases)(lambda x, y, a: np.cosh(x))
+unary("Cosh", cases=_unary_grad_cases)(lambda x, y, a: np.sinh(x))
+unary("Asinh", cases=_unary_grad_cases)(lambda x, y, a: 1 / np.sqrt(x * x + 1))
+unary("Acosh", cases=_unary_grad_cases)(lambda x, y, a: 1 / np.sqrt(x * x - 1))
+unary("Atanh", cases=_unary_grad_cases)(lambda x, y, a: 1 / (1 - x * x))
+unary("Erf", cases=_unary_grad_cases)(
+    lambda x, y, a: np.asarray(_ERF_SLOPE, dtype=x.dtype) * np.exp(-x * x))
+unary("Floor", "Ceil", "Round", "Sign", cases=_unary_grad_cases)(
+    lambda x, y, a: np.zeros_like(y))

@@ -27,6 +27,7 @@ from opwarden.ops.conv import (
     conv_weights,
     spatial_params,
 )
+from opwarden.ops.grad import away_from_zero
 from opwarden.ops.linalg import Gemm, MatMul
 
 DOMAIN = "opwarden"
@@ -113,6 +114,7 @@ _CONV_ATTRS = {
 
 @op(
     "FusedConv",
+    layout_inputs=(0, 3),
     domain=DOMAIN,
     since=1,
     inputs=["X: T", "W: T", "B?: T", "Z?: T"],
@@ -776,3 +778,8 @@ def _channel_shuffle_grad(ctx, dY, *, group=1):
     # A permutation's gradient is its inverse: the shuffle with the complementary group.
     c = np.shape(dY)[-1] if np.ndim(dY) else 1
     return (shuffle_channels(dY, c // int(group), axis=-1),)
+
+
+@ChannelShuffle.grad_cases
+def _channel_shuffle_grad_cases(op_type, since):
+    return [Sample([away_from_zero(2, 3, 12)], {"group": g}, label=f"group{g}") for g in (2, 3, 4)]

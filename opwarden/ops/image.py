@@ -249,7 +249,7 @@ _CTM_13 = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
 _RESIZE_NAN = "suppress"
 
 
-@op("Resize", since=19, contract=Contract(nan=_RESIZE_NAN, allowed={
+@op("Resize", since=19, layout_inputs=(0,), contract=Contract(nan=_RESIZE_NAN, allowed={
     "mode": _MODES, "nearest_mode": _NEAREST, "antialias": one_of(0, 1),
     "coordinate_transformation_mode": one_of(*_CTM_13, "half_pixel_symmetric"),
     "keep_aspect_ratio_policy": one_of("stretch", "not_larger", "not_smaller")}))
@@ -265,7 +265,7 @@ def Resize(X, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
                    extrapolation_value=extrapolation_value, antialias=bool(antialias))
 
 
-@op("Resize", since=18, contract=Contract(nan=_RESIZE_NAN, allowed={
+@op("Resize", since=18, layout_inputs=(0,), contract=Contract(nan=_RESIZE_NAN, allowed={
     "mode": _MODES, "nearest_mode": _NEAREST, "antialias": one_of(0, 1),
     "coordinate_transformation_mode": one_of(*_CTM_13),
     "keep_aspect_ratio_policy": one_of("stretch", "not_larger", "not_smaller")}))
@@ -282,7 +282,7 @@ def Resize_18(X, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
                             nearest_mode=nearest_mode)
 
 
-@op("Resize", since=13, contract=Contract(nan=_RESIZE_NAN, allowed={
+@op("Resize", since=13, layout_inputs=(0,), contract=Contract(nan=_RESIZE_NAN, allowed={
     "mode": _MODES, "nearest_mode": _NEAREST,
     "coordinate_transformation_mode": one_of(*_CTM_13)}))
 def Resize_13(X, roi=None, scales=None, sizes=None, *,
@@ -296,7 +296,7 @@ def Resize_13(X, roi=None, scales=None, sizes=None, *,
                    extrapolation_value=extrapolation_value)
 
 
-@op("Resize", since=11, contract=Contract(nan=_RESIZE_NAN, allowed={
+@op("Resize", since=11, layout_inputs=(0,), contract=Contract(nan=_RESIZE_NAN, allowed={
     "mode": _MODES, "nearest_mode": _NEAREST,
     "coordinate_transformation_mode": one_of(*_CTM_13, "tf_half_pixel_for_nn")}))
 def Resize_11(X, roi=None, scales=None, sizes=None, *,
@@ -335,20 +335,20 @@ def _upsample(X: np.ndarray, scales, mode: str, *, min_scale: float = 0.0) -> np
                       ctm="asymmetric", nearest_mode="simple")
 
 
-@op("Resize", since=10, contract=Contract(nan=_RESIZE_NAN, allowed={
+@op("Resize", since=10, layout_inputs=(0,), contract=Contract(nan=_RESIZE_NAN, allowed={
     "mode": one_of("nearest", "linear")}))
 def Resize_10(X, scales, *, mode="nearest"):
     """Resize by per-axis scales, asymmetric coordinates (ONNX Resize-10)."""
     return _upsample(X, scales, mode)
 
 
-@op("Upsample", since=9, contract=Contract(allowed={"mode": one_of("nearest", "linear")}))
+@op("Upsample", since=9, layout_inputs=(0,), contract=Contract(allowed={"mode": one_of("nearest", "linear")}))
 def Upsample(X, scales, *, mode="nearest"):
     """Upsample by a scales input (ONNX Upsample-9; also serves the deprecated Upsample-10)."""
     return _upsample(X, scales, mode, min_scale=1.0)
 
 
-@op("Upsample", since=7, contract=Contract(allowed={
+@op("Upsample", since=7, layout_inputs=(0,), contract=Contract(allowed={
     "mode": one_of("nearest", "linear"),
     "scales": such_that(lambda v: all(s >= 1 for s in v), "scales each >= 1")}))
 def Upsample_7(X, *, mode="nearest", scales=None):

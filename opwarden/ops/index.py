@@ -8,7 +8,9 @@ import numpy as np
 
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
-from opwarden.ops.base import op
+from opwarden.ops.base import Sample, op
+from opwarden.ops.common import axis_index, ints
+from opwarden.ops.grad import away_from_zero, differentiable, index_traced, int64
 
 # Opset 16-17 spec allows none/add/mul only, but torch.onnx (TorchScript exporter) emits
 # scatter_reduce(reduce="amax"/"amin") as reduction="max"/"min" at opset 16 and 17, and
@@ -21,24 +23,6 @@ _REDUCE_UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def _axis(axis: int, rank: int, what: str = "axis") -> int:
-    """Normalize a possibly negative axis into [0, rank)."""
-    a = int(axis)
-    if not -rank <= a < rank:
-        raise KernelError(f"{what} {a} is out of range for a tensor of rank {rank}")
-    return a + rank if a < 0 else a
-
-
-def _ints(x, what: str) -> list[int]:
-    """A 1-D integer input or attribute as a list of Python ints."""
-    if x is None:
-        return []
-    arr = np.asarray(x)
-    if arr.ndim > 1:
-        raise KernelError(f"{what} must be a 1-D tensor, got shape {arr.shape}")
-    return [int(v) for v in arr.reshape(-1)]
 
 
 def _norm_indices(indices, dim, what: str) -> np.ndarray:
@@ -79,7 +63,7 @@ def _along_axis_index(idx: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
 @op("Gather", since=1)
 def Gather(data, indices, *, axis=0):
     """Take entries along `axis` at `indices`, negatives wrap (ONNX Gather-1/11/13)."""
-    a = _axis(axis, data.ndim)
+    a = axis_index(axis, data.ndim)
     idx = _norm_indices(indices, data.shape[a], "Gather input 'indices'")
     return np.take(data, idx, axis=a)
 
@@ -87,7 +71,7 @@ def Gather(data, indices, *, axis=0):
 @op("GatherElements", since=11)
 def GatherElements(data, indices, *, axis=0):
     """out[i][j] = data[indices[i][j]][j] (for axis 0) (ONNX GatherElements-11/13)."""
-    a = _axis(axis, data.ndim)
+    a = axis_index(axis, data.ndim)
     if indices.ndim != data.ndim:
         raise KernelError(f"GatherElements: indices rank {indices.ndim} != data rank {data.ndim}")
     for d in range(data.ndim):
@@ -131,7 +115,7 @@ def GatherND(data, indices, *, batch_dims=0):
 
 
 def _scatter_elements(data, indices, updates, axis: int, reduction: str) -> np.ndarray:
-    a = _axis(axis, data.ndim)
+    a = axis_index(axis, data.ndim)
     if indices.shape != updates.shape:
         raise KernelError(
             f"ScatterElements: indices shape {indices.shape} != updates shape {updates.shape}"
@@ -222,7 +206,7 @@ def TensorScatter(past_cache, update, write_indices=None, *, axis=-2, mode="line
     """Write `update` into a copy of the cache along the sequence `axis` at each batch entry's
     write index (ONNX TensorScatter-24)."""
     r = past_cache.ndim
-    a = _axis(axis, r, "TensorScatter axis")
+    a = axis_index(axis, r, "TensorScatter axis")
     if a == 0:
         raise KernelError("TensorScatter: axis must not be the batch axis 0")
     if update.ndim != r or any(update.shape[d] != past_cache.shape[d] for d in range(r) if d != a):
@@ -274,7 +258,7 @@ def _slice(data: np.ndarray, starts, ends, axes, steps) -> np.ndarray:
     sl = [slice(None)] * r
     seen = set()
     for s, e, a, st in zip(starts, ends, axes, steps):
-        a = _axis(a, r, "Slice axis")
+        a = axis_index(a, r, "Slice axis")
         if a in seen:
             raise KernelError(f"Slice: axis {a} repeated in axes {axes}")
         seen.add(a)
@@ -300,7 +284,7 @@ def _slice(data: np.ndarray, starts, ends, axes, steps) -> np.ndarray:
 @op("Slice", since=1)
 def Slice_1(data, *, starts=None, ends=None, axes=None):
     """Slice by `starts`/`ends`/`axes` attributes, step 1 (ONNX Slice-1)."""
-    return _slice(data, _ints(starts, "starts"), _ints(ends, "ends"), _ints(axes, "axes"), None)
+    return _slice(data, ints(starts, "starts"), ints(ends, "ends"), ints(axes, "axes"), None)
 
 
 @op("Slice", since=10)
@@ -308,10 +292,10 @@ def Slice(data, starts, ends, axes=None, steps=None):
     """Slice by `starts`/`ends`/`axes`/`steps` inputs, clamped per spec (ONNX Slice-10/11/13)."""
     return _slice(
         data,
-        _ints(starts, "starts"),
-        _ints(ends, "ends"),
-        _ints(axes, "axes") if axes is not None else None,
-        _ints(steps, "steps") if steps is not None else None,
+        ints(starts, "starts"),
+        ints(ends, "ends"),
+        ints(axes, "axes") if axes is not None else None,
+        ints(steps, "steps") if steps is not None else None,
     )
 
 
@@ -325,7 +309,7 @@ def Compress(input, condition, *, axis=None):
     (ONNX Compress-9/11)."""
     cond = np.asarray(condition).astype(np.bool_).reshape(-1)
     x = input.reshape(-1) if axis is None else input
-    a = 0 if axis is None else _axis(axis, input.ndim)
+    a = 0 if axis is None else axis_index(axis, input.ndim)
     dim = x.shape[a]
     if cond.size > dim:
         if np.any(cond[dim:]):
@@ -356,7 +340,7 @@ def Unique(X, *, axis=None, sorted=1):  # noqa: A002  (ONNX attribute name)
     if axis is None:
         x, a = X.reshape(-1), 0
     else:
-        x, a = X, _axis(axis, X.ndim)
+        x, a = X, axis_index(axis, X.ndim)
     y, first, inverse, counts = np.unique(
         x, return_index=True, return_inverse=True, return_counts=True, axis=a
     )
@@ -386,7 +370,7 @@ def OneHot(indices, depth, values, *, axis=-1):
     if vals.size != 2:
         raise KernelError(f"OneHot: values must hold [off, on], got {vals.size} values")
     r = indices.ndim + 1
-    a = _axis(axis, r, "OneHot axis")
+    a = axis_index(axis, r, "OneHot axis")
     idx = np.asarray(indices).astype(np.int64)
     idx = np.where(idx < 0, idx + depth_n, idx)
     classes = np.arange(depth_n).reshape([depth_n if i == a else 1 for i in range(r)])
@@ -399,7 +383,7 @@ def ReverseSequence(input, sequence_lens, *, batch_axis=1, time_axis=0):
     """Reverse the first sequence_lens[b] time steps of each batch entry (ReverseSequence-10)."""
     if input.ndim < 2:
         raise KernelError(f"ReverseSequence: input must have rank >= 2, got {input.shape}")
-    b_ax, t_ax = _axis(batch_axis, input.ndim), _axis(time_axis, input.ndim)
+    b_ax, t_ax = axis_index(batch_axis, input.ndim), axis_index(time_axis, input.ndim)
     if b_ax == t_ax:
         raise KernelError("ReverseSequence: batch_axis and time_axis must differ")
     x = np.moveaxis(input, (t_ax, b_ax), (0, 1))
@@ -415,3 +399,31 @@ def ReverseSequence(input, sequence_lens, *, batch_axis=1, time_axis=0):
     src = src.reshape(src.shape + (1,) * (x.ndim - 2))
     y = np.take_along_axis(x, np.broadcast_to(src, x.shape), axis=0)
     return np.moveaxis(y, (0, 1), (t_ax, b_ax)).copy()
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward rules
+
+
+def _selection_grad_cases(op_type: str, since: int) -> list[Sample]:
+    r, i = away_from_zero, int64
+    x = r(2, 3, 4)
+    if op_type == "Slice":
+        if since < 10:
+            return [Sample([x], {"starts": [0, 1], "ends": [2, 3], "axes": [0, 2]})]
+        return [Sample([x, i([1, 0]), i([3, 4]), i([1, 2]), i([1, 2])]),
+                Sample([x, i([-1]), i([-100]), i([2]), i([-2])], label="negative step")]
+    if op_type == "Gather":
+        return [Sample([x, i([[2, 0], [2, 1]])], {"axis": 2}),
+                Sample([x, i([1, -1])], {"axis": 0})]
+    if op_type == "GatherElements":
+        return [Sample([x, i(np.random.default_rng(0).integers(0, 3, (2, 2, 4)))], {"axis": 1})]
+    if op_type == "GatherND":
+        return [Sample([x, i([[0, 1], [1, 2]])])]
+    if op_type == "ReverseSequence":
+        return [Sample([r(4, 2, 3), i([3, 2])], {"batch_axis": 1, "time_axis": 0})]
+    return [Sample([x, np.array([True, False, True])], {"axis": 1})]  # Compress
+
+
+differentiable("Slice", "Gather", "GatherElements", "GatherND", "ReverseSequence", "Compress",
+               cases=_selection_grad_cases)(index_traced((0,)))

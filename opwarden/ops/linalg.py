@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
-from opwarden.ops.base import op
+from opwarden.ops.base import Sample, op
+from opwarden.ops.grad import away_from_zero, differentiable, fit, reduce_to, unbroadcast
 
 try:  # ml_dtypes registers bfloat16 with NumPy (imported via opwarden.dtypes)
     import ml_dtypes
@@ -246,3 +249,83 @@ def Hardmax_1(input, *, axis=1):
 def Hardmax(input, *, axis=-1):
     """One-hot of the first maximum along `axis` (ONNX Hardmax-13)."""
     return _along_axis(_hardmax, input, axis)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward rules
+
+
+def _matmul_grad_cases(op_type: str, since: int) -> list[Sample]:
+    r = away_from_zero
+    return [Sample([r(2, 3, 4), r(4, 2, seed=2)]), Sample([r(3), r(2, 3, 4, seed=2)]),
+            Sample([r(2, 1, 2, 3), r(3, 3, 2, seed=4)], label="batch broadcast")]
+
+
+@differentiable("MatMul", cases=_matmul_grad_cases)
+def _matmul_grad(ctx, dY, **attrs):
+    A, B = (np.asarray(x) for x in ctx.inputs)
+    a = A[None, :] if A.ndim == 1 else A
+    b = B[:, None] if B.ndim == 1 else B
+    y_shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    g = np.asarray(dY).reshape(y_shape)
+    da = g @ np.swapaxes(b, -1, -2)
+    db = np.swapaxes(a, -1, -2) @ g
+    return fit(ctx, unbroadcast(da, a.shape), unbroadcast(db, b.shape))
+
+
+def _gemm_grad_cases(op_type: str, since: int) -> list[Sample]:
+    r = away_from_zero
+    c = r(3, 4, seed=3) if since < 7 else r(4, seed=3)
+    attrs = {"broadcast": 1} if since < 7 else {}
+    return [Sample([r(2, 3), r(3, 4, seed=2), c[:2] if since < 7 else c],
+                   {"alpha": 0.5, "beta": 2.0, **attrs}),
+            Sample([r(3, 2), r(4, 3, seed=2), r(2, 4, seed=3)], {"transA": 1, "transB": 1})]
+
+
+@differentiable("Gemm", cases=_gemm_grad_cases)
+def _gemm_grad(ctx, dY, **attrs):
+    A, B = (np.asarray(x) for x in ctx.inputs[:2])
+    C = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    ta, tb = attrs.get("transA", 0), attrs.get("transB", 0)
+    a = A.T if ta else A
+    b = B.T if tb else B
+    da = alpha * dY @ b.T
+    db = alpha * a.T @ dY
+    dc = None if C is None else reduce_to(beta * dY, C)
+    return fit(ctx, da.T if ta else da, db.T if tb else db, dc)
+
+
+def _softmax_axis(ctx, attrs):
+    """(axis, Y, coerced): opset < 13 works on the input coerced to 2-D at `axis`."""
+    Y = np.asarray(ctx.outputs[0])
+    axis = attrs.get("axis", 1 if ctx.op is not None and ctx.op.since < 13 else -1)
+    ax = axis + Y.ndim if axis < 0 else axis
+    return ax, Y, ctx.op is not None and ctx.op.since < 13
+
+
+def _softmax_like_grad(log: bool):
+    def rule(ctx, dY, **attrs):
+        ax, Y, coerced = _softmax_axis(ctx, attrs)
+        shape = Y.shape
+        if coerced:
+            rows = math.prod(shape[:ax])
+            Y, dy, red = Y.reshape(rows, -1), dY.reshape(rows, -1), 1
+        else:
+            dy, red = dY, ax
+        if log:
+            dx = dy - np.exp(Y) * dy.sum(axis=red, keepdims=True)
+        else:
+            dx = Y * (dy - (dy * Y).sum(axis=red, keepdims=True))
+        return fit(ctx, dx.reshape(shape))
+
+    return rule
+
+
+def _softmax_grad_cases(op_type: str, since: int) -> list[Sample]:
+    x = away_from_zero(2, 3, 4)
+    return [Sample([x]), Sample([x], {"axis": 1}), Sample([x], {"axis": 0})]
+
+
+differentiable("Softmax", cases=_softmax_grad_cases)(_softmax_like_grad(False))
+differentiable("LogSoftmax", cases=_softmax_grad_cases)(_softmax_like_grad(True))

@@ -3,12 +3,15 @@ MeanVarianceNormalization, LpNormalization)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from opwarden.contract import Contract, one_of, such_that
 from opwarden.dtypes import np_dtype
 from opwarden.errors import KernelError
-from opwarden.ops.base import op
+from opwarden.ops.base import Sample, op
+from opwarden.ops.grad import away_from_zero, differentiable, fit, positive, reduce_to
 
 try:  # ml_dtypes registers bfloat16 with NumPy (imported via opwarden.dtypes)
     import ml_dtypes
@@ -102,7 +105,7 @@ def _bn_train(X, scale, B, mean, var, epsilon, momentum, spatial=True):
     return _out(y, X.dtype), _out(rm, mdt), _out(rv, vdt), _out(bm, mdt), _out(bv, vdt)
 
 
-@op("BatchNormalization", since=1, contract=BN_1)
+@op("BatchNormalization", since=1, layout_inputs=(0,), contract=BN_1)
 def BatchNormalization_1(
     X,
     scale,
@@ -124,7 +127,7 @@ def BatchNormalization_1(
     return _bn_train(X, scale, B, mean, var, epsilon, momentum, bool(spatial))
 
 
-@op("BatchNormalization", since=7, contract=BN_7)
+@op("BatchNormalization", since=7, layout_inputs=(0,), contract=BN_7)
 def BatchNormalization_7(
     X, scale, B, mean, var, *, epsilon=1e-5, momentum=0.9, spatial=1, noutputs=1
 ):
@@ -135,7 +138,7 @@ def BatchNormalization_7(
     return _bn_train(X, scale, B, mean, var, epsilon, momentum, bool(spatial))
 
 
-@op("BatchNormalization", since=14, contract=BN_14)
+@op("BatchNormalization", since=14, layout_inputs=(0,), contract=BN_14)
 def BatchNormalization(
     X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9, training_mode=0
 ):
@@ -237,7 +240,7 @@ def _check_nc(X, name: str):
         raise KernelError(f"{name} needs X of shape (N, C, ...), got {X.shape}")
 
 
-@op("GroupNormalization", since=18, contract=GROUP)
+@op("GroupNormalization", since=18, layout_inputs=(0,), contract=GROUP)
 def GroupNormalization_18(X, scale, bias, *, num_groups=None, epsilon=1e-5):
     """Group normalization with scale and bias given per group (ONNX GroupNormalization-18)."""
     X = np.asarray(X)
@@ -257,7 +260,7 @@ def GroupNormalization_18(X, scale, bias, *, num_groups=None, epsilon=1e-5):
     return _out(y.reshape(X.shape), X.dtype)
 
 
-@op("GroupNormalization", since=21, contract=GROUP)
+@op("GroupNormalization", since=21, layout_inputs=(0,), contract=GROUP)
 def GroupNormalization(X, scale, bias, *, num_groups=None, epsilon=1e-5, stash_type=1):
     """Group normalization with scale and bias per channel; stage one in `stash_type`
     (ONNX GroupNormalization-21)."""
@@ -278,7 +281,7 @@ def GroupNormalization(X, scale, bias, *, num_groups=None, epsilon=1e-5, stash_t
 INSTANCE = Contract(nan="propagate")
 
 
-@op("InstanceNormalization", since=1, contract=INSTANCE)
+@op("InstanceNormalization", since=1, layout_inputs=(0,), contract=INSTANCE)
 def InstanceNormalization(input, scale, B, *, epsilon=1e-5, consumed_inputs=None):
     """Standardise each (instance, channel) over its spatial axes, then per-channel scale and
     shift (ONNX InstanceNormalization-1/6/22)."""
@@ -314,7 +317,7 @@ LRN_C = Contract(
 )
 
 
-@op("LRN", since=1, contract=LRN_C)
+@op("LRN", since=1, layout_inputs=(0,), contract=LRN_C)
 def LRN(X, *, alpha=0.0001, beta=0.75, bias=1.0, size=None):
     """Local response normalization across channels:
     y = x / (bias + alpha / size * square_sum) ** beta (ONNX LRN-1/13)."""
@@ -380,3 +383,107 @@ def LpNormalization(input, *, axis=-1, p=2):
     with np.errstate(invalid="ignore", divide="ignore"):
         y = np.where(norm == 0, x.dtype.type(0), x / norm)
     return _out(y, X.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward rules
+
+
+def _per_channel(p: np.ndarray, ndim: int) -> np.ndarray:
+    p = np.asarray(p)
+    return p.reshape(p.shape + (1,) * (ndim - 1 - p.ndim))
+
+
+def _bn_grad_cases(op_type: str, since: int) -> list[Sample]:
+    x = away_from_zero(2, 3, 4, 2)
+    params = [away_from_zero(3, seed=2), away_from_zero(3, seed=3), away_from_zero(3, seed=4),
+              positive(3, seed=5)]
+    out = [Sample([x, *params], {"epsilon": 1e-3})]
+    if since >= 14:
+        out.append(Sample([x, *params], {"training_mode": 1}, noutputs=3, label="training"))
+    return out
+
+
+@differentiable("BatchNormalization", cases=_bn_grad_cases)
+def _batchnorm_grad(ctx, dY, *rest, **attrs):
+    X, scale, B, mean, var = (np.asarray(x) for x in ctx.inputs[:5])
+    dt = dY.dtype
+    eps = attrs.get("epsilon", 1e-5)
+    nd = X.ndim
+    s, m, v = (_per_channel(p, nd).astype(dt) for p in (scale, mean, var))
+    pshape = (1,) + s.shape
+    red = tuple(i for i in range(nd) if i >= len(pshape) or pshape[i] == 1)
+    if len(ctx.outputs) > 1:
+        return _batchnorm_training_grad(ctx, dY, rest, X, s, red, eps, attrs)
+    inv = 1 / np.sqrt(v + eps)
+    xhat = (X - m) * inv
+    gs = dY * s
+    dx = gs * inv
+    dscale = (dY * xhat).sum(axis=red, keepdims=True)
+    dmean = -gs.sum(axis=red, keepdims=True) * inv
+    dvar = -0.5 * (gs * (X - m)).sum(axis=red, keepdims=True) * inv**3
+    db = dY.sum(axis=red, keepdims=True)
+    return fit(ctx, dx, dscale, db, dmean, dvar)
+
+
+def _batchnorm_training_grad(ctx, dY, rest, X, s, red, eps, attrs):
+    # Batch statistics; outputs Y, running_mean, running_var[, batch mean, var].
+    dt = dY.dtype
+    mom = attrs.get("momentum", 0.9)
+    cnt = math.prod(X.shape[i] for i in red)
+    bm = X.mean(axis=red, keepdims=True)
+    bv = ((X - bm) ** 2).mean(axis=red, keepdims=True)
+    inv = 1 / np.sqrt(bv + eps)
+    xhat = (X - bm) * inv
+    dxhat = dY * s
+    dx = inv / cnt * (
+        cnt * dxhat - dxhat.sum(axis=red, keepdims=True)
+        - xhat * (dxhat * xhat).sum(axis=red, keepdims=True)
+    )
+    extra = list(rest) + [None] * 4
+    drm, drv, dbm, dbv = (np.zeros(bm.shape, dt) if e is None else e.reshape(bm.shape)
+                          for e in extra[:4])
+    g_bm = drm * (1 - mom) + dbm
+    g_bv = drv * (1 - mom) + dbv
+    dx = dx + g_bm / cnt + g_bv * 2 * (X - bm) / cnt
+    dscale = (dY * xhat).sum(axis=red, keepdims=True)
+    db = dY.sum(axis=red, keepdims=True)
+    return fit(ctx, dx, dscale, db, drm * mom, drv * mom)
+
+
+def _layernorm_grad_cases(op_type: str, since: int) -> list[Sample]:
+    r = away_from_zero
+    return [Sample([r(2, 3, 4), r(4, seed=2), r(4, seed=3)], {"stash_type": 11}, noutputs=3),
+            Sample([r(2, 3, 4), r(3, 4, seed=2)], {"axis": 1, "stash_type": 11})]
+
+
+@differentiable("LayerNormalization", cases=_layernorm_grad_cases)
+def _layernorm_grad(ctx, dY, *rest, **attrs):
+    X = np.asarray(ctx.inputs[0])
+    S = np.asarray(ctx.inputs[1])
+    Bi = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    dt = dY.dtype
+    axis = attrs.get("axis", -1)
+    ax = axis + X.ndim if axis < 0 else axis
+    axes = tuple(range(ax, X.ndim))
+    cnt = math.prod(X.shape[ax:])
+    x = X.astype(dt)
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    inv = 1 / np.sqrt(var + attrs.get("epsilon", 1e-5))
+    xhat = (x - mean) * inv
+    dxhat = dY * S
+    dx = inv * (
+        dxhat - dxhat.mean(axis=axes, keepdims=True)
+        - xhat * (dxhat * xhat).mean(axis=axes, keepdims=True)
+    )
+    dmean = rest[0] if len(rest) > 0 and rest[0] is not None else None
+    dinv = rest[1] if len(rest) > 1 and rest[1] is not None else None
+    if dmean is not None:
+        dx = dx + dmean.reshape(mean.shape).astype(dt) / cnt
+    if dinv is not None:
+        dvar = dinv.reshape(inv.shape).astype(dt) * -0.5 * inv**3
+        dx = dx + dvar * 2 * (x - mean) / cnt
+    ds = reduce_to(dY * xhat, S)
+    db = None if Bi is None else reduce_to(dY, Bi)
+    return fit(ctx, dx, ds, db)

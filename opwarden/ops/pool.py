@@ -12,7 +12,7 @@ import numpy as np
 
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
-from opwarden.ops.base import op
+from opwarden.ops.base import Sample, op
 from opwarden.ops.conv import (
     AUTO_PAD,
     acc_dtype,
@@ -22,6 +22,7 @@ from opwarden.ops.conv import (
     split_same,
     window_slices,
 )
+from opwarden.ops.grad import away_from_zero, differentiable, fit
 
 _BIT = one_of(0, 1)
 
@@ -164,7 +165,7 @@ def _maxpool(
 
 
 _MAXPOOL_ALLOWED = {"auto_pad": AUTO_PAD}
-MaxPool_1 = op("MaxPool", since=1, contract=Contract(
+MaxPool_1 = op("MaxPool", since=1, layout_inputs=(0,), contract=Contract(
     layout="NCHW", workspace_bytes=_pool_workspace, allowed=_MAXPOOL_ALLOWED
 ))(
     _maxpool
@@ -172,7 +173,7 @@ MaxPool_1 = op("MaxPool", since=1, contract=Contract(
 for _v, _extra in ((8, {}), (10, {"ceil_mode": _BIT}), (11, {"ceil_mode": _BIT}),
                    (12, {"ceil_mode": _BIT})):
     # Later versions only add attributes (defaults keep the old behaviour) and dtypes.
-    op("MaxPool", since=_v, contract=Contract(
+    op("MaxPool", since=_v, layout_inputs=(0,), contract=Contract(
         layout="NCHW", workspace_bytes=_pool_workspace,
         allowed={**_MAXPOOL_ALLOWED, "storage_order": _BIT, **_extra}
     ))(_maxpool)
@@ -216,13 +217,13 @@ def _averagepool(
 
 
 _AVG_ALLOWED = {"auto_pad": AUTO_PAD}
-AveragePool_1 = op("AveragePool", since=1, contract=Contract(
+AveragePool_1 = op("AveragePool", since=1, layout_inputs=(0,), contract=Contract(
     layout="NCHW", nan="produce", workspace_bytes=_pool_workspace, allowed=_AVG_ALLOWED
 ))(_averagepool)
 for _v, _extra in ((7, {}), (10, {"ceil_mode": _BIT}), (11, {"ceil_mode": _BIT}),
                    (19, {"ceil_mode": _BIT})):
     # nan="produce": a window wholly in the padding (pads >= kernel) averages 0/0.
-    op("AveragePool", since=_v, contract=Contract(
+    op("AveragePool", since=_v, layout_inputs=(0,), contract=Contract(
         layout="NCHW", nan="produce", workspace_bytes=_pool_workspace,
         allowed={**_AVG_ALLOWED, "count_include_pad": _BIT, **_extra},
     ))(_averagepool)
@@ -245,7 +246,7 @@ def _lppool(
 for _v, _allowed in ((1, {"auto_pad": AUTO_PAD}), (2, {"auto_pad": AUTO_PAD}),
                      (11, {"auto_pad": AUTO_PAD}), (18, {"auto_pad": AUTO_PAD, "ceil_mode": _BIT})):
     # LpPool-1 takes p as a float, later versions as an int; the math is the same.
-    op("LpPool", since=_v, contract=Contract(
+    op("LpPool", since=_v, layout_inputs=(0,), contract=Contract(
         layout="NCHW", workspace_bytes=_pool_workspace, allowed=_allowed
     ))(_lppool)
 
@@ -260,14 +261,14 @@ def _spatial_axes(X) -> tuple[int, ...]:
     return tuple(range(2, X.ndim))
 
 
-@op("GlobalAveragePool", since=1, contract=Contract(layout="NCHW"))
+@op("GlobalAveragePool", since=1, layout_inputs=(0,), contract=Contract(layout="NCHW"))
 def GlobalAveragePool(X):
     """Mean over all spatial axes, kept as size-1 dims (ONNX GlobalAveragePool-1/22)."""
     axes = _spatial_axes(X)
     return X.astype(acc_dtype(X.dtype), copy=False).mean(axis=axes, keepdims=True).astype(X.dtype)
 
 
-@op("GlobalMaxPool", since=1, contract=Contract(layout="NCHW"))
+@op("GlobalMaxPool", since=1, layout_inputs=(0,), contract=Contract(layout="NCHW"))
 def GlobalMaxPool(X):
     """Max over all spatial axes, kept as size-1 dims (ONNX GlobalMaxPool-1/22)."""
     return np.max(X, axis=_spatial_axes(X), keepdims=True)
@@ -282,8 +283,92 @@ def _global_lppool(X, *, p=2):
 
 
 # GlobalLpPool-1 takes p as a float, version 2 as an int.
-GlobalLpPool_1 = op("GlobalLpPool", since=1, contract=Contract(layout="NCHW"))(_global_lppool)
-GlobalLpPool = op("GlobalLpPool", since=2, contract=Contract(layout="NCHW"))(_global_lppool)
+_GLOBAL = {"layout_inputs": (0,), "contract": Contract(layout="NCHW")}
+GlobalLpPool_1 = op("GlobalLpPool", since=1, **_GLOBAL)(_global_lppool)
+GlobalLpPool = op("GlobalLpPool", since=2, **_GLOBAL)(_global_lppool)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward rules
+
+
+def _pool_grad_cases(op_type: str, since: int) -> list[Sample]:
+    rng = np.random.default_rng(3)
+    x = rng.permutation(2 * 3 * 5 * 5).reshape(2, 3, 5, 5) / 10.0  # distinct: no max ties
+    out = [
+        Sample([x], {"kernel_shape": [2, 2]}),
+        Sample([x], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+               label="strided padded"),
+    ]
+    if op_type == "AveragePool" and since >= 7:
+        out.append(Sample([x], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1],
+                                "count_include_pad": 1}, label="count_include_pad"))
+    if since >= 10:
+        out.append(Sample([x], {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1},
+                          label="ceil_mode"))
+    if since >= (19 if op_type == "AveragePool" else 10):
+        out.append(Sample([x], {"kernel_shape": [2, 2], "dilations": [2, 2]},
+                          label="dilations"))
+    return out
+
+
+@differentiable("MaxPool", cases=_pool_grad_cases)
+def _maxpool_grad(ctx, dY, *rest, **attrs):
+    # The forward's own Indices output (row-major) says where each window's max came from.
+    X = np.asarray(ctx.inputs[0])
+    kw = dict(attrs)
+    kw["storage_order"] = 0
+    kw.pop("noutputs", None)
+    _, idx = ctx.op.reference(X, noutputs=2, **kw)
+    dx = np.zeros(X.size, dtype=dY.dtype)
+    np.add.at(dx, np.asarray(idx).reshape(-1), dY.reshape(-1))
+    return fit(ctx, dx)
+
+
+@differentiable("AveragePool", cases=_pool_grad_cases)
+def _averagepool_grad(ctx, dY, **attrs):
+    X = np.asarray(ctx.inputs[0])
+    kernel, s, d, begin, end, out, extra = pool_geometry(
+        X.shape, attrs.get("kernel_shape"), attrs.get("strides"), attrs.get("dilations"),
+        attrs.get("pads"), attrs.get("auto_pad", "NOTSET"), attrs.get("ceil_mode", 0),
+    )
+    full_end = [e + x for e, x in zip(end, extra)]
+    ones = np.ones((1, 1) + X.shape[2:], dtype=dY.dtype)
+    # The same divisor as the forward: real cells, or (count_include_pad) explicit pads too.
+    if attrs.get("count_include_pad", 0):
+        mask = pad_spatial(pad_spatial(ones, begin, end, 1), [0] * len(begin), extra)
+    else:
+        mask = pad_spatial(ones, begin, full_end)
+    lead = (slice(None), slice(None))
+    count = np.zeros((1, 1) + tuple(out), dtype=dY.dtype)
+    for off in np.ndindex(*kernel):
+        count += mask[lead + window_slices(off, s, d, out)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(count > 0, dY / count, 0)
+    dxp = np.zeros(X.shape[:2] + mask.shape[2:], dtype=dY.dtype)
+    for off in np.ndindex(*kernel):
+        dxp[lead + window_slices(off, s, d, out)] += w
+    return fit(ctx, pad_spatial(dxp, [-b for b in begin], [-e for e in full_end]))
+
+
+@differentiable("GlobalAveragePool",
+                cases=lambda t, v: [Sample([away_from_zero(2, 3, 4, 2)])])
+def _globalavg_grad(ctx, dY, **attrs):
+    X = np.asarray(ctx.inputs[0])
+    return fit(ctx, np.broadcast_to(dY / math.prod(X.shape[2:]), X.shape))
+
+
+def _globalmax_grad_cases(op_type: str, since: int) -> list[Sample]:
+    x = np.random.default_rng(1).permutation(48).reshape(2, 3, 4, 2) / 7.0
+    return [Sample([x])]
+
+
+@differentiable("GlobalMaxPool", cases=_globalmax_grad_cases)
+def _globalmax_grad(ctx, dY, **attrs):
+    X, Y = np.asarray(ctx.inputs[0]), ctx.outputs[0]
+    mask = X == Y
+    cnt = mask.sum(axis=tuple(range(2, X.ndim)), keepdims=True)
+    return fit(ctx, dY * mask / np.maximum(cnt, 1))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
 from opwarden.ops.base import Sample, op
+from opwarden.ops.grad import away_from_zero, differentiable, fit, int64, positive
 
 # Low-precision floats accumulate in float32 and round once at the end.
 _WIDEN = {np.dtype(np.float16): np.dtype(np.float32)}
@@ -405,3 +408,110 @@ def CumSum(x, axis, *, exclusive=0, reverse=0):
 def CumProd(x, axis, *, exclusive=0, reverse=0):
     """Cumulative product along `axis`, optionally exclusive and/or reversed (ONNX CumProd-26)."""
     return _cumulate(x, axis, exclusive, reverse, np.multiply)
+
+
+# ---------------------------------------------------------------- backward rules
+
+
+def _grad_axes(ctx, attrs) -> tuple[int, ...] | None:
+    """The reduced axes (normalised), or None for 'no-op' (noop_with_empty_axes)."""
+    X = np.asarray(ctx.inputs[0])
+    if len(ctx.inputs) > 1 and ctx.inputs[1] is not None:
+        axes = [int(a) for a in np.asarray(ctx.inputs[1]).reshape(-1)]
+    else:
+        a = attrs.get("axes")
+        axes = [int(v) for v in a] if a is not None else []
+    if not axes:
+        if attrs.get("noop_with_empty_axes", 0):
+            return None
+        return tuple(range(X.ndim))
+    return tuple(sorted(a + X.ndim if a < 0 else a for a in axes))
+
+
+def _local_grad(kind, x, y, g, axes, cnt, shape):
+    """d(reduction)/dx times the upstream g (both in the kept-dims shape)."""
+    if kind == "sum":
+        return np.broadcast_to(g, shape)
+    if kind == "mean":
+        return np.broadcast_to(g / max(cnt, 1), shape)
+    if kind in ("max", "min"):
+        mask = x == y
+        n = mask.sum(axis=axes, keepdims=True) if axes else 1
+        return g * mask / np.maximum(n, 1)
+    if kind == "prod":
+        zero = x == 0
+        nz = zero.sum(axis=axes, keepdims=True) if axes else zero.astype(int)
+        others = np.prod(np.where(zero, 1, x), axis=axes, keepdims=True) if axes else 1
+        return np.where(zero, np.where(nz == 1, others, 0), y / np.where(zero, 1, x)) * g
+    if kind == "sumsquare":
+        return 2 * x * g
+    if kind == "l1":
+        return np.sign(x) * g
+    if kind == "l2":
+        return np.where(y != 0, x / np.where(y != 0, y, 1), 0) * g
+    if kind == "logsum":
+        return np.broadcast_to(g / np.exp(y), shape)
+    return np.exp(x - y) * g  # logsumexp
+
+
+def _reduction_grad(kind: str):
+    def rule(ctx, dY, **attrs):
+        X = np.asarray(ctx.inputs[0])
+        Y = np.asarray(ctx.outputs[0])
+        axes = _grad_axes(ctx, attrs)
+        if axes is None:
+            # no reduction: these reductions act elementwise on each value
+            axes = ()
+        kshape = tuple(1 if i in axes else n for i, n in enumerate(X.shape))
+        g = np.asarray(dY).reshape(kshape)
+        y = Y.reshape(kshape)
+        x = X.astype(Y.dtype)
+        cnt = math.prod(X.shape[i] for i in axes)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return fit(ctx, _local_grad(kind, x, y, g, axes, cnt, X.shape))
+
+    return rule
+
+
+def _reduce_grad_cases(op_type: str, since: int) -> list[Sample]:
+    positive_only = op_type in ("ReduceLogSum", "ReduceProd", "ReduceL2", "ReduceL1")
+    x = positive(2, 3, 4) if positive_only else away_from_zero(2, 3, 4)
+    if op_type == "ReduceProd":
+        x = x * np.array([1, -1, 1, -1])
+    axes_in = since >= (13 if op_type == "ReduceSum" else 18)
+    if axes_in:
+        return [
+            Sample([x, int64([1])]),
+            Sample([x, int64([0, -1])], {"keepdims": 0}),
+            Sample([x], label="all axes"),
+        ]
+    return [Sample([x], {"axes": [1]}), Sample([x], {"axes": [0, 2], "keepdims": 0}),
+            Sample([x])]
+
+
+for _name, _kind in (
+    ("ReduceSum", "sum"), ("ReduceMean", "mean"), ("ReduceMax", "max"), ("ReduceMin", "min"),
+    ("ReduceProd", "prod"), ("ReduceSumSquare", "sumsquare"), ("ReduceL1", "l1"),
+    ("ReduceL2", "l2"), ("ReduceLogSum", "logsum"), ("ReduceLogSumExp", "logsumexp"),
+):
+    differentiable(_name, cases=_reduce_grad_cases)(_reduction_grad(_kind))
+
+
+def _cumsum_grad_cases(op_type: str, since: int) -> list[Sample]:
+    return [Sample([away_from_zero(3, 4), int64(1)], {"exclusive": e, "reverse": r},
+                   label=f"e{e}r{r}")
+            for e in (0, 1) for r in (0, 1)]
+
+
+@differentiable("CumSum", cases=_cumsum_grad_cases)
+def _cumsum_grad(ctx, dY, **attrs):
+    axis = int(np.asarray(ctx.inputs[1]).reshape(-1)[0])
+    ax = axis + dY.ndim if axis < 0 else axis
+    # The adjoint of a running sum runs the other way.
+    if attrs.get("reverse", 0):
+        g = np.cumsum(dY, axis=ax)
+    else:
+        g = np.flip(np.cumsum(np.flip(dY, ax), axis=ax), ax)
+    if attrs.get("exclusive", 0):
+        g = g - dY
+    return fit(ctx, g, None)

@@ -2,7 +2,8 @@
 
 Devices consult it to say what they accept (`Device.accepts`, `layouts_for`); placement
 (`runtime.place`) consults it to choose. It reads only the node, its operator's variants and
-the layout-sensitivity table, so both import it one way.
+the inputs each operator says a layout places (`sensitive_inputs`, from ``OpDef.layout_inputs``:
+the memory limits, the layout pass and the devices read it here), so both import it one way.
 """
 
 from __future__ import annotations
@@ -11,11 +12,23 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from opwarden.contract import TensorFact
-from opwarden.contract.layout import sensitive_inputs
+from opwarden.ops.base import REGISTRY
 
 if TYPE_CHECKING:
     from opwarden.ir.graph import Node
     from opwarden.ops.base import Variant
+
+
+def layout_inputs(op_type: str, domain: str = "") -> tuple[int, ...]:
+    """Indices of the activation inputs whose channel axis a layout (NCHW / NHWC) places, as
+    the operator declares them (``@op(..., layout_inputs=...)``); empty for other operators."""
+    o = REGISTRY.latest(op_type, domain)
+    return o.layout_inputs if o is not None else ()
+
+
+def sensitive_inputs(node: Any) -> tuple[int, ...]:
+    """Activation input indices of a layout-sensitive node (empty for other nodes)."""
+    return layout_inputs(node.op_type, node.domain)
 
 
 def kernel_kwargs(node: Node) -> dict[str, Any]:

@@ -1,16 +1,25 @@
-"""Operators: shape family (reshaping, joining, splitting, padding and constant-making ops)."""
+"""Operators: shape family (reshaping, joining, splitting, padding), with their backward rules
+(the data-movement ops share ops.grad.index_traced); constant-making ops live in constant.py."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from onnx import numpy_helper
 
 from opwarden.contract import Contract, one_of
-from opwarden.dtypes import np_dtype
 from opwarden.errors import KernelError
-from opwarden.ops.base import op
+from opwarden.ops.base import Sample, op
+from opwarden.ops.common import axes_indices, axis_index, ints, one_value
+from opwarden.ops.grad import (
+    away_from_zero,
+    differentiable,
+    fit,
+    index_traced,
+    int64,
+    unary,
+    unary_cases,
+)
 
 # Reshape-like ops return NumPy views when they can; a copy is made for non-contiguous input.
 RESHAPE_LIKE = Contract(may_alias=((0, 0),))
@@ -19,44 +28,7 @@ RESHAPE_LIKE = Contract(may_alias=((0, 0),))
 # the input's buffer while any output lives, and consumers read strided views.
 SPLIT_VIEWS = Contract(must_alias=((0, -1),))
 PAD_MODES = one_of("constant", "reflect", "edge", "wrap")
-
-
-# ---------------------------------------------------------------------------------------------
-# helpers
-
-
-def _ints(x, what: str) -> list[int]:
-    """A shape-like input or attribute (tensor, list or None) as a list of Python ints."""
-    if x is None:
-        return []
-    arr = np.asarray(x)
-    if arr.ndim > 1:
-        raise KernelError(f"{what} must be a 1-D tensor, got shape {arr.shape}")
-    return [int(v) for v in arr.reshape(-1)]
-
-
-def _scalar(x, what: str):
-    """The single value of a scalar (or one-element) input."""
-    arr = np.asarray(x)
-    if arr.size != 1:
-        raise KernelError(f"{what} must hold exactly one value, got shape {arr.shape}")
-    return arr.reshape(-1)[0]
-
-
-def _axis(axis: int, rank: int, what: str = "axis") -> int:
-    """Normalize a possibly negative axis into [0, rank)."""
-    a = int(axis)
-    if not -rank <= a < rank:
-        raise KernelError(f"{what} {a} is out of range for a tensor of rank {rank}")
-    return a + rank if a < 0 else a
-
-
-def _axes(axes, rank: int, what: str = "axes") -> list[int]:
-    """Normalize a list of axes; duplicates are an error."""
-    out = [_axis(a, rank, what) for a in axes]
-    if len(set(out)) != len(out):
-        raise KernelError(f"{what} {list(axes)} contains duplicates")
-    return out
+_BLOCK_MODES = Contract(allowed={"mode": one_of("DCR", "CRD")})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,19 +64,19 @@ def _reshape(data: np.ndarray, shape: list[int], allowzero: int) -> np.ndarray:
 @op("Reshape", since=1, contract=RESHAPE_LIKE)
 def Reshape_1(data, *, shape=None, consumed_inputs=None):
     """Reshape to the `shape` attribute; 0 copies a dim, -1 is inferred (ONNX Reshape-1)."""
-    return _reshape(data, _ints(shape, "shape"), 0)
+    return _reshape(data, ints(shape, "shape"), 0)
 
 
 @op("Reshape", since=5, contract=RESHAPE_LIKE)
 def Reshape_5(data, shape):
     """Reshape to the `shape` input; 0 copies a dim, -1 is inferred (ONNX Reshape-5)."""
-    return _reshape(data, _ints(shape, "shape"), 0)
+    return _reshape(data, ints(shape, "shape"), 0)
 
 
 @op("Reshape", since=14, contract=RESHAPE_LIKE)
 def Reshape(data, shape, *, allowzero=0):
     """Reshape; with allowzero=1 a 0 in `shape` means an empty dim (ONNX Reshape-14)."""
-    return _reshape(data, _ints(shape, "shape"), allowzero)
+    return _reshape(data, ints(shape, "shape"), allowzero)
 
 
 @op("Flatten", since=1, contract=RESHAPE_LIKE)
@@ -124,7 +96,7 @@ def Flatten(input, *, axis=1):
 def _squeeze(data: np.ndarray, axes) -> np.ndarray:
     if axes is None or len(axes) == 0:
         return data.reshape([d for d in data.shape if d != 1])
-    ax = _axes(axes, data.ndim)
+    ax = axes_indices(axes, data.ndim)
     for a in ax:
         if data.shape[a] != 1:
             raise KernelError(
@@ -142,12 +114,12 @@ def Squeeze_1(data, *, axes=None):
 @op("Squeeze", since=13, contract=RESHAPE_LIKE)
 def Squeeze(data, axes=None):
     """Remove size-1 dims listed in the `axes` input, or all (ONNX Squeeze-13)."""
-    return _squeeze(data, None if axes is None else _ints(axes, "axes"))
+    return _squeeze(data, None if axes is None else ints(axes, "axes"))
 
 
 def _unsqueeze(data: np.ndarray, axes) -> np.ndarray:
     out_rank = data.ndim + len(axes)
-    ax = set(_axes(axes, out_rank))
+    ax = set(axes_indices(axes, out_rank))
     rest = iter(data.shape)
     return data.reshape([1 if i in ax else next(rest) for i in range(out_rank)])
 
@@ -155,13 +127,13 @@ def _unsqueeze(data: np.ndarray, axes) -> np.ndarray:
 @op("Unsqueeze", since=1, contract=RESHAPE_LIKE)
 def Unsqueeze_1(data, *, axes=None):
     """Insert size-1 dims at the `axes` attribute (output positions) (ONNX Unsqueeze-1/11)."""
-    return _unsqueeze(data, _ints(axes, "axes"))
+    return _unsqueeze(data, ints(axes, "axes"))
 
 
 @op("Unsqueeze", since=13, contract=RESHAPE_LIKE)
 def Unsqueeze(data, axes):
     """Insert size-1 dims at the `axes` input (output positions) (ONNX Unsqueeze-13)."""
-    return _unsqueeze(data, _ints(axes, "axes"))
+    return _unsqueeze(data, ints(axes, "axes"))
 
 
 @op("Transpose", since=1, contract=RESHAPE_LIKE)
@@ -184,7 +156,7 @@ def Concat(*inputs, axis=1):
     if not inputs:
         raise KernelError("Concat: needs at least one input")
     r = inputs[0].ndim
-    a = _axis(axis, r)
+    a = axis_index(axis, r)
     for i, x in enumerate(inputs):
         if (
             x.ndim != r
@@ -198,7 +170,7 @@ def Concat(*inputs, axis=1):
 
 
 def _split(data: np.ndarray, sizes: list[int], axis: int) -> tuple[np.ndarray, ...]:
-    a = _axis(axis, data.ndim)
+    a = axis_index(axis, data.ndim)
     if any(s < 0 for s in sizes) or sum(sizes) != data.shape[a]:
         raise KernelError(f"Split: sizes {sizes} do not sum to dimension {data.shape[a]}")
     # Views (see SPLIT_VIEWS): the memory plan keeps the input's buffer for all of them.
@@ -221,16 +193,16 @@ def _equal_sizes(dim: int, n: int) -> list[int]:
 @op("Split", since=2, contract=SPLIT_VIEWS)
 def Split_2(input, *, axis=0, split=None, noutputs=1):
     """Split along `axis` by the `split` attribute, or evenly (ONNX Split-2/11)."""
-    a = _axis(axis, input.ndim)
-    sizes = _ints(split, "split") if split else _equal_sizes(input.shape[a], noutputs)
+    a = axis_index(axis, input.ndim)
+    sizes = ints(split, "split") if split else _equal_sizes(input.shape[a], noutputs)
     return _split(input, sizes, a)
 
 
 @op("Split", since=13, contract=SPLIT_VIEWS)
 def Split_13(input, split=None, *, axis=0, noutputs=1):
     """Split along `axis` by the `split` input, or evenly (ONNX Split-13)."""
-    a = _axis(axis, input.ndim)
-    sizes = _ints(split, "split") if split is not None else []
+    a = axis_index(axis, input.ndim)
+    sizes = ints(split, "split") if split is not None else []
     if not sizes:
         sizes = _equal_sizes(input.shape[a], noutputs)
     return _split(input, sizes, a)
@@ -239,9 +211,9 @@ def Split_13(input, split=None, *, axis=0, noutputs=1):
 @op("Split", since=18, contract=SPLIT_VIEWS)
 def Split(input, split=None, *, axis=0, num_outputs=None, noutputs=1):
     """Split by the `split` input or into `num_outputs` chunks, last smaller (ONNX Split-18)."""
-    a = _axis(axis, input.ndim)
+    a = axis_index(axis, input.ndim)
     if split is not None:
-        return _split(input, _ints(split, "split"), a)
+        return _split(input, ints(split, "split"), a)
     n = num_outputs if num_outputs is not None else noutputs
     if n <= 0:
         raise KernelError(f"Split: num_outputs must be positive, got {n}")
@@ -333,8 +305,8 @@ def Dropout_10(data, *, ratio=0.5):
 def Dropout(data, ratio=None, training_mode=None, *, seed=None):
     """Identity unless training_mode; then drop with `ratio` and scale by 1/(1-ratio)
     (ONNX Dropout-12/13/22)."""
-    r = 0.5 if ratio is None else float(_scalar(ratio, "ratio"))
-    training = training_mode is not None and bool(_scalar(training_mode, "training_mode"))
+    r = 0.5 if ratio is None else float(one_value(ratio, "ratio"))
+    training = training_mode is not None and bool(one_value(training_mode, "training_mode"))
     if not training or r == 0.0:
         return data, np.ones(data.shape, dtype=np.bool_)
     if not 0.0 <= r < 1.0:
@@ -349,7 +321,7 @@ def Dropout(data, ratio=None, training_mode=None, *, seed=None):
 @op("Expand", since=8)
 def Expand(input, shape):
     """Broadcast input to the bidirectional broadcast of its shape and `shape` (ONNX Expand-8)."""
-    dims = _ints(shape, "shape")
+    dims = ints(shape, "shape")
     try:
         out_shape = np.broadcast_shapes(input.shape, tuple(dims))
     except ValueError:
@@ -361,137 +333,19 @@ def Expand(input, shape):
 def Tile_1(input, tiles, axis):
     """Repeat the input `tiles` times along `axis` (ONNX Tile-1)."""
     reps = [1] * input.ndim
-    reps[_axis(int(_scalar(axis, "axis")), input.ndim)] = int(_scalar(tiles, "tiles"))
+    reps[axis_index(int(one_value(axis, "axis")), input.ndim)] = int(one_value(tiles, "tiles"))
     return np.tile(input, reps)
 
 
 @op("Tile", since=6)
 def Tile(input, repeats):
     """Repeat the input `repeats[i]` times along each dim i (ONNX Tile-6/13)."""
-    reps = _ints(repeats, "repeats")
+    reps = ints(repeats, "repeats")
     if len(reps) != input.ndim:
         raise KernelError(f"Tile: repeats has {len(reps)} values, input has rank {input.ndim}")
     if any(r < 0 for r in reps):
         raise KernelError(f"Tile: repeats {reps} must be non-negative")
     return np.tile(input, reps)
-
-
-# ---------------------------------------------------------------------------------------------
-# Constants
-
-
-@op("ConstantOfShape", since=9)
-def ConstantOfShape(input, *, value=None):
-    """A tensor of shape `input` filled with `value`'s one element, default float32 0
-    (ONNX ConstantOfShape-9..)."""
-    dims = _ints(input, "input")
-    if any(d < 0 for d in dims):
-        raise KernelError(f"ConstantOfShape: shape {dims} has a negative dimension")
-    if value is None:
-        return np.zeros(dims, dtype=np.float32)
-    v = np.asarray(value)
-    if v.size != 1:
-        raise KernelError(f"ConstantOfShape: value must hold one element, got shape {v.shape}")
-    return np.full(dims, v.reshape(-1)[0], dtype=v.dtype)
-
-
-def _dense_from_sparse(sp) -> np.ndarray:
-    """Densify a SparseTensorProto (indices linear [NNZ] or coordinates [NNZ, rank])."""
-    values = numpy_helper.to_array(sp.values)
-    indices = numpy_helper.to_array(sp.indices).astype(np.int64)
-    dims = tuple(int(d) for d in sp.dims)
-    out = np.zeros(math.prod(dims), dtype=values.dtype)
-    if indices.ndim == 2:
-        flat = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices[:, 0]
-    else:
-        flat = indices
-    out[flat] = values.reshape(-1)
-    return out.reshape(dims)
-
-
-@op("Constant", since=1)
-def Constant(
-    *,
-    value=None,
-    sparse_value=None,
-    value_float=None,
-    value_floats=None,
-    value_int=None,
-    value_ints=None,
-    value_string=None,
-    value_strings=None,
-):
-    """The tensor given by whichever `value*` attribute is set (ONNX Constant-1..)."""
-    given = {
-        k: v
-        for k, v in {
-            "value": value,
-            "sparse_value": sparse_value,
-            "value_float": value_float,
-            "value_floats": value_floats,
-            "value_int": value_int,
-            "value_ints": value_ints,
-            "value_string": value_string,
-            "value_strings": value_strings,
-        }.items()
-        if v is not None
-    }
-    if len(given) != 1:
-        raise KernelError(f"Constant: exactly one value attribute must be set, got {sorted(given)}")
-    name, v = next(iter(given.items()))
-    if name == "value":
-        return np.array(v)
-    if name == "sparse_value":
-        return _dense_from_sparse(v)
-    if name in ("value_float", "value_floats"):
-        return np.asarray(v, dtype=np.float32)
-    if name in ("value_int", "value_ints"):
-        return np.asarray(v, dtype=np.int64)
-    # Strings: object arrays of Python str.
-    if name == "value_string":
-        out = np.empty((), dtype=object)
-        out[()] = v
-        return out
-    return np.array(list(v), dtype=object).reshape(len(v))
-
-
-@op("EyeLike", since=9, contract=Contract(nan="suppress"))
-def EyeLike(input, *, dtype=None, k=0):
-    """A 2-D tensor shaped like input with ones on diagonal `k` (ONNX EyeLike-9/22)."""
-    if input.ndim != 2:
-        raise KernelError(f"EyeLike: input must be 2-D, got shape {input.shape}")
-    dt = input.dtype if dtype is None else np_dtype(dtype)
-    return np.eye(input.shape[0], input.shape[1], k=k, dtype=dt)
-
-
-def _range(start, limit, delta) -> np.ndarray:
-    dt = np.asarray(start).dtype
-    s, lim, d = (_scalar(v, n) for v, n in ((start, "start"), (limit, "limit"), (delta, "delta")))
-    if d == 0:
-        raise KernelError("Range: delta must not be zero")
-    if dt.kind in "iu":
-        s, lim, d = int(s), int(lim), int(d)
-        n = max(-((s - lim) // d), 0)  # ceil((lim - s) / d) in exact integer arithmetic
-        return (s + d * np.arange(n, dtype=np.int64)).astype(dt)
-    n = max(math.ceil((float(lim) - float(s)) / float(d)), 0)
-    # start + i * delta in the input's own precision.
-    return (np.asarray(s, dtype=dt) + np.arange(n).astype(dt) * np.asarray(d, dtype=dt)).astype(dt)
-
-
-@op("Range", since=11, contract=Contract())
-def Range_11(start, limit, delta):
-    """start, start+delta, ... up to limit exclusive (ONNX Range-11)."""
-    return _range(start, limit, delta)
-
-
-@op("Range", since=27, contract=Contract())
-def Range(start, limit, delta, *, stash_type=1):
-    """Range; float16/bfloat16 computed in float32 when stash_type=1 (ONNX Range-27)."""
-    dt = np.asarray(start).dtype
-    if stash_type == 1 and dt in (np.dtype(np.float16), np_dtype(16)):
-        f32 = [np.asarray(v).astype(np.float32) for v in (start, limit, delta)]
-        return _range(*f32).astype(dt)
-    return _range(start, limit, delta)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -514,25 +368,25 @@ def _space_to_depth(x: np.ndarray, b: int, mode: str) -> np.ndarray:
     return t.transpose(perm).reshape(n, c * b * b, h // b, w // b)
 
 
-@op("SpaceToDepth", since=1)
+@op("SpaceToDepth", since=1, layout_inputs=(0,))
 def SpaceToDepth_1(input, *, blocksize=None):
     """Move spatial blocks into channels, DCR order (ONNX SpaceToDepth-1/13)."""
     return _space_to_depth(input, int(blocksize), "DCR")
 
 
-@op("SpaceToDepth", since=28, contract=Contract(allowed={"mode": one_of("DCR", "CRD")}))
+@op("SpaceToDepth", since=28, layout_inputs=(0,), contract=_BLOCK_MODES)
 def SpaceToDepth(input, *, blocksize=None, mode="DCR"):
     """Move spatial blocks into channels in DCR or CRD order (ONNX SpaceToDepth-28)."""
     return _space_to_depth(input, int(blocksize), mode)
 
 
-@op("DepthToSpace", since=1)
+@op("DepthToSpace", since=1, layout_inputs=(0,))
 def DepthToSpace_1(input, *, blocksize=None):
     """Move channels into blocksize x blocksize spatial blocks, DCR order (ONNX DepthToSpace-1)."""
     return _depth_to_space(input, int(blocksize), "DCR")
 
 
-@op("DepthToSpace", since=11, contract=Contract(allowed={"mode": one_of("DCR", "CRD")}))
+@op("DepthToSpace", since=11, layout_inputs=(0,), contract=_BLOCK_MODES)
 def DepthToSpace(input, *, blocksize=None, mode="DCR"):
     """Move channels into spatial blocks, DCR or CRD order (ONNX DepthToSpace-11..28)."""
     return _depth_to_space(input, int(blocksize), mode)
@@ -559,8 +413,8 @@ def _depth_to_space(input: np.ndarray, b: int, mode: str) -> np.ndarray:
 def CenterCropPad(input_data, shape, *, axes=None):
     """Center-crop or zero-pad each listed axis to `shape` (ONNX CenterCropPad-18)."""
     r = input_data.ndim
-    ax = _axes(axes, r) if axes else list(range(r))
-    target = _ints(shape, "shape")
+    ax = axes_indices(axes, r) if axes else list(range(r))
+    target = ints(shape, "shape")
     if len(target) != len(ax):
         raise KernelError(f"CenterCropPad: shape has {len(target)} values for {len(ax)} axes")
     crop = [slice(None)] * r
@@ -582,7 +436,7 @@ def CenterCropPad(input_data, shape, *, axes=None):
 
 def _pad(data: np.ndarray, pads: list[int], mode: str, value, axes=None) -> np.ndarray:
     r = data.ndim
-    ax = _axes(axes, r) if axes is not None else list(range(r))
+    ax = axes_indices(axes, r) if axes is not None else list(range(r))
     if len(pads) != 2 * len(ax):
         raise KernelError(f"Pad: pads has {len(pads)} values, expected {2 * len(ax)}")
     begins, ends = [0] * r, [0] * r
@@ -620,33 +474,33 @@ def _pad(data: np.ndarray, pads: list[int], mode: str, value, axes=None) -> np.n
 @op("Pad", since=1, contract=Contract(allowed={"mode": one_of("constant", "reflect", "edge")}))
 def Pad_1(data, *, mode="constant", paddings=None, value=0.0):
     """Pad by the `paddings` attribute (ONNX Pad-1)."""
-    return _pad(data, _ints(paddings, "paddings"), mode, value)
+    return _pad(data, ints(paddings, "paddings"), mode, value)
 
 
 @op("Pad", since=2, contract=Contract(allowed={"mode": one_of("constant", "reflect", "edge")}))
 def Pad_2(data, *, mode="constant", pads=None, value=0.0):
     """Pad by the `pads` attribute [x1_begin, ..., x1_end, ...] (ONNX Pad-2)."""
-    return _pad(data, _ints(pads, "pads"), mode, value)
+    return _pad(data, ints(pads, "pads"), mode, value)
 
 
 @op("Pad", since=11, contract=Contract(allowed={"mode": one_of("constant", "reflect", "edge")}))
 def Pad_11(data, pads, constant_value=None, *, mode="constant"):
     """Pad by the `pads` input; negative pads crop (ONNX Pad-11/13)."""
-    return _pad(data, _ints(pads, "pads"), mode, constant_value)
+    return _pad(data, ints(pads, "pads"), mode, constant_value)
 
 
 @op("Pad", since=18, contract=Contract(allowed={"mode": one_of("constant", "reflect", "edge")}))
 def Pad_18(data, pads, constant_value=None, axes=None, *, mode="constant"):
     """Pad the listed `axes` (default all) by the `pads` input (ONNX Pad-18)."""
-    ax = None if axes is None else _ints(axes, "axes")
-    return _pad(data, _ints(pads, "pads"), mode, constant_value, ax)
+    ax = None if axes is None else ints(axes, "axes")
+    return _pad(data, ints(pads, "pads"), mode, constant_value, ax)
 
 
 @op("Pad", since=19, contract=Contract(allowed={"mode": PAD_MODES}))
 def Pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
     """Pad the listed `axes` by `pads`; modes constant/reflect/edge/wrap (ONNX Pad-19..)."""
-    ax = None if axes is None else _ints(axes, "axes")
-    return _pad(data, _ints(pads, "pads"), mode, constant_value, ax)
+    ax = None if axes is None else ints(axes, "axes")
+    return _pad(data, ints(pads, "pads"), mode, constant_value, ax)
 
 
 @op("Trilu", since=14, contract=Contract(nan="suppress"))
@@ -654,5 +508,82 @@ def Trilu(input, k=None, *, upper=1):
     """Upper or lower triangle of the last two dims, offset by diagonal `k` (ONNX Trilu-14)."""
     if input.ndim < 2:
         raise KernelError(f"Trilu: input must have rank >= 2, got shape {input.shape}")
-    kk = 0 if k is None else int(_scalar(k, "k"))
+    kk = 0 if k is None else int(one_value(k, "k"))
     return np.triu(input, kk) if upper else np.tril(input, kk)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward rules
+
+
+def _movement_grad_cases(op_type: str, since: int) -> list[Sample]:
+    r, i = away_from_zero, int64
+    x = r(2, 3, 4)
+    if op_type == "Reshape":
+        return ([Sample([x], {"shape": [4, 6]})] if since < 5
+                else [Sample([x, i([4, -1])]), Sample([x, i([0, 12])])])
+    if op_type == "Flatten":
+        return [Sample([x], {"axis": 2})]
+    if op_type == "Squeeze":
+        return ([Sample([r(2, 1, 3)], {"axes": [1]})] if since < 13
+                else [Sample([r(2, 1, 3), i([1])]), Sample([r(2, 1, 3)])])
+    if op_type == "Unsqueeze":
+        return [Sample([x], {"axes": [0, 3]})] if since < 13 else [Sample([x, i([0, 3])])]
+    if op_type == "Transpose":
+        return [Sample([x], {"perm": [2, 0, 1]}), Sample([x])]
+    if op_type == "Expand":
+        return [Sample([r(3, 1), i([2, 3, 4])])]
+    if op_type == "Tile":
+        return [Sample([x, i(2), i(1)])] if since < 6 else [Sample([x, i([1, 2, 1])])]
+    if op_type == "DepthToSpace":
+        return [Sample([r(1, 8, 2, 3)], {"blocksize": 2}),
+                *([Sample([r(1, 8, 2, 3)], {"blocksize": 2, "mode": "CRD"})]
+                  if since >= 11 else [])]
+    if op_type == "SpaceToDepth":
+        return [Sample([r(1, 2, 4, 6)], {"blocksize": 2})]
+    if op_type == "Concat":
+        return [Sample([x, r(2, 1, 4, seed=3), r(2, 2, 4, seed=4)], {"axis": 1})]
+    if op_type == "Split":
+        return ([Sample([r(5, 3)], {"axis": 0, "split": [2, 3]}, noutputs=2)] if since < 13
+                else [Sample([r(5, 3), i([2, 3])], {"axis": 0}, noutputs=2),
+                      Sample([r(2, 6)], {"axis": 1}, noutputs=3, label="equal")])
+    return _pad_grad_cases(x, since)
+
+
+def _pad_grad_cases(x: np.ndarray, since: int) -> list[Sample]:
+    if since < 11:
+        pads = "pads" if since >= 2 else "paddings"
+        return [Sample([x], {pads: [0, 1, 0, 1, 0, 2], "value": 0.5}),
+                Sample([x], {pads: [0, 1, 1, 0, 1, 2], "mode": "reflect"}, label="reflect")]
+    return [Sample([x, int64([0, 1, 0, 1, 0, 2]), np.array(0.5)]),
+            Sample([x, int64([1, 1, 0, 0, 2, 1])], {"mode": "edge"}, label="edge"),
+            Sample([x, int64([0, 1, 1, 0, 1, 2])], {"mode": "reflect"}, label="reflect")]
+
+
+differentiable("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile",
+               "DepthToSpace", "SpaceToDepth", "Split", "Pad",
+               cases=_movement_grad_cases)(index_traced((0,)))
+differentiable("Concat", cases=_movement_grad_cases)(index_traced("all"))
+unary("Identity", cases=unary_cases({}, {}))(lambda x, y, a: np.ones_like(y))
+
+
+def _dropout_grad_cases(op_type: str, since: int) -> list[Sample]:
+    x = away_from_zero(2, 3)
+    if since >= 12:
+        return [Sample([x]), Sample([x, np.array(0.3)])]
+    return [Sample([x], {"is_test": 1} if since < 7 else {})]
+
+
+@differentiable("Dropout", cases=_dropout_grad_cases)
+def _dropout_grad(ctx, dY, *rest, **attrs):
+    X, Y = np.asarray(ctx.inputs[0]), np.asarray(ctx.outputs[0])
+    if len(ctx.inputs) > 2 and ctx.inputs[2] is not None:
+        training = bool(np.asarray(ctx.inputs[2]))
+    else:
+        training = "is_test" in attrs and not attrs["is_test"]
+    if not training:
+        return fit(ctx, dY)
+    # Y = X * mask * scale: the per-element factor is Y / X (0 where X is 0 and dropped).
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.where(X != 0, Y / np.where(X != 0, X, 1), 0)
+    return fit(ctx, dY * factor)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from opwarden.contract import TensorFact
-from opwarden.contract.layout import sensitive_inputs
+from opwarden.ops.select import sensitive_inputs
 from opwarden.ir.graph import Graph, Node, Value
 
 NHWC, NCHW = "NHWC", "NCHW"

@@ -410,7 +410,7 @@ def size_rule(placement: Any) -> Callable[..., int]:
         return _custom_rule(opdef, node)
     nhwc: tuple[int, ...] = ()
     if placement.variant.layout == "NHWC":
-        from opwarden.contract.layout import sensitive_inputs
+        from opwarden.ops.select import sensitive_inputs
 
         nhwc = tuple(sensitive_inputs(node))
     return _ShapeRule(node, nhwc)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from opwarden.autograd.cases import cases
-from opwarden.autograd.rules import differentiable_ops
+from opwarden.ops.grad import differentiable_ops
+from opwarden.ops.grad import grad_cases as cases
 from opwarden.verify.grads import gradcheck
 
 # opwarden's own operators (other tests register custom ops with backward rules of their own)

@@ -1,0 +1,96 @@
+"""Small helpers the ops files share: compute dtypes, integer lists, axes.
+
+Reference kernels compute narrow floats in a wider type and round once at the end. Families
+differ in which types they widen, and each keeps its own numerics, so each rule has its own
+name here:
+
+- `wide`: every float narrower than 32 bits (float16, bfloat16, float8, float4) -> float32
+  (elementwise math and activations, `apply_wide`);
+- `wide_half`: only float16 and bfloat16 -> float32, others as they are (linear algebra and
+  normalization, whose type constraints hold no narrower float);
+- `work_float`: float64 stays, every other type -> float32 (recurrences, signal transforms,
+  losses, the com.microsoft ops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from opwarden.errors import KernelError
+
+try:  # ml_dtypes registers bfloat16 with NumPy (imported via opwarden.dtypes)
+    import ml_dtypes
+
+    HALF_FLOATS = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+except ImportError:  # pragma: no cover
+    HALF_FLOATS = frozenset({np.dtype(np.float16)})
+
+
+def is_float_dtype(dt: np.dtype) -> bool:
+    """True for IEEE floats and ml_dtypes floats (bfloat16, float8, float4: kind 'V')."""
+    return dt.kind == "f" or dt.name.startswith(("bfloat", "float"))
+
+
+def wide(x: np.ndarray) -> np.ndarray:
+    """Floats narrower than 32 bits are computed in float32 (one rounding back at the end)."""
+    if is_float_dtype(x.dtype) and x.dtype.itemsize < 4:
+        return x.astype(np.float32)
+    return x
+
+
+def wide_half(x: np.ndarray) -> np.ndarray:
+    """float16/bfloat16 computed in float32 (rounded once at the end); others as they are."""
+    x = np.asarray(x)
+    return x.astype(np.float32) if x.dtype in HALF_FLOATS else x
+
+
+def work_float(dt: np.dtype) -> np.dtype:
+    """The float type to compute in: float64 for float64, float32 for every other type."""
+    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
+def apply_wide(fn: Callable[..., Any], *xs: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """fn on the inputs (narrow floats widened), without floating-point warnings, cast to
+    `dtype` (default: input 0's dtype)."""
+    out = xs[0].dtype if dtype is None else np.dtype(dtype)
+    with np.errstate(all="ignore"):
+        r = fn(*(wide(x) for x in xs))
+        return np.asarray(r).astype(out, copy=False)
+
+
+def ints(x: Any, what: str) -> list[int]:
+    """A 1-D integer input or attribute (tensor, list or None) as a list of Python ints."""
+    if x is None:
+        return []
+    arr = np.asarray(x)
+    if arr.ndim > 1:
+        raise KernelError(f"{what} must be a 1-D tensor, got shape {arr.shape}")
+    return [int(v) for v in arr.reshape(-1)]
+
+
+def axis_index(axis: Any, rank: int, what: str = "axis", *, scalar_ok: bool = False) -> int:
+    """A possibly negative axis normalized into [0, rank). ``scalar_ok``: a rank-0 tensor
+    takes axis 0 too (ops that treat a scalar as one element)."""
+    a = int(axis)
+    if not -rank <= a < (max(rank, 1) if scalar_ok else rank):
+        raise KernelError(f"{what} {a} is out of range for a tensor of rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def one_value(x: Any, what: str) -> Any:
+    """The single value of a scalar (or one-element) input."""
+    arr = np.asarray(x)
+    if arr.size != 1:
+        raise KernelError(f"{what} must hold exactly one value, got shape {arr.shape}")
+    return arr.reshape(-1)[0]
+
+
+def axes_indices(axes: Any, rank: int, what: str = "axes") -> list[int]:
+    """A list of axes normalized (see `axis_index`); duplicates are an error."""
+    out = [axis_index(a, rank, what) for a in axes]
+    if len(set(out)) != len(out):
+        raise KernelError(f"{what} {list(axes)} contains duplicates")
+    return out
