@@ -10,6 +10,13 @@ from the model's own declarations. The size is the operator's own shape rule eva
 actual inputs: onnx's node shape inference given the input shapes and the small input values
 (memoized per node), a custom operator's `.infer` rule, or a predictor in `PREDICTORS` where
 neither can tell (MaxUnpool's output_shape, NonZero, sequences).
+
+Outputs are not all a kernel allocates: its scratch counts with them (`scratch_rule`: the
+variant's declared workspace, `Variant.workspace`, or for a reference kernel the measured rule
+of `plan.scratch`), so `outputs + scratch > limit` is refused before the kernel runs. Where the
+plan fixes a node's input shapes its scratch is known per signature and checked once, when the
+plan is made (`check_scratch`, from `plan.manager`); a node whose inputs no plan fixes is
+checked as it runs, like a node whose outputs no plan fixes.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import numpy as np
 
 from opwarden.dtypes import np_dtype_of
 from opwarden.errors import MemoryLimitError, describe_bytes
+from opwarden.plan.scratch import describe_need, scratch_rule, static_over
 
 DEFAULT_SHARE = 0.75  # of physical memory
 
@@ -416,30 +424,52 @@ def size_rule(placement: Any) -> Callable[..., int]:
     return _ShapeRule(node, nhwc)
 
 
+def _inputs_fixed(node: Any, dims: frozenset[str] | None) -> bool:
+    """Whether the plan (or, with no plan, the facts alone) fixes every tensor input's size."""
+    for v in node.inputs:
+        if v is not None and v.const is None and (
+                v.kind != "tensor" or _fact_bytes(v.fact, dims) is None):
+            return False
+    return True
+
+
 def guard_allocation(
     fn: Callable[..., Any], placement: Any, limit: int, dims: frozenset[str] | None = frozenset()
 ) -> Callable[..., Any]:
     """`fn`, checked before it runs against the limit when the plan leaves its size open.
 
-    `dims`: the symbolic dims the memory plan binds for this graph (None: no plan covers it,
-    as for loop bodies). Nodes the plan fixes get `fn` back unchanged.
+    The size is its outputs' and its kernel's scratch (`scratch_rule`). `dims`: the symbolic
+    dims the memory plan binds for this graph (None: no plan covers it, as for loop bodies).
+    Nodes the plan fixes get `fn` back unchanged; their scratch is checked with the plan
+    (`check_scratch`), or here once where no plan covers them.
     """
     node = placement.node
+    scratch = scratch_rule(placement) if not node.subgraphs() else None
     if not needs_check(node, limit, dims):
-        return fn
+        if scratch is None:
+            return fn
+        if _inputs_fixed(node, dims) and (dims is not None or not static_over(
+                placement, scratch, limit)):
+            return fn  # a plan checks it per signature; with no plan, it fits
     predict = size_rule(placement)
 
     def refuse(*args: Any, **kw: Any) -> None:
-        """Raise MemoryLimitError if these inputs would make outputs above the limit."""
+        """Raise MemoryLimitError if these inputs would make outputs and scratch above the
+        limit."""
         try:
-            need = int(predict(*args, **kw))
+            out = int(predict(*args, **kw))
         except Exception:  # noqa: BLE001 - malformed inputs are the kernel's to report
-            need = 0
-        if need > limit:
+            out = 0
+        ws = 0
+        if scratch is not None:
+            try:
+                ws = max(int(scratch(*args, **kw)), 0)
+            except Exception:  # noqa: BLE001 - a rule that cannot evaluate counts nothing
+                ws = 0
+        if out + ws > limit:
             # No node name here: every run path prefixes the failing step's.
             raise MemoryLimitError(
-                f"its outputs would take {describe_bytes(need)} (inputs {_shapes(args)}), "
-                "more than the memory limit of "
+                f"{describe_need(out, ws)} (inputs {_shapes(args)}), more than the memory limit of "
                 f"{describe_bytes(limit)} (SessionOptions.memory_limit_bytes); refused "
                 "before allocating"
             )
@@ -450,6 +480,7 @@ def guard_allocation(
         return fn(*args, **kw)
 
     checked.size_rule = predict  # type: ignore[attr-defined]
+    checked.scratch_rule = scratch  # type: ignore[attr-defined]
     checked.refuse = refuse  # type: ignore[attr-defined]  # for calls that bypass `checked`
     return checked
 
