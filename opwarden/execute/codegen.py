@@ -144,32 +144,69 @@ def _expect(v: Any, dims: dict[str, str]) -> tuple[str | None, list[str], Any] |
 
 def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> Any:
     """Python function ``run(feeds, captured) -> outputs`` equivalent to `program.run(calls)`."""
-    from opwarden.execute.bound import BoundGraph
+    gen = _Source(program, contract)
+    for i, call in enumerate(calls):
+        gen.step(i, call)
+    return gen.function()
 
-    ns: dict[str, Any] = {
-        "_one": _one,
-        "_many": _many,
-        "_ro": _ro,
-        "_ro_out": _ro_out,
-        "_feed": feed_view,
-        "_alias": _alias,
-        "_bad_out": _bad_out,
-        "_out": _out,
-        "_ndarray": np.ndarray,
-        "_BoundGraph": BoundGraph,
-        "_LeanFault": LeanFault,
-    }
-    lines = ["def _run(feeds, captured):"]
-    add = lines.append
-    dims = _dim_names(program) if contract else {}
-    for j, expr in enumerate(dims.values()):
-        add(f"    _d{j} = {expr}")
-    dtypes: dict[Any, str] = {}
 
-    def check(i: int, k: int, s: int) -> tuple[str, str] | None:
+class _Source:
+    """The generated source of one lean loop, and the globals (`ns`) its names refer to.
+
+    Names in the source: `s<slot>` a value, `c<slot>` a constant, `f<i>`/`k<i>` step i's
+    kernel and keyword dict, `o<i>`/`r<i>` its planned buffer and that buffer's read-only
+    view, `h<i>` its arena-view hook, `p<i>_<name>` its subgraph programs, `_t<j>` the
+    expected dtypes, `_d<j>` the symbolic dims bound from the feeds.
+    """
+
+    def __init__(self, program: Any, contract: bool) -> None:
+        from opwarden.execute.bound import BoundGraph
+
+        self.program = program
+        self.contract = contract
+        self.ns: dict[str, Any] = {
+            "_one": _one,
+            "_many": _many,
+            "_ro": _ro,
+            "_ro_out": _ro_out,
+            "_feed": feed_view,
+            "_alias": _alias,
+            "_bad_out": _bad_out,
+            "_out": _out,
+            "_ndarray": np.ndarray,
+            "_BoundGraph": BoundGraph,
+            "_LeanFault": LeanFault,
+        }
+        self.lines = ["def _run(feeds, captured):"]
+        add = self.lines.append
+        self.dims = _dim_names(program) if contract else {}
+        for j, expr in enumerate(self.dims.values()):
+            add(f"    _d{j} = {expr}")
+        self.dtypes: dict[Any, str] = {}
+        for k, s in enumerate(program.input_slots):
+            add(f"    s{s} = _feed(feeds[{k}])" if contract else f"    s{s} = feeds[{k}]")
+        for k, s in enumerate(program.capture_slots):
+            add(f"    s{s} = captured[{k}]")
+        self.fed = set(program.input_slots) | set(program.capture_slots)
+        for s, c in enumerate(program.template):
+            if c is not None and s not in self.fed:
+                self.ns[f"c{s}"] = _ro(c) if contract and isinstance(c, np.ndarray) else c
+        add("    i = -1")
+        add("    try:")
+        self.body: list[str] = []
+
+    def ref(self, s: int) -> str:
+        """The name slot s is read by."""
+        if s < 0:
+            return "None"
+        # an initializer that is also a graph input is fed (its value overrides the constant)
+        const = self.program.template[s] is not None and s not in self.fed
+        return f"c{s}" if const else f"s{s}"
+
+    def check(self, i: int, k: int, s: int) -> tuple[str, str] | None:
         """The output check of slot s (output k of step i): (a condition true when the value
         may be wrong, the arguments of _bad_out/_out), or None when s has no type to check."""
-        want = _expect(program.values[s], dims)
+        want = _expect(self.program.values[s], self.dims)
         if want is None:
             return None
         shape, shape_tests, dt = want
@@ -177,32 +214,41 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
         tests += [t.format(x=f"s{s}") for t in shape_tests]
         dname = "None"
         if dt is not None:
-            dname = dtypes.get(dt) or dtypes.setdefault(dt, f"_t{len(dtypes)}")
-            ns[dname] = dt
+            dname = self.dtypes.get(dt) or self.dtypes.setdefault(dt, f"_t{len(self.dtypes)}")
+            self.ns[dname] = dt
             # builtin dtypes are singletons: `is not` is the fast test, _bad_out the exact one
             tests.append(f"s{s}.dtype is not {dname}")
         return " or ".join(tests), f"{i}, {k}, s{s}, {shape or 'None'}, {dname}"
 
-    for k, s in enumerate(program.input_slots):
-        add(f"    s{s} = _feed(feeds[{k}])" if contract else f"    s{s} = feeds[{k}]")
-    for k, s in enumerate(program.capture_slots):
-        add(f"    s{s} = captured[{k}]")
-    fed = set(program.input_slots) | set(program.capture_slots)
-    for s, c in enumerate(program.template):
-        if c is not None and s not in fed:
-            ns[f"c{s}"] = _ro(c) if contract and isinstance(c, np.ndarray) else c
-
-    def ref(s: int) -> str:
-        if s < 0:
-            return "None"
-        # an initializer that is also a graph input is fed (its value overrides the constant)
-        return f"c{s}" if program.template[s] is not None and s not in fed else f"s{s}"
-
-    add("    i = -1")
-    add("    try:")
-    body: list[str] = []
-    for i, (st, fn, ins, kw, frees, hook) in enumerate(calls):
+    def step(self, i: int, call: tuple) -> None:
+        """The lines of step i: the kernel call, its outputs stored (and checked), its
+        arena-view hook, the alias checks, the dead values deleted."""
+        st, fn, ins, kw, frees, hook = call
+        ns, body = self.ns, self.body
         ns[f"f{i}"] = fn
+        body.append(f"i = {i}")
+        out_buf = kw.get("out") if isinstance(kw, dict) else None
+        if out_buf is not None and self.contract:
+            # Later steps get the planned buffer's read-only view (r), never the buffer (o)
+            # itself made read-only: the next run hands it to the kernel again (_ro_out).
+            ro = out_buf.view()
+            ro.flags.writeable = False
+            ns[f"o{i}"], ns[f"r{i}"] = out_buf, ro
+        expr = self.call_expr(i, st, ins, kw)
+        if len(st.outs) == 1:
+            out_names = self.store_one(i, st.outs[0], expr, out_buf is not None)
+        else:
+            out_names = self.store_many(i, st.outs, expr, out_buf is not None)
+        if hook is not None:
+            self.hook(i, st.outs, hook, out_buf)
+        if self.contract and out_names:
+            self.alias_checks(i, st, ins)
+        for s in frees:
+            body.append(f"del s{s}")
+
+    def call_expr(self, i: int, st: Any, ins: tuple[int, ...], kw: Any) -> str:
+        """`f<i>(inputs, **kwargs)`, subgraph attributes bound to their captured values."""
+        ns, ref = self.ns, self.ref
         args = ", ".join(ref(s) for s in ins)
         call_kw = ""
         if st.graphs:
@@ -228,95 +274,98 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> A
             ns[f"k{i}"] = kw
             call_kw = f"**k{i}"
         sep = ", " if args and call_kw else ""
-        call = f"f{i}({args}{sep}{call_kw})"
-        body.append(f"i = {i}")
-        outs = st.outs
-        out_buf = kw.get("out") if isinstance(kw, dict) else None
-        if out_buf is not None and contract:
-            # Later steps get the planned buffer's read-only view (r), never the buffer (o)
-            # itself made read-only: the next run hands it to the kernel again (_ro_out).
-            ro = out_buf.view()
-            ro.flags.writeable = False
-            ns[f"o{i}"], ns[f"r{i}"] = out_buf, ro
-        if len(outs) == 1:
-            o = outs[0]
-            target = f"s{o}" if o >= 0 else "_"
-            want = check(i, 0, o) if contract and o >= 0 else None
-            body.append(f"{target} = {call}")
-            if out_buf is not None and contract:
-                if want is None:
-                    body.append(
-                        f"{target} = r{i} if {target} is o{i} else _ro_out({target}, o{i}, r{i})")
-                else:
-                    # The planned buffer has the plan's shape and dtype: only other results
-                    # are checked.
-                    body.append(f"if {target} is o{i}: {target} = r{i}")
-                    body.append("else:")
-                    body.append(f"    {target} = _ro_out({target}, o{i}, r{i})")
-                    body.append(f"    if {want[0]}: _bad_out({want[1]})")
+        return f"f{i}({args}{sep}{call_kw})"
+
+    def store_one(self, i: int, o: int, call: str, planned: bool) -> list[str]:
+        """A single-output step's result stored in s<o> and checked; the names it set."""
+        body, contract = self.body, self.contract
+        target = f"s{o}" if o >= 0 else "_"
+        want = self.check(i, 0, o) if contract and o >= 0 else None
+        body.append(f"{target} = {call}")
+        if planned and contract:
+            if want is None:
+                body.append(
+                    f"{target} = r{i} if {target} is o{i} else _ro_out({target}, o{i}, r{i})")
             else:
-                if want is None:
-                    body.append(f"if type({target}) is not _ndarray: {target} = _one({target})")
-                else:
-                    body.append(f"if {want[0]}: {target} = _out({want[1]})")
-                if contract:
-                    body.append(f"_ro({target})")
-            out_names = [target] if o >= 0 else []
+                # The planned buffer has the plan's shape and dtype: only other results
+                # are checked.
+                body.append(f"if {target} is o{i}: {target} = r{i}")
+                body.append("else:")
+                body.append(f"    {target} = _ro_out({target}, o{i}, r{i})")
+                body.append(f"    if {want[0]}: _bad_out({want[1]})")
         else:
-            needed = tuple(k for k, s in enumerate(outs) if s >= 0)
-            body.append(f"_r = _many({call}, {len(outs)}, {needed!r})")
-            out_names = []
-            for k, s in enumerate(outs):
-                if s < 0:
+            if want is None:
+                body.append(f"if type({target}) is not _ndarray: {target} = _one({target})")
+            else:
+                body.append(f"if {want[0]}: {target} = _out({want[1]})")
+            if contract:
+                body.append(f"_ro({target})")
+        return [target] if o >= 0 else []
+
+    def store_many(self, i: int, outs: tuple[int, ...], call: str, planned: bool) -> list[str]:
+        """A multi-output step's results stored and checked; the names it set."""
+        body, contract = self.body, self.contract
+        needed = tuple(k for k, s in enumerate(outs) if s >= 0)
+        body.append(f"_r = _many({call}, {len(outs)}, {needed!r})")
+        out_names = []
+        for k, s in enumerate(outs):
+            if s < 0:
+                continue
+            if k == 0 and planned and contract:
+                body.append(f"s{s} = _ro_out(_r[0], o{i}, r{i})")
+            else:
+                body.append(f"s{s} = _r[{k}]" + (f"; _ro(s{s})" if contract else ""))
+            out_names.append(f"s{s}")
+            want = self.check(i, k, s) if contract else None
+            if want is not None:
+                body.append(f"if {want[0]}: _bad_out({want[1]})")
+        return out_names
+
+    def hook(self, i: int, outs: tuple[int, ...], hook: Any, out_buf: Any) -> None:
+        """Results that may be unplanned views into the arena, passed through `h<i>.fix`."""
+        ns, body = self.ns, self.body
+        ns[f"h{i}"] = hook
+        for k, s in enumerate(outs):
+            if s < 0:
+                continue
+            if k == 0 and out_buf is not None and self.contract:
+                body.append(f"if s{s} is not r{i}: s{s} = h{i}.fix(s{s}, {k})")
+            elif k == 0 and out_buf is not None:
+                body.append(f"if s{s} is not o{i}: s{s} = h{i}.fix(s{s}, {k})")
+                ns[f"o{i}"] = out_buf
+            else:
+                body.append(f"s{s} = h{i}.fix(s{s}, {k})")
+
+    def alias_checks(self, i: int, st: Any, ins: tuple[int, ...]) -> None:
+        """The test that no output is (a direct view of) an input its contract does not let
+        it alias."""
+        allowed = st.placement.variant.op.contract.aliases(len(st.outs))
+        checks = []
+        for k, s in enumerate(st.outs):
+            if s < 0:
+                continue
+            for a, src in enumerate(ins):
+                if src < 0 or (a, k) in allowed:
                     continue
-                if k == 0 and out_buf is not None and contract:
-                    body.append(f"s{s} = _ro_out(_r[0], o{i}, r{i})")
-                else:
-                    body.append(f"s{s} = _r[{k}]" + (f"; _ro(s{s})" if contract else ""))
-                out_names.append(f"s{s}")
-                want = check(i, k, s) if contract else None
-                if want is not None:
-                    body.append(f"if {want[0]}: _bad_out({want[1]})")
-        if hook is not None:
-            ns[f"h{i}"] = hook
-            for k, s in enumerate(outs):
-                if s < 0:
-                    continue
-                if k == 0 and out_buf is not None and contract:
-                    body.append(f"if s{s} is not r{i}: s{s} = h{i}.fix(s{s}, {k})")
-                elif k == 0 and out_buf is not None:
-                    body.append(f"if s{s} is not o{i}: s{s} = h{i}.fix(s{s}, {k})")
-                    ns[f"o{i}"] = out_buf
-                else:
-                    body.append(f"s{s} = h{i}.fix(s{s}, {k})")
-        if contract and out_names:
-            allowed = st.placement.variant.op.contract.aliases(len(outs))
-            checks = []
-            for k, s in enumerate(outs):
-                if s < 0:
-                    continue
-                for a, src in enumerate(ins):
-                    if src < 0 or (a, k) in allowed:
-                        continue
-                    r = ref(src)
-                    checks.append(f"s{s} is {r} or (type(s{s}) is _ndarray and s{s}.base is {r})")
-            if checks:
-                body.append(f"if {' or '.join(checks)}: _alias({i})")
-        for s in frees:
-            body.append(f"del s{s}")
-    if not body:
-        body.append("pass")
-    for line in body:
-        add("        " + line)
-    add("    except (KeyboardInterrupt, GeneratorExit):")
-    add("        raise")
-    add("    except BaseException as e:  # a kernel's SystemExit is its fault too")
-    add("        raise _LeanFault(i, e) from e")
-    outs = ", ".join(ref(s) for s in program.output_slots)
-    add(f"    return [{outs}]")
-    src = "\n".join(lines) + "\n"
-    code = compile(src, f"<opwarden program {program.graph.name}>", "exec")
-    exec(code, ns)  # noqa: S102 - the source is generated above from the bound call list
-    fn = ns["_run"]
-    fn.source = src
-    return fn
+                r = self.ref(src)
+                checks.append(f"s{s} is {r} or (type(s{s}) is _ndarray and s{s}.base is {r})")
+        if checks:
+            self.body.append(f"if {' or '.join(checks)}: _alias({i})")
+
+    def function(self) -> Any:
+        """The generated `_run`, compiled, with its source as `.source`."""
+        add = self.lines.append
+        for line in self.body or ["pass"]:
+            add("        " + line)
+        add("    except (KeyboardInterrupt, GeneratorExit):")
+        add("        raise")
+        add("    except BaseException as e:  # a kernel's SystemExit is its fault too")
+        add("        raise _LeanFault(i, e) from e")
+        outs = ", ".join(self.ref(s) for s in self.program.output_slots)
+        add(f"    return [{outs}]")
+        src = "\n".join(self.lines) + "\n"
+        code = compile(src, f"<opwarden program {self.program.graph.name}>", "exec")
+        exec(code, self.ns)  # noqa: S102 - the source is generated above from the call list
+        fn = self.ns["_run"]
+        fn.source = src
+        return fn

@@ -98,6 +98,10 @@ def takes_workspace(fn: Any) -> bool:
     return got
 
 
+# (bytes, shape, numpy dtype) of a statically sized tensor
+Sized = tuple[int, tuple[int, ...], Any]
+
+
 @dataclass
 class Binding:
     """A plan made concrete for the executor: per step, where output 0 and workspace go.
@@ -149,10 +153,40 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
     external = set(program.input_slots) | set(program.capture_slots)
     external |= {s for s, c in enumerate(program.template) if c is not None}
     outputs = set(program.output_slots)
+    times = program.step_time  # step index, or wavefront when wavefronts run in parallel
 
+    first, last = _live_ranges(steps, times, external)
+    sized, dynamic = _sizes(values, first, dims)
+    groups, members, bad_roots = _view_groups(steps, external, first, outputs, sized)
+    # Concat slices (before in place, which then leaves the slices alone).
+    slice_of = _concat_slices(steps, external, sized, groups, members, bad_roots)
+    _in_place(program, external, first, last, sized, groups, members, bad_roots, slice_of)
+    buffers, slot_buf = _group_buffers(values, first, last, sized, members, bad_roots, slice_of)
+    ws_steps = _workspaces(steps, times, values, dims)
+    buffers.extend(ws_steps.values())
+
+    outputs_bytes = 0
+    for s in outputs:
+        v = values[s]
+        tb = tensor_bytes(v.fact, dims) if v is not None and v.kind == "tensor" else None
+        outputs_bytes += tb[0] if tb else 0
+
+    plan = build_plan(
+        buffers,
+        [st.placement.node.name for st in steps],
+        signature,
+        dynamic,
+        outputs_bytes,
+    )
+    plan.slices = {values[s].name: values[p].name for s, (p, *_r) in slice_of.items()}
+    return _bind_regions(plan, steps, sized, slot_buf, ws_steps, slice_of)
+
+
+def _live_ranges(steps: list[Any], times: list[int],
+                 external: set[int]) -> tuple[dict[int, int], dict[int, int]]:
+    """(slot -> time of its producer, slot -> time of its last reader) of every planned slot."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    times = program.step_time  # step index, or wavefront when wavefronts run in parallel
     for i0, st in enumerate(steps):
         i = times[i0]
         for s in st.outs:
@@ -167,8 +201,13 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
                 for s in caps:
                     if s in first:
                         last[s] = i
+    return first, last
 
-    sized: dict[int, tuple[int, tuple[int, ...], Any]] = {}
+
+def _sizes(values: list[Any], first: dict[int, int],
+           dims: dict[str, int]) -> tuple[dict[int, Sized], list[str]]:
+    """(slot -> (bytes, shape, dtype) of the statically sized slots, names of the others)."""
+    sized: dict[int, Sized] = {}
     dynamic: list[str] = []
     for s in first:
         v = values[s]
@@ -186,10 +225,20 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
                     "negative"
                 )
             sized[s] = tb
+    return sized, dynamic
 
-    # View groups: an output that is a view of its input shares the input's buffer.
+
+def _view_groups(
+    steps: list[Any], external: set[int], first: dict[int, int], outputs: set[int],
+    sized: dict[int, Sized],
+) -> tuple[_Groups, dict[int, list[int]], set[int]]:
+    """(the view groups, root -> member slots, roots of the groups kept out of the arena).
+
+    An output that is a view of its input shares the input's buffer; a group holding a graph
+    output, a slot of unknown size or a view of memory the plan does not own is not planned.
+    """
     groups = _Groups()
-    tainted: set[int] = set()  # group roots that must stay out of the arena
+    tainted: set[int] = set()
     for st in steps:
         contract = st.placement.variant.op.contract
         for i, o in contract.views(len(st.outs)):
@@ -203,20 +252,24 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
         if s in outputs or s not in sized:
             tainted.add(s)
     bad_roots = {groups.find(s) for s in tainted}
-
     members: dict[int, list[int]] = {}
     for s in first:
         members.setdefault(groups.find(s), []).append(s)
+    return groups, members, bad_roots
 
-    # Concat slices (before in place, which then leaves the slices alone).
-    slice_of = _concat_slices(steps, external, sized, groups, members, bad_roots)
 
+def _in_place(
+    program: Any, external: set[int], first: dict[int, int], last: dict[int, int],
+    sized: dict[int, Sized], groups: _Groups, members: dict[int, list[int]],
+    bad_roots: set[int], slice_of: dict[int, tuple[int, int, int, int]],
+) -> None:
+    """In place: a step's output 0 joins the group of an input that dies at that step
+    (`groups` and `members` updated)."""
     # The last step of each group, kept current as in place merges groups (a chain run in
     # place is one group of every value: recomputing it per step was quadratic).
     g_last = {root: max(last[m] for m in ms) for root, ms in members.items()}
-
-    # In place: output 0 joins a dying input's group.
-    for i0, st in enumerate(steps):
+    times = program.step_time
+    for i0, st in enumerate(program.steps):
         i = times[i0]
         if program.level_width[i] != 1:
             continue  # a concurrent step of the same wavefront may still read the input
@@ -253,7 +306,13 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
             g_last[root] = max(g_last.pop(ra), g_last.pop(ro))
             break
 
-    # One buffer per clean group.
+
+def _group_buffers(
+    values: list[Any], first: dict[int, int], last: dict[int, int], sized: dict[int, Sized],
+    members: dict[int, list[int]], bad_roots: set[int],
+    slice_of: dict[int, tuple[int, int, int, int]],
+) -> tuple[list[Buffer], dict[int, Buffer]]:
+    """(one buffer per clean group, by first use; slot -> its group's buffer)."""
     slot_buf: dict[int, Buffer] = {}
     buffers: list[Buffer] = []
     for root, ms in sorted(members.items(), key=lambda kv: min(first[m] for m in kv[1])):
@@ -279,15 +338,20 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
         buffers.append(b)
         for m in ms:
             slot_buf[m] = b
+    return buffers, slot_buf
 
-    # Workspaces: one per step whose kernel asks for one, live for that step only.
+
+def _workspaces(steps: list[Any], times: list[int], values: list[Any],
+                dims: dict[str, int]) -> dict[int, Buffer]:
+    """step -> its workspace buffer, for each step whose kernel asks for one (live for that
+    step only)."""
     ws_steps: dict[int, Buffer] = {}
     for i, st in enumerate(steps):
         t = times[i]
         fn = st.fn
         if not takes_workspace(fn):
             continue
-        shapes = []
+        shapes: list[tuple[int, ...]] = []
         for s in st.ins:
             if s < 0:
                 shapes.append(())
@@ -303,7 +367,7 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
             except Exception:  # noqa: BLE001 - a rule that cannot evaluate gives no workspace
                 ws = 0
             if ws > 0:
-                b = Buffer(
+                ws_steps[i] = Buffer(
                     name=f"{st.placement.node.name}:workspace",
                     producer=st.placement.node.name,
                     nbytes=align(ws),
@@ -314,24 +378,15 @@ def analyze(program: Any, dims: dict[str, int], signature: tuple = ()) -> Bindin
                     shape=(ws,),
                     dtype="uint8",
                 )
-                buffers.append(b)
-                ws_steps[i] = b
+    return ws_steps
 
-    outputs_bytes = 0
-    for s in outputs:
-        v = values[s]
-        tb = tensor_bytes(v.fact, dims) if v is not None and v.kind == "tensor" else None
-        outputs_bytes += tb[0] if tb else 0
 
-    plan = build_plan(
-        buffers,
-        [st.placement.node.name for st in steps],
-        signature,
-        dynamic,
-        outputs_bytes,
-    )
-    plan.slices = {values[s].name: values[p].name for s, (p, *_r) in slice_of.items()}
-
+def _bind_regions(
+    plan: MemoryPlan, steps: list[Any], sized: dict[int, Sized], slot_buf: dict[int, Buffer],
+    ws_steps: dict[int, Buffer], slice_of: dict[int, tuple[int, int, int, int]],
+) -> Binding:
+    """The placed plan as the executor binds it: per step, its output 0 and workspace regions,
+    and the steps whose results are checked for undeclared views of the arena."""
     binding = Binding(plan)
     for i, st in enumerate(steps):
         var = st.placement.variant
@@ -367,7 +422,7 @@ def _slice_chain(s: int, slice_of: dict[int, tuple[int, int, int, int]]) -> tupl
 def _concat_slices(
     steps: list[Any],
     external: set[int],
-    sized: dict[int, tuple[int, tuple[int, ...], Any]],
+    sized: dict[int, Sized],
     groups: _Groups,
     members: dict[int, list[int]],
     bad_roots: set[int],

@@ -26,6 +26,10 @@ SEARCH_TRIES = 48  # perturbed orders tried when the greedy plans miss the lower
 SEARCH_BUDGET = SEARCH_TRIES * 2048
 
 
+# Sorted, disjoint closed byte ranges as (starts, ends).
+Ranges = tuple[list[int], list[int]]
+
+
 def align(n: int, a: int = ALIGNMENT) -> int:
     return (int(n) + a - 1) // a * a
 
@@ -90,8 +94,8 @@ def _greedy(order, sizes, firsts, lasts) -> tuple[list[int], int]:
     leaves = 1
     while leaves < len(times):
         leaves *= 2
-    own: list[tuple[list[int], list[int]] | None] = [None] * (2 * leaves)
-    sub: list[tuple[list[int], list[int]] | None] = [None] * (2 * leaves)
+    own: list[Ranges | None] = [None] * (2 * leaves)
+    sub: list[Ranges | None] = [None] * (2 * leaves)
     placed: list[tuple[int, int, int, int]] = []  # for the rare zero-size buffer
     top = 0
     if any(f > last for f, last in zip(firsts, lasts)):
@@ -104,61 +108,75 @@ def _greedy(order, sizes, firsts, lasts) -> tuple[list[int], int]:
     for i in order:
         size, f, last = sizes[i], firsts[i], lasts[i]
         lo, hi = rank[f] + leaves, rank[last] + leaves + 1
-        canon = []
-        a, b = lo, hi
-        while a < b:
-            if a & 1:
-                canon.append(a)
-                a += 1
-            if b & 1:
-                b -= 1
-                canon.append(b)
-            a >>= 1
-            b >>= 1
-        path = []
-        a, b = lo, hi - 1
-        while a != b:
-            path.append(a)
-            path.append(b)
-            a >>= 1
-            b >>= 1
-        while a:
-            path.append(a)
-            a >>= 1
+        canon, path = _cover(lo, hi), _ancestors(lo, hi - 1)
         if size <= 0:
             best = _scan_gaps(size, f, last, placed)
         else:
-            runs = [sub[c] for c in canon if sub[c] is not None]
-            runs += [own[u] for u in path if own[u] is not None]
+            runs = [r for c in canon if (r := sub[c]) is not None]
+            runs += [r for u in path if (r := own[u]) is not None]
             best = _best_gap(size, runs)
         end = best + size
         offsets[i] = best
         placed.append((best, end, f, last))
         if end > top:
             top = end
-        # Merge the closed range [best, end] into each node's sorted, disjoint ranges.
         for table, nodes in ((own, canon), (sub, canon), (sub, path)):
             for u in nodes:
-                r = table[u]
-                if r is None:
-                    table[u] = ([best], [end])
-                    continue
-                starts, ends = r
-                lo = bisect_left(ends, best)  # the first range ending at or after best
-                hi = bisect_right(starts, end, lo)  # past the last starting at or before end
-                if lo == hi:
-                    starts.insert(lo, best)
-                    ends.insert(lo, end)
-                else:
-                    if starts[lo] > best:
-                        starts[lo] = best
-                    if ends[hi - 1] < end:
-                        ends[hi - 1] = end
-                    if hi - lo > 1:
-                        del starts[lo + 1 : hi]
-                        ends[lo] = ends[hi - 1]
-                        del ends[lo + 1 : hi]
+                _merge_range(table, u, best, end)
     return offsets, top
+
+
+def _cover(lo: int, hi: int) -> list[int]:
+    """The segment-tree nodes whose spans exactly cover leaves lo..hi-1 (the canonical cover)."""
+    canon = []
+    a, b = lo, hi
+    while a < b:
+        if a & 1:
+            canon.append(a)
+            a += 1
+        if b & 1:
+            b -= 1
+            canon.append(b)
+        a >>= 1
+        b >>= 1
+    return canon
+
+
+def _ancestors(a: int, b: int) -> list[int]:
+    """Every node on the paths from leaves a and b up to the root (shared ones once)."""
+    path = []
+    while a != b:
+        path.append(a)
+        path.append(b)
+        a >>= 1
+        b >>= 1
+    while a:
+        path.append(a)
+        a >>= 1
+    return path
+
+
+def _merge_range(table: list[Ranges | None], u: int, best: int, end: int) -> None:
+    """Merge the closed range [best, end] into node u's sorted, disjoint ranges."""
+    r = table[u]
+    if r is None:
+        table[u] = ([best], [end])
+        return
+    starts, ends = r
+    lo = bisect_left(ends, best)  # the first range ending at or after best
+    hi = bisect_right(starts, end, lo)  # past the last starting at or before end
+    if lo == hi:
+        starts.insert(lo, best)
+        ends.insert(lo, end)
+    else:
+        if starts[lo] > best:
+            starts[lo] = best
+        if ends[hi - 1] < end:
+            ends[hi - 1] = end
+        if hi - lo > 1:
+            del starts[lo + 1 : hi]
+            ends[lo] = ends[hi - 1]
+            del ends[lo + 1 : hi]
 
 
 def _best_gap(size, runs) -> int:
