@@ -14,6 +14,9 @@ import opwarden as ow  # noqa: E402
 from opwarden import zoo  # noqa: E402
 from opwarden.devices import devices, get_device  # noqa: E402
 from opwarden.errors import KernelError, OptionsError  # noqa: E402
+from opwarden.kernels.torch import conv as tconv  # noqa: E402
+from opwarden.kernels.torch import conv_plan as tconv_plan  # noqa: E402
+from opwarden.kernels.torch import pool as tpool  # noqa: E402
 from opwarden.kernels.torch import provider as tp  # noqa: E402
 from opwarden.memory.constants import mark as mark_constant  # noqa: E402
 from opwarden.ops import REGISTRY  # noqa: E402
@@ -194,11 +197,11 @@ def test_max_pool_end_pads_as_ceil_mode_match_reference(separable, data):
         want = o.reference(x, **attrs)
     except KernelError:
         return  # a geometry the operator rejects (e.g. a pad not smaller than the window)
-    saved, tp._SEPARABLE_MAXPOOL = tp._SEPARABLE_MAXPOOL, separable
+    saved, tpool._SEPARABLE_MAXPOOL = tpool._SEPARABLE_MAXPOOL, separable
     try:
         got = nchw(v.fn(nhwc(x), **attrs))
     finally:
-        tp._SEPARABLE_MAXPOOL = saved
+        tpool._SEPARABLE_MAXPOOL = saved
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
 
@@ -228,11 +231,11 @@ def test_max_pool_end_pads_take_the_ceil_path_for_tf_same():
     plan = tp._pool_plan(nhwc(x), attrs, True, "max")
     assert plan[7] == "ceil"
     o, v = variant("MaxPool", "maxpool.torch.nhwc")
-    saved, tp._SEPARABLE_MAXPOOL = tp._SEPARABLE_MAXPOOL, False
+    saved, tpool._SEPARABLE_MAXPOOL = tpool._SEPARABLE_MAXPOOL, False
     try:
         np.testing.assert_array_equal(nchw(v.fn(nhwc(x), **attrs)), o.reference(x, **attrs))
     finally:
-        tp._SEPARABLE_MAXPOOL = saved
+        tpool._SEPARABLE_MAXPOOL = saved
 
 
 @pytest.mark.parametrize(
@@ -259,11 +262,11 @@ def test_separable_max_pool_is_the_reference(shape, attrs):
     want = o.reference(x, **attrs)
     got = nchw(v.fn(nhwc(x), **attrs))
     np.testing.assert_array_equal(got, want)
-    saved, tp._SEPARABLE_MAXPOOL = tp._SEPARABLE_MAXPOOL, False
+    saved, tpool._SEPARABLE_MAXPOOL = tpool._SEPARABLE_MAXPOOL, False
     try:
         np.testing.assert_array_equal(nchw(v.fn(nhwc(x), **attrs)), got)
     finally:
-        tp._SEPARABLE_MAXPOOL = saved
+        tpool._SEPARABLE_MAXPOOL = saved
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -504,8 +507,8 @@ def test_transpose_paths_agree_with_the_reference_and_never_alias(shape, perm, g
 def test_few_input_channels_and_the_packed_convolution(min_cin, monkeypatch):
     # RGB stems and depthwise convolutions take the packed kernel from _PACK_MIN_CIN input
     # channels per group on; either way the results match the reference.
-    monkeypatch.setattr(tp, "_PACK_MIN_CIN", min_cin)
-    monkeypatch.setattr(tp, "_CONV_PLANS", {})
+    monkeypatch.setattr(tconv_plan, "_PACK_MIN_CIN", min_cin)
+    monkeypatch.setattr(tconv_plan, "_CONV_PLANS", {})
     pw = tp._POINTWISE is not None
     x3 = np.zeros((1, 32, 32, 3), np.float32)
     w3 = np.zeros((16, 3, 3, 3), np.float32)
@@ -570,7 +573,7 @@ def test_fused_conv_branches(layout, nonfinite, outside, cin, monkeypatch):
     # branch's centre tap, which FusedConv never reads (not one convolution over W then).
     _fused_present("FusedConv")
     if cin > 4 and layout == "NHWC":
-        monkeypatch.setattr(tp, "_whole_ok", None)  # the branch-apart path never asks
+        monkeypatch.setattr(tconv, "_whole_ok", None)  # the branch-apart path never asks
     rng = np.random.default_rng(40)
     x = rng.standard_normal((1, cin, 6, 7)).astype(np.float32)
     if nonfinite:
@@ -797,7 +800,7 @@ def test_conv_plan_counts_flops_and_picks_the_gemm_only_below_its_bound():
 ])
 def test_fused_conv_same_on_either_side_of_the_serial_bound(threads, shape, wshape, monkeypatch):
     _fused_present("FusedConv")
-    monkeypatch.setattr(tp, "_SERIAL_FLOPS", 40e6)  # the passive-waiting bound
+    monkeypatch.setattr(tconv, "_SERIAL_FLOPS", 40e6)  # the passive-waiting bound
     torch.set_num_threads(threads)
     x, w, b = rand(*shape, seed=40), rand(*wshape, seed=41), rand(wshape[0], seed=42)
     mark_constant(w)
@@ -1024,13 +1027,13 @@ def test_check_validates_the_node_bound_kernel(monkeypatch):
     _fused_present("FusedConv")
     _, v = variant("FusedConv", "fusedconv.torch.nhwc", domain="opwarden")
     assert opwarden.verify.check(v, checks=["numerics"], quick=True).ok
-    real = tp._conv_runner
+    real = tconv._conv_runner
 
     def off_by_one(*args, **kw):
         run = real(*args, **kw)
         return None if run is None else (lambda X, Z: run(X, Z) + 1.0)
 
-    monkeypatch.setattr(tp, "_conv_runner", off_by_one)
+    monkeypatch.setattr(tconv, "_conv_runner", off_by_one)
     report = opwarden.verify.check(v, checks=["numerics"], quick=True)
     assert not report.ok
     assert "node-bound kernel, prepared call" in str(report.failures)
