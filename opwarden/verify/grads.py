@@ -60,6 +60,22 @@ def _is_float(x: Any) -> bool:
     return isinstance(x, np.ndarray) and x.dtype.kind == "f"
 
 
+def _call_attrs(
+    opdef: Any, fn: Any, attrs: Mapping[str, Any] | None, noutputs: int | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(attributes the rule sees, keyword arguments of the forward call)."""
+    defaults = _defaults(opdef)
+    kw = {**defaults, **dict(attrs or {})}
+    if "stash_type" in defaults or "stash_type" in kw:
+        # stash_type only picks the precision of the computation; the check runs in float64.
+        kw["stash_type"] = 11
+    call_kw = dict(kw)
+    wants_n = any(v.fn is fn and v.wants_noutputs for v in opdef.variants)
+    if noutputs is not None and wants_n:
+        call_kw["noutputs"] = noutputs
+    return kw, call_kw
+
+
 def gradcheck(
     op_or_variant: Any,
     inputs: Sequence[Any],
@@ -80,22 +96,14 @@ def gradcheck(
     Inputs with more than `max_points` elements are checked on a fixed random sample of them;
     elements where the op has a kink (one-sided slopes disagree) are skipped and counted.
     """
-    from opwarden.autograd import rules  # noqa: F401 - built-in rules attach on import
+    import opwarden.autograd  # noqa: F401 - the built-in backward rules attach on import
     from opwarden.autograd.core import GradContext, call_rule, upstream
 
     opdef, fn = _resolve(op_or_variant)
     name = opdef.qualname
     if opdef.grad_fn is None:
         return GradcheckResult(False, float("inf"), f"{name} has no backward rule (.grad)")
-    defaults = _defaults(opdef)
-    kw = {**defaults, **dict(attrs or {})}
-    if "stash_type" in defaults or "stash_type" in kw:
-        # stash_type only picks the precision of the computation; the check runs in float64.
-        kw["stash_type"] = 11
-    call_kw = dict(kw)
-    wants_n = any(v.fn is fn and v.wants_noutputs for v in opdef.variants)
-    if noutputs is not None and wants_n:
-        call_kw["noutputs"] = noutputs
+    kw, call_kw = _call_attrs(opdef, fn, attrs, noutputs)
     xs = [
         np.asarray(x, dtype=np.float64) if x is not None and np.asarray(x).dtype.kind == "f"
         else (None if x is None else np.asarray(x))
@@ -126,33 +134,58 @@ def gradcheck(
     except Exception as e:  # noqa: BLE001
         why = f"{name}: backward raised {type(e).__name__}: {e}"
         return GradcheckResult(False, float("inf"), why)
+    return _judge(name, xs, grads, objective, _Tolerance(eps, rtol, atol), seed, max_points)
+
+
+@dataclass
+class _Tolerance:
+    eps: float
+    rtol: float
+    atol: float
+
+
+def _numeric(
+    objective: Any, xs: list[Any], i: int, points: np.ndarray, base: float, tol: _Tolerance
+) -> tuple[np.ndarray, np.ndarray]:
+    """(central differences of the objective at input i's `points`, where it is smooth)."""
+    x = xs[i]
+    flat = x.reshape(-1)
+    eps = tol.eps
+    num = np.full(points.size, np.nan)
+    smooth = np.zeros(points.size, bool)
+    for k, j in enumerate(points):
+        args = list(xs)
+        lp_lm = []
+        for sign in (1, -1):
+            xj = flat.copy()
+            xj[j] += sign * eps
+            args[i] = xj.reshape(x.shape)
+            lp_lm.append(objective(args))
+        lp, lm = lp_lm
+        num[k] = (lp - lm) / (2 * eps)
+        # A kink (relu at 0, a max tie, a clip bound) shows as one-sided slopes that
+        # disagree; the derivative does not exist there, so the point is not judged.
+        left, right = (base - lm) / eps, (lp - base) / eps
+        smooth[k] = abs(left - right) <= 10 * (tol.atol + tol.rtol * abs(num[k]))
+    return num, smooth
+
+
+def _judge(
+    name: str, xs: list[Any], grads: Sequence[Any], objective: Any, tol: _Tolerance, seed: int,
+    max_points: int | None,
+) -> GradcheckResult:
+    """Every float input's analytic gradient against its finite differences."""
     base = objective(xs)
     pick = np.random.default_rng(seed + 1)
     worst, lines, ok, checked, kinks = 0.0, [], True, 0, 0
     for i, x in enumerate(xs):
         if not _is_float(x):
             continue
-        flat = x.reshape(-1)
-        points = np.arange(flat.size)
-        if max_points is not None and flat.size > max_points:
+        points = np.arange(x.size)
+        if max_points is not None and x.size > max_points:
             # Large inputs: a fixed random sample of elements keeps the cost bounded.
-            points = np.sort(pick.choice(flat.size, max_points, replace=False))
-        num = np.full(points.size, np.nan)
-        smooth = np.zeros(points.size, bool)
-        for k, j in enumerate(points):
-            args = list(xs)
-            lp_lm = []
-            for sign in (1, -1):
-                xj = flat.copy()
-                xj[j] += sign * eps
-                args[i] = xj.reshape(x.shape)
-                lp_lm.append(objective(args))
-            lp, lm = lp_lm
-            num[k] = (lp - lm) / (2 * eps)
-            # A kink (relu at 0, a max tie, a clip bound) shows as one-sided slopes that
-            # disagree; the derivative does not exist there, so the point is not judged.
-            left, right = (base - lm) / eps, (lp - base) / eps
-            smooth[k] = abs(left - right) <= 10 * (atol + rtol * abs(num[k]))
+            points = np.sort(pick.choice(x.size, max_points, replace=False))
+        num, smooth = _numeric(objective, xs, i, points, base, tol)
         usable = smooth & np.isfinite(num)
         kinks += int((~smooth).sum())
         ana_full = grads[i]
@@ -164,7 +197,7 @@ def gradcheck(
             checked += 1
             what = "analytic and numeric gradients differ"
         err = np.where(usable, np.abs(ana - num), 0.0)
-        bad = usable & (err > atol + rtol * np.abs(np.where(usable, num, 0.0)))
+        bad = usable & (err > tol.atol + tol.rtol * np.abs(np.where(usable, num, 0.0)))
         worst = max(worst, float(err.max(initial=0.0)))
         if bad.any():
             ok = False
