@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import numpy as np
+import pytest
 
 from opwarden.cli import main
 from tests.models import small_cnn
@@ -76,3 +79,86 @@ def test_profile_writes_trace_and_flame(tmp_path, capsys):
     events = json.loads((out / "trace.json").read_text())["traceEvents"]
     assert sum(e["ph"] == "X" for e in events) == count
     assert (out / "flame.svg").read_text().startswith("<svg")
+
+
+def _line_at(loc):
+    """The text of the line a facet's location names (the file must exist)."""
+    assert loc and os.path.isfile(loc["file"]), loc
+    with open(loc["file"], encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    assert 1 <= loc["line"] <= len(lines), loc
+    assert loc["at"].endswith(f":{loc['line']}")
+    return lines[loc["line"] - 1]
+
+
+def _defines(rule):
+    """The rule's location is the line of its def."""
+    name = rule.get("code", rule["function"])
+    assert re.search(rf"\bdef {re.escape(name)}\b", _line_at(rule["location"])), rule
+
+
+def test_ops_conv_lists_every_facet_with_where_it_lives(capsys):
+    assert main(["ops", "Conv", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["op"] == "Conv" and data["domain"] == "ai.onnx"
+    (ver,) = data["versions"]
+    sch = ver["schema"]
+    assert {1, 11, 22} <= set(sch["since_versions"]) and sch["domain"] == "ai.onnx"
+    assert [p["name"] for p in sch["inputs"]] == ["X", "W", "B"]
+    assert sch["inputs"][2]["option"] == "optional" and sch["outputs"][0]["name"] == "Y"
+    attrs = {a["name"]: a for a in sch["attrs"]}
+    assert "NOTSET" in attrs["auto_pad"]["allowed"] and attrs["group"]["default"] == 1
+    for v, loc in sch["locations"].items():  # in the ONNX source tree, as onnx.defs says
+        assert loc["file"].startswith("onnx/defs/") and loc["line"] > 0, (v, loc)
+    assert "def from_onnx" in _line_at(sch["reader"])
+    con = ver["contract"]
+    assert {"layout", "may_alias", "mutates", "nan", "overflow", "thread_safe", "allowed",
+            "deterministic", "tolerance", "workspace_bytes"} <= set(con)  # fmt: skip
+    assert "contract=" in _line_at(con["location"])
+    assert _line_at(con["defined"]).startswith(con["defined"]["name"])
+    _defines(con["workspace_bytes"])
+    _defines(ver["reference"])
+    assert ver["shape_rule"] == {"function": "onnx shape inference"}
+    _defines(ver["gradient"])
+    assert ver["decomposition"] == []
+    variants = {v["name"]: v for v in ver["variants"]}
+    assert variants["conv.ref"]["reference"] and variants["conv.ref"]["device"] == "cpu"
+    for v in variants.values():
+        assert {"dtypes", "layout", "priority", "when", "workspace"} <= set(v)
+        _defines(v["kernel"])
+        if v["when"] is not None:
+            _defines(v["when"])
+        if v["workspace"]["location"] is not None:
+            assert re.search(r"\bdef \w+", _line_at(v["workspace"]["location"]))
+    assert any(v["layout"] == "NHWC" and v["when"] for v in variants.values())
+    devs = {d["device"]: d for d in data["devices"]}
+    assert set(devs["cpu"]["variants"]) == {n for n, v in variants.items() if v["device"] == "cpu"}
+    for c in devs["cpu"]["constraints"]:
+        assert c["attr"] in _line_at(c["location"]) or "=" in _line_at(c["location"])
+    (entry,) = devs["edge-npu"]["entries"]
+    assert entry["layouts"] == ["NHWC"] and 'op = "Conv"' in _line_at(entry["location"])
+
+
+def test_ops_name_prints_every_facet(capsys):
+    assert main(["ops", "Conv"]) == 0
+    out = capsys.readouterr().out
+    for facet in ("schema", "contract", "reference", "shape rule", "onnx shape inference",
+                  "gradient", "decomposition", "variants", "conv.cpu.nhwc", "when", "workspace",
+                  "devices", "edge-npu", "ops/conv.py:", "edge-npu.toml:"):  # fmt: skip
+        assert facet in out, facet
+    assert main(["ops", "opwarden::FusedConv"]) == 0
+    out = capsys.readouterr().out
+    assert "declared at" in out and "_fused_conv_infer" in out and "fuses" in out
+
+
+def test_ops_unknown_name_is_a_clear_error(capsys):
+    from opwarden.cli.op_facets import facets
+    from opwarden.errors import OpwardenError
+
+    assert main(["ops", "NoSuchOp"]) == 2
+    err = capsys.readouterr().err
+    assert "UnsupportedOpError" in err and "'NoSuchOp'" in err
+    assert main(["ops", "conv"]) == 2
+    assert "did you mean Conv" in capsys.readouterr().err
+    with pytest.raises(OpwardenError):
+        facets("NoSuchOp")

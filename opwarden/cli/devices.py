@@ -1,4 +1,4 @@
-"""`opwarden devices [--json]`, the device matrix, and the rendering of `opwarden explain`."""
+"""`opwarden devices [--json]`, the device matrix, and `opwarden explain` (parser, rendering)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def render_explain(sess: Any, as_json: bool = False, out: Any = None) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    """`opwarden explain MODEL --providers edge-npu,cpu [--json]` (for the lead's cli.py)."""
+    """`opwarden explain [MODEL] [--providers edge-npu,cpu] [--json]`."""
     from opwarden.session import InferenceSession
 
     if args.model:
@@ -66,6 +66,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     providers = args.providers.split(",") if getattr(args, "providers", None) else None
     sess = InferenceSession(source, providers=providers)
     return render_explain(sess, args.json)
+
+
+def add_explain_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add `explain` to the opwarden subcommands."""
+    e = sub.add_parser("explain", help="device and kernel variant per node, with reasons")
+    e.add_argument("model", nargs="?")
+    e.add_argument("--providers")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=cmd_explain)
+    return e
 
 
 # -- opwarden devices ---------------------------------------------------------------------------
