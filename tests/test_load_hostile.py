@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import opwarden as ow
 from opwarden.contract import TensorFact
-from opwarden.ir.load import _toposort, load
+from opwarden.ir.load import load
+from opwarden.ir.toposort import toposort as _toposort
 
 OPSET = [helper.make_opsetid("", 17)]
 MINE = np.array([1, 2], np.float32)  # beside the model
