@@ -52,9 +52,8 @@ def rel_path(path: str) -> str:
 
 # Operators whose iterations the model or the feeds set (a trip count of 2**63-1, a condition
 # that stays true, a scan over a 2**20-row broadcast feed): such a run may legitimately go on
-# far past the per-example timeout (test_loop11 with 2**63-1 trips: ~70 us an iteration, 2M
-# iterations until 256 MiB of empty scan elements), so their sessions get a run deadline, the
-# documented defence (SessionOptions.run_timeout_ms), and passing it is a refusal. Other
+# far past the per-example timeout, so their sessions get a run deadline, the documented
+# defence (SessionOptions.run_timeout_ms), and passing it is a refusal. Other
 # examples run without one: a deadline takes the guarded path, and the lean path must be
 # fuzzed too.
 ITERATING_OPS = frozenset({"Loop", "Scan", "SequenceMap"})
