@@ -143,35 +143,9 @@ def _lookup(g: Graph, name: str, what: str) -> Value:
     return v
 
 
-def grad(
-    model_or_session: Any,
-    feeds: Mapping[str, Any],
-    wrt: Sequence[str],
-    output: str | None = None,
-) -> dict[str, np.ndarray]:
-    """Gradients of `output` with respect to the named inputs/initializers/values.
-
-    Runs the forward pass with every node's reference kernel (keeping intermediates), then the
-    backward rules in reverse order from d(output) = 1 (ones for a non-scalar output). `feeds`
-    may also override initializers (e.g. the weights being trained). Returns {name: gradient}
-    in `wrt` order, each with its value's shape and dtype.
-    """
-    if isinstance(wrt, str):
-        wrt = [wrt]
-    g = _graph_of(model_or_session)
-    if output is None:
-        if len(g.outputs) != 1:
-            raise InputError(
-                f"the model has {len(g.outputs)} outputs {[v.name for v in g.outputs]}; "
-                "name the one to differentiate with output="
-            )
-        out_v = g.outputs[0]
-    else:
-        out_v = _lookup(g, output, "output")
-    targets = [_lookup(g, n, "wrt") for n in wrt]
-    env = _bind_feeds(g, feeds)
-
-    # Forward, keeping every node's full result (kernels may return more than the node names).
+def _forward(g: Graph, env: dict[int, Any]) -> dict[int, list[Any]]:
+    """Run every node's reference kernel, filling `env` (value id -> array); returns each
+    node's full result (kernels may return more than the node names)."""
     results: dict[int, list[Any]] = {}
     for node in g.nodes:
         if node.opdef is None:
@@ -192,12 +166,15 @@ def grad(
         for v, y in zip(node.outputs, outs):
             if v is not None:
                 env[id(v)] = y
-    y = env.get(id(out_v))
-    if y is None or not is_float(np.asarray(y)):
-        raise InputError(
-            f"output {out_v.name!r} is not a floating-point tensor; cannot differentiate it"
-        )
+    return results
 
+
+def _backward(
+    g: Graph, env: dict[int, Any], results: dict[int, list[Any]], targets: list[Value],
+    out_v: Value, y: Any,
+) -> dict[int, np.ndarray]:
+    """The backward rules in reverse node order from d(output) = ones: value id -> gradient,
+    for the values that depend on a target."""
     # Which values depend on a target (only their gradients are needed).
     needs = {id(v) for v in targets}
     for node in g.nodes:
@@ -229,6 +206,45 @@ def grad(
                 continue
             prev = grads.get(id(v))
             grads[id(v)] = gx if prev is None else prev + gx
+    return grads
+
+
+def grad(
+    model_or_session: Any,
+    feeds: Mapping[str, Any],
+    wrt: Sequence[str],
+    output: str | None = None,
+) -> dict[str, np.ndarray]:
+    """Gradients of `output` with respect to the named inputs/initializers/values.
+
+    Runs the forward pass with every node's reference kernel (keeping intermediates), then the
+    backward rules in reverse order from d(output) = 1 (ones for a non-scalar output). `feeds`
+    may also override initializers (e.g. the weights being trained). Returns {name: gradient}
+    in `wrt` order, each with its value's shape and dtype.
+    """
+    if isinstance(wrt, str):
+        wrt = [wrt]
+    g = _graph_of(model_or_session)
+    if output is None:
+        if len(g.outputs) != 1:
+            raise InputError(
+                f"the model has {len(g.outputs)} outputs {[v.name for v in g.outputs]}; "
+                "name the one to differentiate with output="
+            )
+        out_v = g.outputs[0]
+    else:
+        out_v = _lookup(g, output, "output")
+    targets = [_lookup(g, n, "wrt") for n in wrt]
+    env = _bind_feeds(g, feeds)
+
+    results = _forward(g, env)
+    y = env.get(id(out_v))
+    if y is None or not is_float(np.asarray(y)):
+        raise InputError(
+            f"output {out_v.name!r} is not a floating-point tensor; cannot differentiate it"
+        )
+
+    grads = _backward(g, env, results, targets, out_v, y)
 
     result: dict[str, np.ndarray] = {}
     for v in targets:

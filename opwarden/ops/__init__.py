@@ -1,4 +1,11 @@
-"""The operators. Importing this package registers every built-in operator object."""
+"""The operators. Importing this package registers every built-in operator object.
+
+One file per family: each operator's declaration (``@op``: schema, contract, the inputs a
+layout places), reference kernel, shape rule, backward rule and gradcheck cases, and samples
+live together in its family's file. Shared helpers: base.py (OpDef, the registry), grad.py
+(backward-rule helpers), common.py (compute dtypes, axes), select.py (variant choice and the
+layout lookup the planners read), schema.py (ONNX schemas), custom.py (custom-op schemas).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ FAMILIES = (
     "conv",
     "pool",
     "image",
+    "detection",
     "shape",
     "constant",
     "index",
@@ -29,9 +37,12 @@ FAMILIES = (
     "string",
     "transformer",
     "ml",
+    "ml_features",
+    "training",
     "control",
     "sequence",
     "contrib",
+    "fused_elementwise",
     "fused",
 )
 

@@ -94,3 +94,35 @@ def axes_indices(axes: Any, rank: int, what: str = "axes") -> list[int]:
     if len(set(out)) != len(out):
         raise KernelError(f"{what} {list(axes)} contains duplicates")
     return out
+
+
+def interp_float(dt: np.dtype) -> np.dtype:
+    """The float type to resample in: float64 for float64 and integer or bool inputs (exact
+    coordinates for every integer value), float32 for the other floats."""
+    if dt == np.float64 or dt.kind in "iub":
+        return np.dtype(np.float64)
+    return np.dtype(np.float32)
+
+
+def normal(rng: np.random.Generator, dtype: Any = np.float32) -> Callable[..., np.ndarray]:
+    """shape -> standard normal samples in `dtype` (how the ops' samples make float inputs)."""
+    return lambda *shape: rng.standard_normal(shape).astype(dtype)
+
+
+def broadcast_shapes(*shapes: Any) -> tuple | None:
+    """Multidirectional broadcast of fact shapes (dims may be symbolic; None where unknown)."""
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for axis in range(rank):
+        dims = [s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0]
+        known = {d for d in dims if isinstance(d, int) and d != 1}
+        if len(known) == 1:
+            out.append(known.pop())
+        elif all(d == 1 for d in dims):
+            out.append(1)
+        else:
+            named = {d for d in dims if d != 1}
+            out.append(named.pop() if len(named) == 1 else None)
+    return tuple(out)

@@ -13,6 +13,7 @@ import numpy as np
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
 from opwarden.ops.base import op
+from opwarden.ops.common import work_float
 from opwarden.ops.elementwise import erf
 
 MS = "com.microsoft"
@@ -20,9 +21,9 @@ FLOATS = ["float32", "float16", "float64", "bfloat16"]
 _ELEMENTWISE = Contract(may_alias=((0, 0),), nan="propagate")
 
 
-def _wide(x: np.ndarray) -> np.ndarray:
-    """x in its compute dtype: float64 stays, narrower floats become float32."""
-    return x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+def _compute(x: np.ndarray) -> np.ndarray:
+    """x copied into its compute dtype (see common.work_float)."""
+    return x.astype(work_float(x.dtype))
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -49,7 +50,7 @@ def _check_bias(bias: np.ndarray, x: np.ndarray, what: str) -> None:
     contract=_ELEMENTWISE)
 def Gelu(X):
     """x/2 * (1 + erf(x/sqrt 2)) (com.microsoft Gelu-1)."""
-    return _gelu(_wide(X)).astype(X.dtype)
+    return _gelu(_compute(X)).astype(X.dtype)
 
 
 @op("BiasGelu", domain=MS, since=1, inputs=["A: T", "B: T"], outputs=["C: T"],
@@ -58,17 +59,17 @@ def Gelu(X):
 def BiasGelu(A, B):
     """Gelu(A + B) with B a bias over A's last axis (com.microsoft BiasGelu-1)."""
     _check_bias(B, A, "BiasGelu bias")
-    return _gelu(_wide(A) + _wide(B)).astype(A.dtype)
+    return _gelu(_compute(A) + _compute(B)).astype(A.dtype)
 
 
 @op("FastGelu", domain=MS, since=1, inputs=["X: T", "bias?: T"], outputs=["Y: T"],
     types={"T": FLOATS}, contract=_ELEMENTWISE)
 def FastGelu(X, bias=None):
     """Tanh-approximated GELU of X (+ bias) (com.microsoft FastGelu-1)."""
-    x = _wide(X)
+    x = _compute(X)
     if bias is not None:
         _check_bias(bias, X, "FastGelu bias")
-        x = x + _wide(bias)
+        x = x + _compute(bias)
     return _fast_gelu(x).astype(X.dtype)
 
 
@@ -76,7 +77,7 @@ def FastGelu(X, bias=None):
     attrs={"alpha": 1.702}, contract=_ELEMENTWISE)
 def QuickGelu(X, *, alpha=1.702):
     """x * sigmoid(alpha * x) (com.microsoft QuickGelu-1)."""
-    x = _wide(X)
+    x = _compute(X)
     z = alpha * x
     # Split by sign so exp never overflows.
     e = np.exp(-np.abs(z))
@@ -93,7 +94,7 @@ def BiasAdd(X, bias, skip):
     _check_bias(bias, X, "BiasAdd bias")
     if skip.shape != X.shape:
         raise KernelError(f"BiasAdd skip shape {skip.shape} != input shape {X.shape}")
-    return (_wide(X) + _wide(bias) + _wide(skip)).astype(X.dtype)
+    return (_compute(X) + _compute(bias) + _compute(skip)).astype(X.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,8 +126,8 @@ def _fused_operand(x: np.ndarray, trans: int, trans_batch: int) -> np.ndarray:
         "transBatchA": one_of(0, 1), "transBatchB": one_of(0, 1)}))
 def FusedMatMul(A, B, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
     """alpha * op(A) @ op(B), batched like MatMul (com.microsoft FusedMatMul-1)."""
-    a = _fused_operand(_wide(A), transA, transBatchA)
-    b = _fused_operand(_wide(B), transB, transBatchB)
+    a = _fused_operand(_compute(A), transA, transBatchA)
+    b = _fused_operand(_compute(B), transB, transBatchB)
     try:
         y = np.matmul(a, b)
     except ValueError as e:
@@ -180,14 +181,14 @@ def _skip_sum(input, skip, bias, what: str) -> np.ndarray:
     if skip.shape[-1] != input.shape[-1]:
         raise KernelError(f"{what} skip shape {skip.shape} does not match input {input.shape}")
     try:
-        s = _wide(input) + _wide(skip)
+        s = _compute(input) + _compute(skip)
     except ValueError as e:
         raise KernelError(f"{what} skip shape {skip.shape} not broadcastable to input") from e
     if s.shape != input.shape:
         raise KernelError(f"{what} skip shape {skip.shape} not broadcastable to {input.shape}")
     if bias is not None:
         _check_bias(bias, input, f"{what} bias")
-        s = s + _wide(bias)
+        s = s + _compute(bias)
     return s
 
 
@@ -204,10 +205,10 @@ def SkipLayerNormalization(input, skip, gamma, beta=None, bias=None, *, epsilon=
     mean = s.mean(axis=-1, keepdims=True)
     var = np.mean(np.square(s - mean), axis=-1, keepdims=True)
     inv_std = 1.0 / np.sqrt(var + epsilon)
-    y = (s - mean) * inv_std * _wide(gamma)
+    y = (s - mean) * inv_std * _compute(gamma)
     if beta is not None:
         _check_bias(beta, input, "SkipLayerNormalization beta")
-        y = y + _wide(beta)
+        y = y + _compute(beta)
     u = np.float64 if input.dtype == np.float64 else np.float32
     return y.astype(input.dtype), mean.astype(u), inv_std.astype(u), s.astype(input.dtype)
 
@@ -223,7 +224,7 @@ def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, *, epsilon=1
     s = _skip_sum(input, skip, bias, "SkipSimplifiedLayerNormalization")
     _check_bias(gamma, input, "SkipSimplifiedLayerNormalization gamma")
     inv_rms = 1.0 / np.sqrt(np.mean(np.square(s), axis=-1, keepdims=True) + epsilon)
-    y = s * inv_rms * _wide(gamma)
+    y = s * inv_rms * _compute(gamma)
     u = np.float64 if input.dtype == np.float64 else np.float32
     mean = np.zeros(inv_rms.shape, dtype=u)  # RMS normalization subtracts no mean
     return y.astype(input.dtype), mean, inv_rms.astype(u), s.astype(input.dtype)
@@ -331,10 +332,10 @@ def ContribAttention(input, weights, bias=None, mask_index=None, past=None, atte
         )
     if weights.shape[0] != input.shape[-1]:
         raise KernelError(f"weights rows {weights.shape[0]} != input hidden {input.shape[-1]}")
-    qkv = _wide(input) @ _wide(weights)
+    qkv = _compute(input) @ _compute(weights)
     if bias is not None:
         _check_bias(bias, qkv, "Attention bias")
-        qkv = qkv + _wide(bias)
+        qkv = qkv + _compute(bias)
     head, vhead = qh // num_heads, vh // num_heads
 
     def heads(x, size):  # (B, S, N*H) -> (B, N, S, H)
@@ -348,8 +349,8 @@ def ContribAttention(input, weights, bias=None, mask_index=None, past=None, atte
         if past.ndim != 5 or past.shape[0] != 2 or past.shape[1] != batch:
             raise KernelError(f"past must be (2, B, N, P, H), got shape {past.shape}")
         past_len = past.shape[3]
-        k = np.concatenate([_wide(past[0]), k], axis=2)
-        v = np.concatenate([_wide(past[1]), v], axis=2)
+        k = np.concatenate([_compute(past[0]), k], axis=2)
+        v = np.concatenate([_compute(past[1]), v], axis=2)
     total = past_len + seq
 
     s = float(scale) if scale else 1.0 / math.sqrt(head)
@@ -362,7 +363,7 @@ def ContribAttention(input, weights, bias=None, mask_index=None, past=None, atte
         future = np.arange(total)[None, :] > (np.arange(seq)[:, None] + past_len)
         scores = scores + np.where(future, filt, 0.0).astype(scores.dtype)
     if attention_bias is not None:
-        scores = scores + _wide(attention_bias)
+        scores = scores + _compute(attention_bias)
     scores = scores - scores.max(axis=-1, keepdims=True)
     e = np.exp(scores)
     probs = e / e.sum(axis=-1, keepdims=True)

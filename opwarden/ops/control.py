@@ -19,9 +19,9 @@ from opwarden.ops.base import op
 CONTROL = Contract(nan="propagate", thread_safe=True)
 
 # What an accumulated scan element costs beyond its data: the array object, its data block
-# and its list slot (measured: ~170 B for an empty array, ~100 B for a scalar; a Loop emitting
-# one scalar per iteration holds ~20x its data this way). Under-counting it lets a loop that
-# never stops (an empty slice emitted each iteration) pass the memory limit in real memory.
+# and its list slot (an empty array's object alone is about 170 B, many times a scalar's data).
+# Under-counting it lets a loop that never stops (an empty slice emitted each iteration) pass
+# the memory limit in real memory.
 _ELEMENT_BYTES = 176
 
 

@@ -1,4 +1,5 @@
-"""Operators: conv family (Conv, ConvTranspose, DeformConv, Col2Im, CausalConvWithState).
+"""Operators: conv family (Conv, ConvTranspose, DeformConv, Col2Im, CausalConvWithState),
+with Conv's backward rule (im2col columns against dY) and gradcheck cases.
 
 All kernels are N-dimensional over NCHW-style layouts (batch, channels, *spatial). Convolutions
 run as im2col + one batched GEMM; the only Python loops are over kernel offsets.

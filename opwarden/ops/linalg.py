@@ -9,19 +9,8 @@ import numpy as np
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
 from opwarden.ops.base import Sample, op
+from opwarden.ops.common import axis_index, wide_half
 from opwarden.ops.grad import away_from_zero, differentiable, fit, reduce_to, unbroadcast
-
-try:  # ml_dtypes registers bfloat16 with NumPy (imported via opwarden.dtypes)
-    import ml_dtypes
-
-    _LOW = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
-except ImportError:  # pragma: no cover
-    _LOW = {np.dtype(np.float16)}
-
-
-def _wide(x: np.ndarray) -> np.ndarray:
-    """float16/bfloat16 computed in float32 (rounded once at the end); others as they are."""
-    return x.astype(np.float32) if x.dtype in _LOW else x
 
 
 def _out(y, dtype) -> np.ndarray:
@@ -41,7 +30,7 @@ def MatMul(A, B):
     if A.ndim == 0 or B.ndim == 0:
         raise KernelError("MatMul operands must have rank >= 1")
     try:
-        y = np.matmul(_wide(A), _wide(B))
+        y = np.matmul(wide_half(A), wide_half(B))
     except ValueError as e:
         raise KernelError(f"MatMul shapes {A.shape} and {B.shape} do not match: {e}") from None
     return _out(y, A.dtype)
@@ -77,8 +66,8 @@ def _scale(y: np.ndarray, factor: float) -> np.ndarray:
 def _gemm(A, B, C, alpha, beta, transA, transB, broadcast_c: bool) -> np.ndarray:
     if A.ndim != 2 or B.ndim != 2:
         raise KernelError(f"Gemm needs 2-D A and B, got shapes {A.shape} and {B.shape}")
-    a = _wide(A.T if transA else A)
-    b = _wide(B.T if transB else B)
+    a = wide_half(A.T if transA else A)
+    b = wide_half(B.T if transB else B)
     if a.shape[1] != b.shape[0]:
         raise KernelError(
             f"Gemm inner dimensions differ: A' is {a.shape}, B' is {b.shape} "
@@ -86,7 +75,7 @@ def _gemm(A, B, C, alpha, beta, transA, transB, broadcast_c: bool) -> np.ndarray
         )
     y = _scale(a @ b, alpha)
     if C is not None and beta != 0:
-        c = _wide(np.asarray(C))
+        c = wide_half(np.asarray(C))
         mn = y.shape
         if not broadcast_c and c.shape != mn:
             raise KernelError(f"Gemm: C has shape {c.shape}, expected {mn} (broadcast=0)")
@@ -130,7 +119,7 @@ def Einsum(*Inputs, equation=None):
     if any(x.dtype != dt for x in Inputs):
         raise KernelError(f"Einsum inputs differ in type: {[str(x.dtype) for x in Inputs]}")
     try:
-        y = np.einsum(eq, *[_wide(x) for x in Inputs], optimize=len(Inputs) > 2)
+        y = np.einsum(eq, *[wide_half(x) for x in Inputs], optimize=len(Inputs) > 2)
     except ValueError as e:
         shapes = [x.shape for x in Inputs]
         raise KernelError(f"Einsum {equation!r} does not fit shapes {shapes}: {e}") from None
@@ -147,16 +136,10 @@ def Det(X):
     """Determinant of each square matrix in the last two axes (ONNX Det-11/22)."""
     if X.ndim < 2 or X.shape[-1] != X.shape[-2]:
         raise KernelError(f"Det needs [*, M, M] input, got shape {X.shape}")
-    return _out(np.linalg.det(_wide(X)), X.dtype)
+    return _out(np.linalg.det(wide_half(X)), X.dtype)
 
 
 # ---------------------------------------------------------------- Softmax family
-
-
-def _axis(axis: int, ndim: int) -> int:
-    if not -ndim <= axis < max(ndim, 1):
-        raise KernelError(f"axis {axis} is out of range for a tensor of rank {ndim}")
-    return axis + ndim if axis < 0 else axis
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
@@ -186,10 +169,10 @@ def _along_axis(fn, x: np.ndarray, axis: int) -> np.ndarray:
     x = np.asarray(x)
     if x.ndim == 0:
         raise KernelError("input must have rank >= 1")
-    ax = _axis(axis, x.ndim)
+    ax = axis_index(axis, x.ndim, scalar_ok=True)
     if x.shape[ax] == 0:
         return x.copy()
-    return _out(fn(_wide(x), ax), x.dtype)
+    return _out(fn(wide_half(x), ax), x.dtype)
 
 
 def _coerced_2d(fn, x: np.ndarray, axis: int) -> np.ndarray:
@@ -205,7 +188,7 @@ def _coerced_2d(fn, x: np.ndarray, axis: int) -> np.ndarray:
     cols = int(np.prod(x.shape[ax:], dtype=np.int64))
     if rows * cols == 0:
         return x.copy()
-    y = fn(_wide(x).reshape(rows, cols), 1)
+    y = fn(wide_half(x).reshape(rows, cols), 1)
     return _out(y.reshape(x.shape), x.dtype)
 
 

@@ -5,16 +5,12 @@ import numpy as np
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
 from opwarden.ops.base import Sample, op
+from opwarden.ops.common import work_float
 from opwarden.ops.grad import away_from_zero, differentiable, fit, int64, positive
 
 _REDUCTIONS = {"reduction": one_of("none", "sum", "mean")}
 # 'mean' divides by the summed weights, which is 0/0 when every sample is ignored.
 _CONTRACT = Contract(nan="produce", allowed=_REDUCTIONS)
-
-
-def _work_dtype(dt):
-    # Half-precision losses accumulate in float32, then are cast back.
-    return np.float64 if dt == np.float64 else np.float32
 
 
 def _nll(logp, target, weight, reduction, ignore_index, out_dtype):
@@ -57,7 +53,7 @@ def _nll(logp, target, weight, reduction, ignore_index, out_dtype):
 @op("NegativeLogLikelihoodLoss", since=12, contract=_CONTRACT)
 def NegativeLogLikelihoodLoss(input, target, weight=None, *, ignore_index=None, reduction="mean"):
     """Negative log likelihood of the target classes (ONNX NegativeLogLikelihoodLoss-12)."""
-    logp = input.astype(_work_dtype(input.dtype))
+    logp = input.astype(work_float(input.dtype))
     return _nll(logp, target, weight, reduction, ignore_index, input.dtype)
 
 
@@ -67,7 +63,7 @@ def SoftmaxCrossEntropyLoss(scores, labels, weights=None, *, ignore_index=None,
     """Cross entropy of softmax over axis 1, and log_prob (ONNX SoftmaxCrossEntropyLoss-12)."""
     if scores.ndim < 2:
         raise KernelError(f"scores must have shape (N, C, D1, ...), got {scores.shape}")
-    x = scores.astype(_work_dtype(scores.dtype))
+    x = scores.astype(work_float(scores.dtype))
     # Log-softmax with the max subtracted so large scores do not overflow exp.
     shifted = x - np.max(x, axis=1, keepdims=True)
     logp = shifted - np.log(np.sum(np.exp(shifted), axis=1, keepdims=True))

@@ -11,30 +11,12 @@ from opwarden.contract import Contract, one_of, such_that
 from opwarden.dtypes import np_dtype
 from opwarden.errors import KernelError
 from opwarden.ops.base import Sample, op
+from opwarden.ops.common import HALF_FLOATS, axis_index, wide_half
 from opwarden.ops.grad import away_from_zero, differentiable, fit, positive, reduce_to
-
-try:  # ml_dtypes registers bfloat16 with NumPy (imported via opwarden.dtypes)
-    import ml_dtypes
-
-    _LOW = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
-except ImportError:  # pragma: no cover
-    _LOW = {np.dtype(np.float16)}
-
-
-def _wide(x: np.ndarray) -> np.ndarray:
-    """float16/bfloat16 computed in float32 (rounded once at the end); others as they are."""
-    x = np.asarray(x)
-    return x.astype(np.float32) if x.dtype in _LOW else x
 
 
 def _out(y, dtype) -> np.ndarray:
     return np.asarray(np.asarray(y).astype(dtype, copy=False))
-
-
-def _axis(axis: int, ndim: int) -> int:
-    if not -ndim <= axis < ndim:
-        raise KernelError(f"axis {axis} is out of range for a tensor of rank {ndim}")
-    return axis + ndim if axis < 0 else axis
 
 
 def _per_channel(p: np.ndarray, ndim: int) -> np.ndarray:
@@ -48,7 +30,7 @@ def _stash(stash_type: int) -> np.dtype:
         dt = np_dtype(int(stash_type))
     except KeyError:
         raise KernelError(f"stash_type {stash_type} is not a tensor element type") from None
-    if dt.kind != "f" and dt not in _LOW:
+    if dt.kind != "f" and dt not in HALF_FLOATS:
         raise KernelError(f"stash_type {stash_type} is not a floating-point type")
     return dt
 
@@ -72,10 +54,10 @@ def _bn_check(X, *params):
 def _bn_infer(X, scale, B, mean, var, epsilon) -> np.ndarray:
     """y = (x - mean) / sqrt(var + eps) * scale + B with parameters on axis 1."""
     _bn_check(X, scale, B, mean, var)
-    x = _wide(X)
+    x = wide_half(X)
     n = x.ndim
     s, b, m, v = (
-        _per_channel(_wide(p).astype(x.dtype, copy=False), n) for p in (scale, B, mean, var)
+        _per_channel(wide_half(p).astype(x.dtype, copy=False), n) for p in (scale, B, mean, var)
     )
     y = (x - m) / np.sqrt(v + x.dtype.type(epsilon)) * s + b
     return _out(y, X.dtype)
@@ -88,19 +70,19 @@ def _bn_train(X, scale, B, mean, var, epsilon, momentum, spatial=True):
     population variance (divided by N, not N - 1), as the spec states.
     """
     _bn_check(X, scale, B, mean, var)
-    x = _wide(X)
+    x = wide_half(X)
     n = x.ndim
     # spatial: one statistic per channel; otherwise one per (channel, position), over N only.
     axes = (0,) + tuple(range(2, n)) if spatial else (0,)
     bm = np.mean(x, axis=axes, keepdims=True)
     bv = np.mean((x - bm) ** 2, axis=axes, keepdims=True)
-    s, b = (_per_channel(_wide(p).astype(x.dtype, copy=False), n) for p in (scale, B))
+    s, b = (_per_channel(wide_half(p).astype(x.dtype, copy=False), n) for p in (scale, B))
     y = (x - bm) / np.sqrt(bv + x.dtype.type(epsilon)) * s + b
     bm = bm.reshape(np.asarray(mean).shape)
     bv = bv.reshape(np.asarray(var).shape)
     mom = x.dtype.type(momentum)
-    rm = _wide(mean) * mom + bm * (1 - mom)
-    rv = _wide(var) * mom + bv * (1 - mom)
+    rm = wide_half(mean) * mom + bm * (1 - mom)
+    rv = wide_half(var) * mom + bv * (1 - mom)
     mdt, vdt = np.asarray(mean).dtype, np.asarray(var).dtype
     return _out(y, X.dtype), _out(rm, mdt), _out(rv, vdt), _out(bm, mdt), _out(bv, vdt)
 
@@ -175,14 +157,14 @@ def LayerNormalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1)
     X = np.asarray(X)
     if X.ndim == 0:
         raise KernelError("LayerNormalization needs an input of rank >= 1")
-    ax = _axis(axis, X.ndim)
+    ax = axis_index(axis, X.ndim)
     u = _stash(stash_type)
     normalized, mean, inv = _standardize_tail(X.astype(u), ax, epsilon)
     try:
         # Stage two in X's type; low-precision types rounded once at the end.
-        y = _wide(normalized.astype(X.dtype)) * _wide(Scale)
+        y = wide_half(normalized.astype(X.dtype)) * wide_half(Scale)
         if B is not None:
-            y = y + _wide(B)
+            y = y + wide_half(B)
         np.broadcast_shapes(y.shape, X.shape)
     except ValueError:
         raise KernelError(
@@ -200,7 +182,7 @@ def RMSNormalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     X = np.asarray(X)
     if X.ndim == 0:
         raise KernelError("RMSNormalization needs an input of rank >= 1")
-    ax = _axis(axis, X.ndim)
+    ax = axis_index(axis, X.ndim)
     xu = X.astype(_stash(stash_type))
     axes = tuple(range(ax, X.ndim))
     rms = np.sqrt(np.mean(xu * xu, axis=axes, keepdims=True) + xu.dtype.type(epsilon))
@@ -208,7 +190,7 @@ def RMSNormalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     normalized = (xu / rms).astype(X.dtype)
     out_dt = np.asarray(scale).dtype
     try:
-        y = _wide(normalized.astype(out_dt)) * _wide(scale)
+        y = wide_half(normalized.astype(out_dt)) * wide_half(scale)
     except ValueError:
         raise KernelError(
             f"RMSNormalization: scale {np.shape(scale)} does not broadcast to X {X.shape}"
@@ -250,12 +232,12 @@ def GroupNormalization_18(X, scale, bias, *, num_groups=None, epsilon=1e-5):
     for name, p in (("scale", scale), ("bias", bias)):
         if np.asarray(p).shape != (num_groups,):
             raise KernelError(f"{name} has shape {np.shape(p)}, expected ({num_groups},)")
-    x = _wide(X)
+    x = wide_half(X)
     normalized = _group_standardize(x, num_groups, epsilon)
     # Each group's scale/bias applies to every channel of the group.
     shape = (X.shape[0], num_groups, -1)
-    s = _wide(scale).reshape(1, num_groups, 1)
-    b = _wide(bias).reshape(1, num_groups, 1)
+    s = wide_half(scale).reshape(1, num_groups, 1)
+    b = wide_half(bias).reshape(1, num_groups, 1)
     y = normalized.reshape(shape) * s + b
     return _out(y.reshape(X.shape), X.dtype)
 
@@ -273,8 +255,8 @@ def GroupNormalization(X, scale, bias, *, num_groups=None, epsilon=1e-5, stash_t
         if np.asarray(p).shape != (c,):
             raise KernelError(f"{name} has shape {np.shape(p)}, expected ({c},)")
     normalized = _group_standardize(X.astype(_stash(stash_type)), num_groups, epsilon)
-    normalized = _wide(normalized.astype(X.dtype))
-    y = normalized * _per_channel(_wide(scale), X.ndim) + _per_channel(_wide(bias), X.ndim)
+    normalized = wide_half(normalized.astype(X.dtype))
+    y = normalized * _per_channel(wide_half(scale), X.ndim) + _per_channel(wide_half(bias), X.ndim)
     return _out(y, X.dtype)
 
 
@@ -291,13 +273,13 @@ def InstanceNormalization(input, scale, B, *, epsilon=1e-5, consumed_inputs=None
     for name, p in (("scale", scale), ("B", B)):
         if np.asarray(p).shape != (c,):
             raise KernelError(f"{name} has shape {np.shape(p)}, expected ({c},)")
-    x = _wide(X)
+    x = wide_half(X)
     axes = tuple(range(2, x.ndim))
     mean = np.mean(x, axis=axes, keepdims=True)
     d = x - mean
     var = np.mean(d * d, axis=axes, keepdims=True)
     y = d / np.sqrt(var + x.dtype.type(epsilon))
-    y = y * _per_channel(_wide(scale), x.ndim) + _per_channel(_wide(B), x.ndim)
+    y = y * _per_channel(wide_half(scale), x.ndim) + _per_channel(wide_half(B), x.ndim)
     return _out(y, X.dtype)
 
 
@@ -325,7 +307,7 @@ def LRN(X, *, alpha=0.0001, beta=0.75, bias=1.0, size=None):
     if size is None:
         raise KernelError("LRN needs the attribute size")
     _check_nc(X, "LRN")
-    x = _wide(X)
+    x = wide_half(X)
     c = x.shape[1]
     lo, hi = (size - 1) // 2, size // 2  # floor((size-1)/2) before c, ceil((size-1)/2) after
     # square_sum over the window [c - lo, c + hi] clipped to [0, C-1], as shifted-slice sums:
@@ -353,8 +335,8 @@ def MeanVarianceNormalization(X, *, axes=(0, 2, 3)):
     """(X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9) over `axes`
     (ONNX MeanVarianceNormalization-9/13, as its function body computes it)."""
     X = np.asarray(X)
-    ax = tuple(sorted({_axis(int(a), X.ndim) for a in axes}))
-    x = _wide(X)
+    ax = tuple(sorted({axis_index(int(a), X.ndim) for a in axes}))
+    x = wide_half(X)
     mean = np.mean(x, axis=ax, keepdims=True)
     mean_sq = np.mean(x * x, axis=ax, keepdims=True)
     # Rounding can make E[X^2] - E[X]^2 slightly negative; the variance is >= 0.
@@ -372,8 +354,8 @@ def LpNormalization(input, *, axis=-1, p=2):
     X = np.asarray(input)
     if X.ndim == 0:
         raise KernelError("LpNormalization needs an input of rank >= 1")
-    ax = _axis(axis, X.ndim)
-    x = _wide(X)
+    ax = axis_index(axis, X.ndim)
+    x = wide_half(X)
     if p == 1:
         norm = np.sum(np.abs(x), axis=ax, keepdims=True)
     elif p == 2:

@@ -10,6 +10,7 @@ import numpy as np
 from opwarden.contract import Contract, one_of, such_that
 from opwarden.errors import KernelError
 from opwarden.ops.base import op
+from opwarden.ops.common import work_float
 
 # Activation functions: name (lower case) -> (f(x, alpha, beta), default alpha, default beta).
 # A default of None means the function takes no such parameter.
@@ -73,11 +74,6 @@ def _clipper(clip):
     return lambda x: np.clip(x, -c, c)
 
 
-def _work_dtype(dt):
-    # Half-precision types accumulate in float32; results are cast back at the end.
-    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
-
-
 def _num_directions(direction):
     if direction not in ("forward", "reverse", "bidirectional", "foward"):
         raise KernelError(f"direction must be forward, reverse or bidirectional, got {direction!r}")
@@ -89,7 +85,7 @@ def _prepare(X, W, R, layout, gates, hidden_size, num_dir):
     if X.ndim != 3:
         raise KernelError(f"X must have rank 3, got shape {X.shape}")
     Xw = np.swapaxes(X, 0, 1) if layout == 1 else X
-    wd = _work_dtype(X.dtype)
+    wd = work_float(X.dtype)
     H = R.shape[-1]
     if hidden_size is not None and int(hidden_size) != H:
         raise KernelError(f"hidden_size={hidden_size} but R has shape {R.shape}")

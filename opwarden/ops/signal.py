@@ -9,11 +9,7 @@ from opwarden.contract import Contract, one_of
 from opwarden.dtypes import np_dtype
 from opwarden.errors import KernelError
 from opwarden.ops.base import op
-
-
-def _work_dtype(dt):
-    # Half-precision inputs are transformed in float32, then cast back.
-    return np.float64 if dt == np.float64 else np.float32
+from opwarden.ops.common import work_float
 
 
 def _to_complex(x):
@@ -23,7 +19,7 @@ def _to_complex(x):
             f"the last dimension must be 1 (real) or 2 (complex), got shape {x.shape}"
         )
     ctype = np.complex128 if x.dtype == np.float64 else np.complex64
-    xw = x.astype(_work_dtype(x.dtype))
+    xw = x.astype(work_float(x.dtype))
     if x.shape[-1] == 1:
         return xw[..., 0].astype(ctype)
     return (xw[..., 0] + 1j * xw[..., 1]).astype(ctype)
@@ -112,7 +108,7 @@ def STFT(signal, frame_step, window=None, frame_length=None, *, onesided=1):
     idx = np.arange(nframes)[:, None] * step + np.arange(flen)[None, :]
     frames = z[:, idx]  # [batch, frames, flen]
     if window is not None:
-        frames = frames * window.astype(_work_dtype(signal.dtype))
+        frames = frames * window.astype(work_float(signal.dtype))
     if onesided and signal.shape[-1] == 2:
         raise KernelError("onesided STFT needs a real signal (last dimension 1)")
     y = np.fft.fft(frames, axis=-1)
