@@ -340,8 +340,6 @@ class Program:
         self, feeds: list[Any], captured: list[Any] | None, calls: list, plan: Any
     ) -> list[Any]:
         """`run` that verifies after every step that no live planned tensor was overwritten."""
-        import zlib
-
         env = self.initial_env(feeds, captured)
         live: dict[int, int] = {}  # slot -> checksum of its bytes when produced
         last = {}
@@ -357,20 +355,27 @@ class Program:
                 if last.get(s, -1) <= i:  # dead after this step: in-place reuse is allowed
                     del live[s]
                     continue
-                if isinstance(x, np.ndarray) and zlib.crc32(np.ascontiguousarray(x).view(
-                        np.uint8)) != crc:
+                if isinstance(x, np.ndarray) and _crc(x) != crc:
+                    v = self.values[s]
                     raise KernelError(
                         f"memory plan violated: step {i} ({st.placement.node.label}) "
-                        f"overwrote live tensor {self.values[s].name!r}"
+                        f"overwrote live tensor {v.name if v is not None else s!r}"
                     )
             for s in st.outs:
                 x = env[s] if s >= 0 else None
                 if isinstance(x, np.ndarray) and x.dtype != object and last.get(s, -1) > i:
-                    live[s] = zlib.crc32(np.ascontiguousarray(x).view(np.uint8))
+                    live[s] = _crc(x)
             for s in frees:
                 env[s] = None
                 live.pop(s, None)
         return [env[s] for s in self.output_slots]
+
+
+def _crc(x: np.ndarray) -> int:
+    """Checksum of an array's bytes (run_debug: was a live tensor overwritten?)."""
+    import zlib
+
+    return zlib.crc32(np.ascontiguousarray(x).view(np.uint8).data)
 
 
 def call_step(call: tuple, env: list[Any]) -> None:
@@ -506,7 +511,7 @@ def describe_value(x: Any) -> str:
     return type(x).__name__
 
 
-def kernel_error(st: Step, args: list[Any], e: Exception) -> OpwardenError:
+def kernel_error(st: Step, args: list[Any], e: BaseException) -> OpwardenError:
     pl = st.placement
     where = f"node {pl.node.label} (variant {pl.variant.name} on {pl.device})"
     shapes = ", ".join(describe_value(a) for a in args)

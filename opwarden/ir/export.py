@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -22,7 +22,8 @@ def attribute_proto(name: str, value: Any, attr_type: int | None = None) -> onnx
         return helper.make_attribute(name, numpy_helper.from_array(value))
     if isinstance(value, list) and not value and attr_type is not None:
         a = onnx.AttributeProto()
-        a.name, a.type = name, attr_type
+        # attr_type is a type field read from an AttributeProto: a valid AttributeType
+        a.name, a.type = name, cast("onnx.AttributeProto.AttributeType", attr_type)
         return a
     if attr_type == onnx.AttributeProto.FLOAT:
         value = float(value)

@@ -111,12 +111,12 @@ class Graph:
             v.uses[:] = [(n, i) for n, i in v.uses if n.graph is not self]
         for n in self.nodes:
             n.graph = self
-            for i, v in enumerate(n.inputs):
-                if v is not None:
-                    v.uses.append((n, i))
-            for v in n.outputs:
-                if v is not None:
-                    v.producer = n
+            for i, x in enumerate(n.inputs):
+                if x is not None:
+                    x.uses.append((n, i))
+            for o in n.outputs:
+                if o is not None:
+                    o.producer = n
 
     def all_nodes(self):
         """Every node, including those inside subgraphs (depth-first)."""

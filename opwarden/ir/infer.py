@@ -13,6 +13,7 @@ their own shape rule (`custom_infer`), and a negative inferred dimension is refu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 
@@ -78,10 +79,10 @@ def _tensor_shape(tp: onnx.TypeProto | None) -> tuple | None:
                  for d in tt.shape.dim)
 
 
-def _strip_declared(g: onnx.GraphProto) -> dict[str, tuple]:
+def _strip_declared(g: onnx.GraphProto) -> dict[str, tuple | None]:
     """Clear the shapes of `g`'s value_info and outputs (element types stay: inference needs
     them where it cannot tell, custom operators); returns the declared shapes by name."""
-    declared: dict[str, tuple] = {}
+    declared: dict[str, tuple | None] = {}
     for vi in list(g.value_info) + list(g.output):
         which = vi.type.WhichOneof("value")
         if which not in ("tensor_type", "sparse_tensor_type"):
@@ -121,7 +122,8 @@ def _merge_declared(decl: tuple, inf: tuple | None) -> tuple[str, tuple | None]:
         return "adds", decl
     if len(decl) != len(inf):
         return "conflict", None
-    merged, adds, refines = [], False, False
+    merged: list[Any] = []
+    adds, refines = False, False
     for d, i in zip(decl, inf):
         if isinstance(i, int):
             if isinstance(d, int) and d != i:
@@ -164,19 +166,20 @@ def infer(proto: onnx.ModelProto) -> Inferred:
     return _check_declared(types, declared, {o.name for o in proto.graph.output})
 
 
-def _check_declared(types: dict[str, onnx.TypeProto], declared: dict[str, tuple],
+def _check_declared(types: dict[str, onnx.TypeProto], declared: dict[str, tuple | None],
                     outputs: set[str]) -> Inferred:
     """Compare the declarations with the verified `types`. Declared dims inference left
     unknown become hints (not propagated by a second inference: nothing plans from a hint,
     and exporters declare the values that follow too)."""
     out = Inferred(types)
-    adds: dict[str, tuple] = {}
+    adds: dict[str, tuple | None] = {}
     for name, decl in declared.items():
         if decl is None:
             continue
         inf = _tensor_shape(types.get(name))
         verdict, merged = _merge_declared(decl, inf)
         if verdict == "conflict":
+            assert inf is not None  # only an inferred shape can contradict a declaration
             what = "graph output" if name in outputs else "value"
             out.notes.append(
                 f"{what} {name!r}: the model declares shape {list(decl)}, but shape inference "
@@ -220,17 +223,17 @@ def _ceil_pool_fixes(g: onnx.GraphProto, types: dict) -> dict[str, tuple[int, li
         shape = _ceil_pool_shape(a, [d.dim_value for d in dims])
         if shape is None:
             continue
-        shape = list(shape)
+        want = list(shape)
         for k, o in enumerate(n.output):
             ot = types.get(o) if o else None
             if ot is None or not ot.HasField("tensor_type"):
                 continue
             have = [d.dim_value if d.HasField("dim_value") else None
                     for d in ot.tensor_type.shape.dim]
-            if have != shape:
-                elem = ot.tensor_type.elem_type or (
-                    onnx.TensorProto.INT64 if k else t.tensor_type.elem_type)
-                fixes[o] = (elem, shape)
+            if have != want:
+                elem = int(ot.tensor_type.elem_type or (
+                    onnx.TensorProto.INT64 if k else t.tensor_type.elem_type))
+                fixes[o] = (elem, want)
     return fixes
 
 
@@ -314,7 +317,7 @@ def custom_infer(node: Node, notes: list[str] | None = None) -> None:
         cur, ruled = v.fact.shape, fact.shape
         if ruled is not None and tainted:
             ruled = mark_declared(ruled)
-        if ruled is not None and has_declared(cur):
+        if ruled is not None and cur is not None and has_declared(cur):
             if notes is not None and _contradicts(cur, ruled):
                 notes.append(
                     f"value {v.name!r}: the model declares shape {list(cur)}, but the shape "
@@ -326,9 +329,9 @@ def custom_infer(node: Node, notes: list[str] | None = None) -> None:
 
 def _contradicts(a: tuple, b: tuple) -> bool:
     """Can no tensor have both shapes (rank, or a static dim, differs)?"""
-    a, b = [declared_value(d) for d in a], [declared_value(d) for d in b]
-    return len(a) != len(b) or any(
-        isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(a, b))
+    xs, ys = [declared_value(d) for d in a], [declared_value(d) for d in b]
+    return len(xs) != len(ys) or any(
+        isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(xs, ys))
 
 
 def check_dims(node: Node) -> None:
@@ -336,9 +339,9 @@ def check_dims(node: Node) -> None:
     kernel larger than its static input) is a model no feed can run; refused here, before
     memory is planned from it."""
     for k, v in enumerate(node.outputs):
-        shape = v.fact.shape if v is not None else None
-        if not shape:
+        if v is None or not v.fact.shape:
             continue
+        shape = v.fact.shape
         for axis, d in enumerate(shape):
             if isinstance(d, int) and d < 0:
                 raise ModelError(

@@ -183,17 +183,17 @@ class GraphBuilder:
             custom_infer(g.nodes[-1], self.notes)
             check_dims(g.nodes[-1])
         for vo in gp.output:
-            v = g.lookup(vo.name)
-            if v is None:
+            out = g.lookup(vo.name)
+            if out is None:
                 raise ModelError(
                     f"graph {g.name!r}: output {vo.name!r} is not produced by any node"
                 )
             kind, fact = type_fact(vo.type)
-            if v.fact.dtype is None and fact.dtype is not None:
+            if out.fact.dtype is None and fact.dtype is not None:
                 # only the declaration knows it (the main graph's went through `infer`)
-                v.fact = TensorFact(fact.dtype, mark_declared(fact.shape))
-                v.kind = kind
-            g.outputs.append(v)
+                out.fact = TensorFact(fact.dtype, mark_declared(fact.shape))
+                out.kind = kind
+            g.outputs.append(out)
         g.rebuild_uses()
         return g
 

@@ -12,7 +12,7 @@ range lists (`_greedy`), so planning stays near-linear in the number of buffers.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +184,7 @@ def _best_gap(size, runs) -> int:
     union of `runs` (lists of sorted disjoint closed ranges), else that top."""
     if not runs:
         return 0
+    pairs: Iterable[tuple[int, int]]
     if len(runs) == 1:
         starts, ends = runs[0]
         pairs = zip(starts, ends)

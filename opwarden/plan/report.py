@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import colorsys
 import html
-from typing import Any
+from typing import Any, Literal
 
 from opwarden.errors import OptionsError, describe_bytes
 from opwarden.plan.planner import MemoryPlan
@@ -38,14 +38,15 @@ def table(plan: MemoryPlan, limit: int | None = 40) -> Any:
     from rich.table import Table
 
     t = Table(title="memory plan", show_lines=False)
-    for col, just in (
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
         ("buffer", "left"),
         ("producer", "left"),
         ("size", "right"),
         ("offset", "right"),
         ("steps", "right"),
         ("shares with", "left"),
-    ):
+    )
+    for col, just in columns:
         t.add_column(col, justify=just)
     rows = sorted(plan.buffers, key=lambda b: (-b.nbytes, b.first))
     for b in rows[:limit] if limit else rows:
