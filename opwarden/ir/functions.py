@@ -83,8 +83,8 @@ def inline(node: onnx.NodeProto, fn: onnx.FunctionProto) -> list[onnx.NodeProto]
 
 MAX_FUNCTION_DEPTH = 32
 # Inlining model-local functions turns a few written nodes into many: functions that each call
-# the next twice double the count per level, so a 2 KB file can ask for 2^depth nodes, and each
-# costs ~50-150 us to load. Refused: more than MAX_INLINED_NODES in all, or more than
+# the next twice double the count per level, so a 2 KB file can ask for 2^depth nodes, each
+# of which costs load time and memory. Refused: more than MAX_INLINED_NODES in all, or more than
 # MAX_INLINE_GROWTH times the nodes the model writes once past INLINE_GROWTH_FLOOR (real models
 # that reuse functions stay far below both: a 100-layer network calling one layer function
 # grows about 100-fold but to a few 10^4 nodes).
