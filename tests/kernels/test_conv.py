@@ -11,6 +11,12 @@ from hypothesis import strategies as st
 
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu import conv as kconv
+from opwarden.kernels.cpu import conv_common as kcommon
+from opwarden.kernels.cpu import conv_depthwise as kdw
+from opwarden.kernels.cpu import conv_gemm as kgemm
+from opwarden.kernels.cpu import conv_rowtap as krowtap
+from opwarden.kernels.cpu import conv_stem as kstem
+from opwarden.kernels.cpu import conv_winograd as kwino
 from opwarden.kernels.cpu import fused as kfused
 from opwarden.kernels.cpu import util as kutil
 from opwarden.kernels.cpu.conv import conv_nchw, conv_nhwc
@@ -56,6 +62,16 @@ def conv_case(draw):
                            pads=pads, kernel_shape=[kh, kw]))
 
 
+def home(name: str):
+    """The conv module that defines `name` (a tuning constant or an algorithm's function), so
+    that patching it there reaches the code that reads it."""
+    for mod in (kgemm, krowtap, kstem, kwino, kdw, kcommon, kconv):
+        if name in vars(mod) and getattr(getattr(mod, name), "__module__", mod.__name__) in (
+                mod.__name__, None):
+            return mod
+    raise AttributeError(name)
+
+
 @contextlib.contextmanager
 def nhwc_path(path):
     """Force the NHWC k x k path: "shifted" (per-tap GEMMs), "stem" (transposed patch matrix,
@@ -68,7 +84,7 @@ def nhwc_path(path):
              "STEM_DIRECT_MAX_TAPS", "WINOGRAD", "WINO_MIN_TILES", "WINO_MIN_CM",
              "PATCH_T_MAX_PIXELS", "PATCH_T_MIN_WEIGHTS", "ROWTAP", "ROWTAP_MIN_RUN",
              "ROWTAP_MIN_PIXELS")
-    old = {k: getattr(kconv, k) for k in names}
+    old = {k: getattr(home(k), k) for k in names}
     big = 1 << 30
     off = (False, big, big)
     new = {"shifted": (1, 1, big, 0, big, False, 0, 0, 0, big, *off),
@@ -79,12 +95,12 @@ def nhwc_path(path):
            "rowtap": (big, big, 0, 0, big, False, 0, 0, 0, big, True, 0, 0),
            "winograd": (big, big, 0, 0, big, True, 0, 0, 0, big, *off)}
     for k, v in zip(names, new[path]):
-        setattr(kconv, k, v)
+        setattr(home(k), k, v)
     try:
         yield
     finally:
         for k, v in old.items():
-            setattr(kconv, k, v)
+            setattr(home(k), k, v)
 
 
 PATHS = ["shifted", "stem", "stem_planes", "im2col", "few_pixels", "rowtap", "winograd"]
@@ -123,16 +139,16 @@ def test_fused_conv_in_place_over_the_residual(case, act, pw_t):
     ref0 = Conv(x, w, b, **case["attrs"])
     z = np.random.default_rng(4).standard_normal(ref0.shape, dtype=np.float32)
     ref = FusedConv(x, w, b, z, activation=act, **case["attrs"])
-    old = kconv.PW_T_MAX_PIXELS
+    old = kgemm.PW_T_MAX_PIXELS
     for path in PATHS:
         zy = np.array(nhwc(z), order="C")  # (a copy: z may be NHWC-contiguous already)
-        kconv.PW_T_MAX_PIXELS = pw_t
+        kgemm.PW_T_MAX_PIXELS = pw_t
         try:
             with nhwc_path(path):
                 y1 = kfused.fused_conv_nhwc(nhwc(x), w, b, zy, activation=act, out=zy,
                                             **case["attrs"])
         finally:
-            kconv.PW_T_MAX_PIXELS = old
+            kgemm.PW_T_MAX_PIXELS = old
         assert y1 is zy
         np.testing.assert_allclose(nchw(y1), ref, rtol=1e-4, atol=1e-4, err_msg=path)
     zc = z.copy()
@@ -233,8 +249,8 @@ def test_realistic_shapes_match_reference(xs, ws, attrs, path, monkeypatch):
     b = rng.standard_normal(ws[0], dtype=np.float32)
     ref = Conv(x, w, b, **attrs)
     # Small bands: the band loops and their offsets are exercised.
-    monkeypatch.setattr(kconv, "WIDE_BAND_BYTES", 8 << 10)
-    monkeypatch.setattr(kconv, "WINO_BAND_BYTES", 8 << 10)
+    monkeypatch.setattr(kgemm, "WIDE_BAND_BYTES", 8 << 10)
+    monkeypatch.setattr(kwino, "WINO_BAND_BYTES", 8 << 10)
     with nhwc_path(path):
         # A strided NHWC view of the NCHW array, as the layout pass's input transpose gives.
         y = conv_nhwc(x.transpose(0, 2, 3, 1), w, b, **attrs)
@@ -371,8 +387,8 @@ def test_stem_taps_from_strided_input_match_reference(hw, k, attrs, path, monkey
     w = rng.standard_normal((8, 3, k, k), dtype=np.float32)
     b = rng.standard_normal(8, dtype=np.float32)
     ref = FusedConv(x, w, b, activation="Relu", **attrs)
-    monkeypatch.setattr(kconv, "STEM_BAND_BYTES", 4 << 10)
-    monkeypatch.setattr(kconv, "STEM_PLANES_BAND_BYTES", 4 << 10)
+    monkeypatch.setattr(kstem, "STEM_BAND_BYTES", 4 << 10)
+    monkeypatch.setattr(kstem, "STEM_PLANES_BAND_BYTES", 4 << 10)
     with nhwc_path(path):
         y = kfused.fused_conv_nhwc(x.transpose(0, 2, 3, 1), w, b, activation="Relu", **attrs)
     np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4)
@@ -409,9 +425,9 @@ def test_stem_groups_cover_every_tap_once():
     for s in ([1, 1], [2, 2], [3, 2], [4, 4], [2, 3]):
         for d in ([1, 1], [2, 2], [3, 1], [2, 3]):
             for khw in ((7, 7), (3, 3), (5, 4), (1, 3)):
-                groups, order = kconv._stem_groups(tuple(s), tuple(d), khw)
+                groups, order = kstem._stem_groups(tuple(s), tuple(d), khw)
                 assert sorted(order) == list(range(khw[0] * khw[1]))
-                pas, pbs = kconv._plane_geometry(s, d, khw, 1, 1)[:2]
+                pas, pbs = kcommon._plane_geometry(s, d, khw, 1, 1)[:2]
                 t = 0
                 for ph, qa, sa, na, qb, sb, nb in groups:
                     pa, pb = pas[ph // len(pbs)], pbs[ph % len(pbs)]
@@ -478,13 +494,13 @@ def spy(monkeypatch):
 
     def install(name: str) -> list:
         calls: list = []
-        real = getattr(kconv, name)
+        real = getattr(home(name), name)
 
         def wrapper(*a, **k):
             calls.append(1)
             return real(*a, **k)
 
-        monkeypatch.setattr(kconv, name, wrapper)
+        monkeypatch.setattr(home(name), name, wrapper)
         return calls
 
     return install
@@ -509,7 +525,7 @@ def test_winograd_matches_reference(xs, m, pads, band, act, residual, monkeypatc
     ref0 = Conv(x, w, b, pads=pads)
     z = rng.standard_normal(ref0.shape, dtype=np.float32) if residual else None
     ref = FusedConv(x, w, b, z, activation=act, pads=pads)
-    monkeypatch.setattr(kconv, "WINO_BAND_BYTES", band)
+    monkeypatch.setattr(kwino, "WINO_BAND_BYTES", band)
     calls = spy("_winograd_nhwc")
     with nhwc_path("winograd"):
         y = kfused.fused_conv_nhwc(x.transpose(0, 2, 3, 1), w, b,
@@ -580,7 +596,7 @@ def test_winograd_environment_switch(value, want):
     env = {k: v for k, v in os.environ.items() if k != "OPWARDEN_WINOGRAD"}
     if value is not None:
         env["OPWARDEN_WINOGRAD"] = value
-    code = "from opwarden.kernels.cpu import conv; print(conv.WINOGRAD)"
+    code = "from opwarden.kernels.cpu import conv_winograd; print(conv_winograd.WINOGRAD)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == want
@@ -639,14 +655,14 @@ def test_fused_conv_branches_fast_kernels(layout, nonfinite, path, fast, monkeyp
     # reference's.
     x, w, b, want = _branch_case(nonfinite=nonfinite)
     calls: list = []
-    real = getattr(kconv, fast)
+    real = getattr(home(fast), fast)
 
     def merged(*a, **k):
         if fast == "_branch_gemms" or a[-1] is not None:  # _rowtap_nhwc's last: the branch plan
             calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(kconv, fast, merged)
+    monkeypatch.setattr(home(fast), fast, merged)
     with nhwc_path(path):
         if layout == "NHWC":
             got = nchw(kfused.fused_conv_nhwc(nhwc(x), w, b, activation="Relu",
@@ -671,8 +687,8 @@ def test_fused_conv_branches_never_read_taps_outside_them(layout, monkeypatch):
     w[:5, :, 0, :] = 1.0  # taps the 1x1 branch never reads
     mark_constant(w)
     calls: list = []
-    real = kconv._branch_gemms
-    monkeypatch.setattr(kconv, "_branch_gemms", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = kgemm._branch_gemms
+    monkeypatch.setattr(kgemm, "_branch_gemms", lambda *a, **k: calls.append(1) or real(*a, **k))
     kw = dict(pads=[1, 1, 1, 1], branches=[5, 1, 1, 6, 3, 3])
     ref = FusedConv(x, w, b, **kw)
     np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-5)
@@ -701,7 +717,7 @@ def test_few_pixels_takes_the_transposed_product_and_matches(ks, strides, pads, 
     attrs = dict(strides=[strides] * 2, pads=[pads] * 4, kernel_shape=[ks, ks])
     calls = spy("_few_pixels_nhwc")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kconv, "PATCH_T_MIN_WEIGHTS", c * m)
+        mp.setattr(kgemm, "PATCH_T_MIN_WEIGHTS", c * m)
         for seed in (1, 2):
             b = np.random.default_rng(seed).standard_normal(m, dtype=np.float32)
             mark_constant(b)
@@ -734,7 +750,7 @@ def test_depthwise_merged_rows_equal_per_channel_einsum(monkeypatch, strides, di
                  dilations=dilations)
     got = {}
     for merge in (0, 1 << 20):
-        monkeypatch.setattr(kconv, "DW_TILED_MAX_BYTES", merge)
+        monkeypatch.setattr(kdw, "DW_TILED_MAX_BYTES", merge)
         got[merge] = conv_nhwc(x, w, b, **attrs)
     np.testing.assert_array_equal(got[1 << 20], got[0])
     want = nhwc(Conv(x.transpose(0, 3, 1, 2), w, b, **attrs))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu import conv as kconv
+from opwarden.kernels.cpu import conv_gemm as kconv
 from opwarden.kernels.cpu import fused as kfused
 from opwarden.kernels.cpu import pool as kpool
 from opwarden.kernels.cpu import shape as kshape

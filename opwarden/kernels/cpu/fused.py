@@ -1,5 +1,10 @@
 """Fast variants of the fused operators (domain "opwarden"): bias, residual and activation are
-applied in place on the GEMM output, band by band for convolutions."""
+applied in place on the GEMM output, band by band for convolutions.
+
+FusedConv in NHWC has the variants Conv has (kernels.cpu.conv): fusedconv.cpu.<algorithm>, one
+per algorithm, chosen at placement by the same `when`, and the dispatcher fusedconv.cpu.nhwc.
+Branches whose inputs turn out non-finite, or whose W is not zero outside them, run branch by
+branch through the dispatcher (each branch is a convolution of its own shape)."""
 
 from __future__ import annotations
 
@@ -7,15 +12,17 @@ import numpy as np
 
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu.conv import (
+    VARIANTS,
     _conv_ok,
-    _finite,
-    _own,
     conv_nchw,
     conv_nhwc,
-    geometry,
     nchw_workspace,
+    nhwc_kernel,
     nhwc_workspace,
+    route_when,
+    route_workspace,
 )
+from opwarden.kernels.cpu.conv_common import _finite, _own, geometry
 from opwarden.kernels.cpu.linalg import (
     _gemm_ok,
     _matmul_ok,
@@ -87,17 +94,28 @@ def _by_branch(conv, X, W, B, Z, branches, attrs, axis, out, **act):
     return y
 
 
-def fused_conv_nhwc(X, W, B=None, Z=None, *, activation="", activation_params=None,
-                    input_shuffle=0, branches=None, out=None, **attrs):
-    """act(Conv(shuffle(X), W, B) + Z) with X, Z and Y in NHWC. With `branches`, one
-    convolution over W when the inputs are finite and W's taps outside the branches zero (see
-    _whole_ok), else branch by branch."""
-    if branches and not _whole_ok(X, W, B, branches):
-        return _by_branch(conv_nhwc, X, W, B, Z, branches, attrs, 3, out,
-                          activation=activation, activation_params=activation_params)
-    return conv_nhwc(X, W, B, Z, activation=activation,
-                     activation_params=activation_params or (), input_shuffle=input_shuffle,
-                     out=out, branches=branches or None, **attrs)
+def _fused_nhwc(conv):
+    """FusedConv's NHWC kernel over a conv_nhwc-shaped one (the dispatcher or an algorithm's,
+    see kernels.cpu.conv.nhwc_kernel)."""
+
+    def kernel(X, W, B=None, Z=None, *, activation="", activation_params=None,
+               input_shuffle=0, branches=None, out=None, **attrs):
+        if branches and not _whole_ok(X, W, B, branches):
+            return _by_branch(conv_nhwc, X, W, B, Z, branches, attrs, 3, out,
+                              activation=activation, activation_params=activation_params)
+        return conv(X, W, B, Z, activation=activation,
+                    activation_params=activation_params or (), input_shuffle=input_shuffle,
+                    out=out, branches=branches or None, **attrs)
+
+    kernel.__name__ = kernel.__qualname__ = f"fused_{conv.__name__}"
+    kernel.__doc__ = conv.__doc__
+    return kernel
+
+
+fused_conv_nhwc = _fused_nhwc(conv_nhwc)
+fused_conv_nhwc.__doc__ = """act(Conv(shuffle(X), W, B) + Z) with X, Z and Y in NHWC. With
+    `branches`, one convolution over W when the inputs are finite and W's taps outside the
+    branches zero (see _whole_ok), else branch by branch."""
 
 
 def fused_conv_nchw(X, W, B=None, Z=None, *, activation="", activation_params=None,
@@ -160,9 +178,9 @@ def fused_matmul_kernel(A, B, C=None, *, activation="", activation_params=None, 
 
 def _in_place_nhwc(attrs) -> bool:
     """Y over Z pays in the ungrouped NHWC kernel: its pointwise and row-tap paths add only
-    the bias to Z before their GEMMs accumulate (ResNet-50 0.98-0.99x the time, arena 6 -> 4
-    MiB). Grouped convolutions measured 2.3% slower in place (ShuffleNet; their batched
-    matmul cannot accumulate) and keep Y apart."""
+    the bias to Z before their GEMMs accumulate (less time, a smaller arena). Grouped
+    convolutions are slower in place (their batched matmul cannot accumulate) and keep Y
+    apart."""
     return int(attrs.get("group", 1) or 1) == 1
 
 
@@ -178,6 +196,11 @@ def register() -> bool:
     matmuls = REGISTRY.versions("FusedMatMul", DOMAIN)
     kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True}
     for opdef in convs:
+        for route, (suffix, _doc) in VARIANTS.items():
+            opdef.kernel(layout="NHWC", when=route_when(route), name=f"fusedconv.cpu.{suffix}",
+                         in_place_when=_in_place_nhwc,
+                         workspace_bytes=_fused_workspace(route_workspace(route), 3),
+                         **{**kw, "priority": 11})(_fused_nhwc(nhwc_kernel(route)))
         opdef.kernel(layout="NHWC", when=_conv_ok, name="fusedconv.cpu.nhwc",
                      in_place_when=_in_place_nhwc,
                      workspace_bytes=_fused_workspace(nhwc_workspace, 3),

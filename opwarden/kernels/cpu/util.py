@@ -291,8 +291,7 @@ def _gelu_inplace(y: np.ndarray, tanh: bool) -> None:
 # Many-pass elementwise math (erf, Gelu): chunk by chunk, so the temporaries are a few chunk-sized
 # scratch buffers that stay in L1/L2 instead of input-sized arrays.
 
-# Floats per chunk: 64K (256 KiB a buffer). Measured on erf over 128x3072 floats: 8K 2.1 ms,
-# 16K 1.8, 32K 1.5, 64K 1.4, unchunked 2.8.
+# Floats per chunk: 64K (256 KiB a buffer).
 EW_CHUNK = 1 << 16
 
 
@@ -520,15 +519,12 @@ def matmul_acc(a: np.ndarray, b: np.ndarray, y: np.ndarray, accumulate: bool) ->
 # ---------------------------------------------------------------------------------------------
 # Bias and residual adds through OpenBLAS's level-1/2 routines. NumPy's add runs on one thread;
 # OpenBLAS's axpy (y += x) and rank-1 update ger (y += ones * bias^T) run on its threads, which
-# are still awake just after the GEMM whose output they update. Measured on convolution outputs
-# of 0.4-3.2 MB, two threads: a bias add 3-4x faster than NumPy's broadcast add (3136x256: 54
-# vs 220 us), a residual add 1.6-3x faster (152 vs 251 us). The sums are the same float32
+# are still awake just after the GEMM whose output they update. The sums are the same float32
 # additions (alpha is 1, so alpha * x is exact): results equal NumPy's bit for bit, NaN and
 # Inf included.
 
-# Off: NumPy's adds everywhere (for measuring). Below these many floats NumPy's call was as
-# fast or faster (no thread hand-off, no ctypes call): ger from ~50K floats (196x256: 17 vs 21
-# us), axpy from ~100K (784x128: 13 vs 13 us; 196x96: 6.4 vs 2.3).
+# Off: NumPy's adds everywhere (for measuring). Below these many floats NumPy's call is as
+# fast or faster (no thread hand-off, no ctypes call).
 BLAS_ADDS = True
 BLAS_ROWS_MIN = 1 << 15
 BLAS_AXPY_MIN = 1 << 17
