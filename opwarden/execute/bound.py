@@ -16,7 +16,7 @@ class BoundGraph:
     session's) and `deadline` (the run's, or None).
     """
 
-    # program: the body's executor.Program (not imported: the executor imports this module).
+    # program: the body's execute.program.Program (not imported: program.py imports this module).
     __slots__ = ("program", "captured", "guard", "deadline")
 
     def __init__(
