@@ -27,6 +27,7 @@ from opwarden.errors import MemoryLimitError, describe_bytes
 from opwarden.plan.lifetimes import Binding, analyze, tensor_bytes
 from opwarden.plan.limits import default_limit
 from opwarden.plan.planner import ALIGNMENT, Buffer, MemoryPlan
+from opwarden.plan.scratch import check_scratch
 
 __all__ = ["Buffer", "MemoryManager", "MemoryPlan", "PlanEntry", "default_limit", "describe_bytes"]
 
@@ -113,9 +114,10 @@ class MemoryManager:
         with self._plan_lock:
             # Single tensors first: sizes past the limit (or int64) never reach the planner.
             self._check_limit(None, dims)
-            binding = analyze(self.program, dims, signature=key)
+            binding = analyze(self.program, dims, signature=key)  # (refuses impossible dims)
             self.plans_built += 1
             self._check_limit(binding.plan, dims, tensors=False)
+            check_scratch(self.program, dims, self.limit)  # kernel scratch, node by node
             entry = PlanEntry(binding)
             self._cache[key] = entry
             while len(self._cache) > self.cache_size:
