@@ -1,4 +1,4 @@
-"""Graph optimizations run between validation and placement (issue 8).
+"""Graph optimizations run between validation and placement: the pass manager.
 
 Levels (``SessionOptions(optimization_level=...)``): 0 none; 1 shape folding, constant folding,
 identity elimination, dead-code elimination (repeated until nothing changes); 2 adds
@@ -13,56 +13,78 @@ cancellation and elementwise-chain fusion (then a level-1 clean-up); 3 is everyt
 layout pass runs later, at placement). Any pass can be switched off by name with
 ``disabled_passes``. Only the main graph is rewritten; subgraph bodies are left as they are
 (values they read from the main graph count as used there).
+
+Each pass is a function of a `Rewriter` returning a `PassResult`, in a module of its own
+(basic: constant and shape folding; identity; dead_code; fold_bn: Conv+BN folding and BN as
+Mul/Add; scale_into_conv; fusion: the Conv/Gemm/MatMul epilogue, with gelu; conv_branches:
+Concat of convolutions; sibling_convs; pool_swap: AveragePool and 1x1 convolution;
+pool_activation: activation after MaxPool; transpose; elementwise_chain). `PASSES` is the one
+ordered table the manager runs them from; shared pattern tests live in `match`, editing in
+`rewrite`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from opwarden.ir.graph import Model
-from opwarden.passes.basic import (
-    constant_folding,
-    dead_code_elimination,
-    identity_elimination,
-    shape_folding,
-)
-from opwarden.passes.fusion import (
-    activation_after_maxpool,
-    avgpool_conv_reorder,
-    bn_to_affine,
-    concat_conv_merge,
-    conv_bn_folding,
-    conv_fusion,
-    elementwise_fusion,
-    gemm_fusion,
-    scale_into_conv,
-    sibling_conv_merge,
-    transpose_cancellation,
-)
-from opwarden.passes.rewrite import Rewriter, relink
+from opwarden.passes.basic import constant_folding, shape_folding
+from opwarden.passes.conv_branches import concat_conv_merge
+from opwarden.passes.dead_code import dead_code_elimination
+from opwarden.passes.elementwise_chain import elementwise_fusion
+from opwarden.passes.fold_bn import bn_to_affine, conv_bn_folding
+from opwarden.passes.fusion import conv_fusion, gemm_fusion
+from opwarden.passes.identity import identity_elimination
+from opwarden.passes.pool_activation import activation_after_maxpool
+from opwarden.passes.pool_swap import avgpool_conv_reorder
+from opwarden.passes.rewrite import PassResult, Rewriter, relink
+from opwarden.passes.scale_into_conv import scale_into_conv
+from opwarden.passes.sibling_convs import sibling_conv_merge
+from opwarden.passes.transpose import transpose_cancellation
 
-# (name, level, function); level-1 passes run as a group until a fixed point.
-PASSES: list[tuple[str, int, Callable[[Rewriter], None]]] = [
-    ("shape_folding", 1, shape_folding),
-    ("constant_folding", 1, constant_folding),
-    ("identity_elimination", 1, identity_elimination),
-    ("dead_code_elimination", 1, dead_code_elimination),
-    ("conv_bn_folding", 2, conv_bn_folding),
-    ("bn_to_affine", 2, bn_to_affine),
-    ("scale_into_conv", 2, scale_into_conv),
-    ("conv_fusion", 2, conv_fusion),
-    ("concat_conv_merge", 2, concat_conv_merge),
-    ("sibling_conv_merge", 2, sibling_conv_merge),
-    ("avgpool_conv_reorder", 2, avgpool_conv_reorder),
-    ("activation_after_maxpool", 2, activation_after_maxpool),
-    ("gemm_fusion", 2, gemm_fusion),
-    ("transpose_cancellation", 2, transpose_cancellation),
-    ("elementwise_fusion", 2, elementwise_fusion),
+
+class Pass(NamedTuple):
+    """One row of the pass table: the name `disabled_passes` and the report use, the lowest
+    optimization level that runs it, and the pass itself."""
+
+    name: str
+    level: int
+    run: Callable[[Rewriter], PassResult]
+
+
+# In the order they run; level-1 passes run as a group until a fixed point, before and after
+# the level-2 passes.
+PASSES: list[Pass] = [
+    Pass("shape_folding", 1, shape_folding),
+    Pass("constant_folding", 1, constant_folding),
+    Pass("identity_elimination", 1, identity_elimination),
+    Pass("dead_code_elimination", 1, dead_code_elimination),
+    Pass("conv_bn_folding", 2, conv_bn_folding),
+    Pass("bn_to_affine", 2, bn_to_affine),
+    Pass("scale_into_conv", 2, scale_into_conv),
+    Pass("conv_fusion", 2, conv_fusion),
+    Pass("concat_conv_merge", 2, concat_conv_merge),
+    Pass("sibling_conv_merge", 2, sibling_conv_merge),
+    Pass("avgpool_conv_reorder", 2, avgpool_conv_reorder),
+    Pass("activation_after_maxpool", 2, activation_after_maxpool),
+    Pass("gemm_fusion", 2, gemm_fusion),
+    Pass("transpose_cancellation", 2, transpose_cancellation),
+    Pass("elementwise_fusion", 2, elementwise_fusion),
 ]
-PASS_NAMES = tuple(name for name, _, _ in PASSES)
+PASS_NAMES = tuple(p.name for p in PASSES)
 MAX_ROUNDS = 4
+
+
+def _check_disabled(disabled: set[str]) -> None:
+    unknown = sorted(disabled - set(PASS_NAMES))
+    if unknown:
+        from opwarden.errors import OptionsError
+
+        raise OptionsError(
+            f"disabled_passes names unknown pass(es) {unknown}; the passes are {list(PASS_NAMES)}"
+        )
 
 
 def optimize(model: Model, options: Any) -> list[dict[str, Any]]:
@@ -74,48 +96,42 @@ def optimize(model: Model, options: Any) -> list[dict[str, Any]]:
     """
     level = int(getattr(options, "optimization_level", 3) or 0)
     disabled = set(getattr(options, "disabled_passes", ()) or ())
-    unknown = sorted(disabled - set(PASS_NAMES))
-    if unknown:
-        from opwarden.errors import OptionsError
-
-        raise OptionsError(
-            f"disabled_passes names unknown pass(es) {unknown}; the passes are {list(PASS_NAMES)}"
-        )
+    _check_disabled(disabled)
     t0 = time.perf_counter()
     before = len(model.graph.nodes)
     report: dict[str, dict[str, Any]] = {}
-    active = [(n, lv, fn) for n, lv, fn in PASSES if lv <= level and n not in disabled]
+    active = [p for p in PASSES if p.level <= level and p.name not in disabled]
 
-    def run(name: str, lv: int, fn: Callable[[Rewriter], None]) -> int:
+    def run(p: Pass) -> int:
         t = time.perf_counter()
         rw = Rewriter(model, model.graph)
-        fn(rw)
+        res = p.run(rw)
         rw.finish()
-        if rw.changes:
+        if res.changes:
             relink(model)
         entry = report.setdefault(
-            name, {"pass": name, "level": lv, "changes": 0, "ms": 0.0, "details": {}}
+            p.name, {"pass": p.name, "level": p.level, "changes": 0, "ms": 0.0, "details": {}}
         )
-        entry["changes"] += rw.changes
+        entry["changes"] += res.changes
         entry["ms"] += (time.perf_counter() - t) * 1e3
-        for k, n in rw.stats.items():
+        for k, n in res.details.items():
             entry["details"][k] = entry["details"].get(k, 0) + n
-        return rw.changes
+        return res.changes
 
-    basic = [p for p in active if p[1] == 1]
-    fusions = [p for p in active if p[1] >= 2]
+    basic = [p for p in active if p.level == 1]
+    fusions = [p for p in active if p.level >= 2]
 
     def clean() -> None:
         for _ in range(MAX_ROUNDS):
-            if not sum(run(*p) for p in basic):
+            if not sum(run(p) for p in basic):
                 break
 
     if active:
         relink(model)  # the loader links subgraph reads before the main graph resets uses
         clean()
-        if fusions and sum(run(*p) for p in fusions):
+        if fusions and sum(run(p) for p in fusions):
             clean()
-    out = [report[n] for n, _, _ in PASSES if n in report]
+    out = [report[p.name] for p in PASSES if p.name in report]
     for entry in out:
         entry["ms"] = round(entry["ms"], 3)
     out.extend({"pass": n, "changes": 0, "skipped": "disabled"}
@@ -131,4 +147,4 @@ def optimize(model: Model, options: Any) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["PASSES", "PASS_NAMES", "optimize"]
+__all__ = ["PASSES", "PASS_NAMES", "Pass", "PassResult", "optimize"]

@@ -1,4 +1,11 @@
-"""Level-1 passes: shape folding, constant folding, identity elimination, dead-code elimination."""
+"""Level-1 folding passes: `constant_folding` and `shape_folding`.
+
+A node whose inputs are all constants is evaluated now with its reference kernel, and the
+Shape or Size of a tensor with a static shape becomes a constant; either way the result is a
+new initializer and the node goes. Folding stops where the result would be large (see
+FOLD_MAX_BYTES) or disagree with what shape inference promised, and graph outputs stay
+computed. The other level-1 passes: `identity` and `dead_code`.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from opwarden.contract import TensorFact
 from opwarden.dtypes import dtype_name
 from opwarden.ir.graph import Node
 from opwarden.ops.select import kernel_kwargs
-from opwarden.passes.rewrite import Rewriter, static_shape
+from opwarden.passes.rewrite import PassResult, Rewriter, static_shape
 
 # A folded constant may be this large, or as large as the constants it replaces.
 FOLD_MAX_BYTES = 1 << 24
@@ -53,8 +60,9 @@ def _store_const(rw: Rewriter, node: Node, arrays: list[np.ndarray | None]) -> N
     rw.remove(node)
 
 
-def constant_folding(rw: Rewriter) -> None:
+def constant_folding(rw: Rewriter) -> PassResult:
     """Evaluate nodes whose inputs are all constants with their reference kernels."""
+    res = PassResult()
     for node in rw.graph.nodes:
         consts = [rw.const(v) if v is not None else None for v in node.inputs]
         if any(c is None and v is not None for c, v in zip(consts, node.inputs)):
@@ -77,20 +85,21 @@ def constant_folding(rw: Rewriter) -> None:
             kw["noutputs"] = len(node.outputs)
         try:
             with np.errstate(all="ignore"):
-                res = node.opdef.reference(*consts, **kw)
+                got = node.opdef.reference(*consts, **kw)
         except Exception:  # noqa: BLE001 - the node then fails (with its context) when run
             continue
-        res = list(res) if isinstance(res, tuple) else [res]
-        if len(res) < len(node.outputs):
+        got = list(got) if isinstance(got, tuple) else [got]
+        if len(got) < len(node.outputs):
             continue
-        arrays = [None if v is None else np.asarray(r) for v, r in zip(node.outputs, res)]
+        arrays = [None if v is None else np.asarray(r) for v, r in zip(node.outputs, got)]
         if sum(a.nbytes for a in arrays if a is not None) > limit:
             continue
         if not all(_agrees(v.fact, a) for v, a in zip(node.outputs, arrays) if v is not None):
             continue
         _store_const(rw, node, arrays)
-        rw.stats[node.op_type] += 1
-        rw.changes += 1
+        res.details[node.op_type] += 1
+        res.changes += 1
+    return res
 
 
 def _agrees(fact: TensorFact, a: np.ndarray) -> bool:
@@ -106,8 +115,9 @@ def _agrees(fact: TensorFact, a: np.ndarray) -> bool:
     return True
 
 
-def shape_folding(rw: Rewriter) -> None:
+def shape_folding(rw: Rewriter) -> PassResult:
     """Shape and Size of tensors with a static shape become constants."""
+    res = PassResult()
     for node in rw.graph.nodes:
         if node.op_type not in ("Shape", "Size") or node.domain or node.opdef is None:
             continue
@@ -122,108 +132,6 @@ def shape_folding(rw: Rewriter) -> None:
             end = node.attrs.get("end")
             arr = np.asarray(shape[start:None if end is None else int(end)], dtype=np.int64)
         _store_const(rw, node, [arr])
-        rw.stats[node.op_type] += 1
-        rw.changes += 1
-
-
-_SINGLE_INPUT_IDENTITY = frozenset({"Concat", "Sum", "Max", "Min", "Mean"})
-_SAME_SHAPE_IDENTITY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand"})
-
-
-def _is_noop(rw: Rewriter, node: Node) -> bool:
-    x, y = node.inputs[0] if node.inputs else None, node.outputs[0]
-    if x is None or y is None or x.kind != "tensor":
-        return False
-    if any(v is not None and (v.uses or id(v) in rw.outputs) for v in node.outputs[1:]):
-        return False  # a second output (Dropout's mask) is still read
-    t = node.op_type
-    if t == "Identity":
-        return True
-    if t == "Dropout":
-        if node.opdef.since < 7:
-            return bool(node.attrs.get("is_test", 0))
-        if node.opdef.since < 12:
-            return True
-        mode = node.inputs[2] if len(node.inputs) > 2 else None
-        if mode is None:
-            return True
-        c = rw.const(mode)
-        return c is not None and c.size == 1 and not bool(c.reshape(-1)[0])
-    if x.fact.dtype is None or y.fact.dtype != x.fact.dtype:
-        return False
-    if t == "Cast":
-        return True
-    if t in _SINGLE_INPUT_IDENTITY:
-        return len(node.inputs) == 1
-    if t in _SAME_SHAPE_IDENTITY:
-        sx, sy = static_shape(x), static_shape(y)
-        if sy is None and t == "Reshape":
-            sy = _reshape_target(rw, node, sx)
-        return sx is not None and sx == sy
-    if t == "Transpose":
-        perm = node.attrs.get("perm")
-        if perm is None:
-            return x.fact.ndim is not None and x.fact.ndim <= 1
-        return list(perm) == list(range(len(perm)))
-    return False
-
-
-def _reshape_target(rw: Rewriter, node: Node, sx: tuple[int, ...] | None):
-    """The static output shape of a Reshape with a constant shape input, if computable."""
-    shape = rw.const(node.inputs[1]) if len(node.inputs) > 1 else None
-    if sx is None or shape is None or shape.ndim != 1 or shape.dtype.kind not in "iu":
-        return None
-    allowzero = int(node.attrs.get("allowzero", 0))
-    dims = [int(d) for d in shape]
-    out = []
-    for i, d in enumerate(dims):
-        if d == 0 and not allowzero:
-            if i >= len(sx):
-                return None
-            d = sx[i]
-        out.append(d)
-    if out.count(-1) > 1:
-        return None
-    if -1 in out:
-        known = math.prod(d for d in out if d != -1)
-        if known <= 0 or math.prod(sx) % known:
-            return None
-        out[out.index(-1)] = math.prod(sx) // known
-    return tuple(out) if math.prod(out) == math.prod(sx) else None
-
-
-def identity_elimination(rw: Rewriter) -> None:
-    """Drop nodes that return their input: Identity, inference Dropout, Cast to the same type,
-    Reshape/Flatten/Squeeze/Unsqueeze/Expand to the same shape, identity Transpose,
-    single-input Concat/Sum/Max/Min/Mean."""
-    for node in rw.graph.nodes:
-        if node.domain or node.opdef is None or id(node) in rw.removed:
-            continue
-        if not _is_noop(rw, node):
-            continue
-        if rw.bypass(node, node.outputs[0], node.inputs[0]):
-            rw.remove(node)
-            rw.stats[node.op_type] += 1
-            rw.changes += 1
-
-
-def dead_code_elimination(rw: Rewriter) -> None:
-    """Remove nodes none of whose outputs is read or is a graph output."""
-    # Uses lost to removed readers are counted and the use lists filtered once at the end:
-    # removing readers one by one rescans a value's uses per reader (quadratic when a value
-    # that transpose cancellation left feeding thousands of dead nodes is read by all).
-    dropped: dict[int, int] = {}
-    dead: list[Node] = []
-    for node in reversed(rw.graph.nodes):
-        if id(node) in rw.removed:
-            continue
-        if any(v is not None and (len(v.uses) > dropped.get(id(v), 0) or id(v) in rw.outputs)
-               for v in node.outputs):
-            continue
-        for v in node.inputs:
-            if v is not None:
-                dropped[id(v)] = dropped.get(id(v), 0) + 1
-        dead.append(node)
-        rw.stats[node.op_type] += 1
-        rw.changes += 1
-    rw.remove_all(dead)
+        res.details[node.op_type] += 1
+        res.changes += 1
+    return res

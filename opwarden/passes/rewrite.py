@@ -1,11 +1,22 @@
-"""Shared machinery of the graph passes: constant tests, use bookkeeping, node creation."""
+"""Shared machinery of the graph passes: what a pass returns, constant tests, use bookkeeping,
+node creation.
+
+A pass is a function of one `Rewriter` (the editing state of one pass over the main graph)
+returning a `PassResult` (what it changed). Besides the Rewriter's own edits, the node
+builders several passes share live here: `fuse` (a chain of nodes as one fused node),
+`activation_node` (a FusedConv activation as its own standard node) and the copies of a
+convolution or pool on new values that the pool-moving passes place.
+"""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 
 from opwarden.contract import TensorFact
 from opwarden.dtypes import dtype_name
@@ -13,6 +24,20 @@ from opwarden.ir.graph import Graph, Model, Node, Value
 from opwarden.ir.validate import check_node
 
 FUSED_DOMAIN = "opwarden"
+
+
+@dataclass
+class PassResult:
+    """What one run of a pass changed.
+
+    `changes` counts its rewrites (nodes folded, fused, removed or moved): the pass manager
+    rebuilds the graph's links after a pass with changes and repeats the level-1 round while
+    it has any. `details` counts them by kind (folded op types, fused chains such as
+    "Conv+Relu"), the pass report's "details".
+    """
+
+    changes: int = 0
+    details: Counter[str] = field(default_factory=Counter)
 
 
 class Rewriter:
@@ -29,8 +54,6 @@ class Rewriter:
         self.inserted: dict[int, list[Node]] = {}  # id(anchor node) -> nodes placed before it
         self.outputs = {id(v) for v in graph.outputs}
         self.inputs = {id(v) for v in graph.inputs}
-        self.stats: Counter[str] = Counter()
-        self.changes = 0
 
     # -- facts ----------------------------------------------------------------------------
     def const(self, v: Value | None) -> np.ndarray | None:
@@ -103,8 +126,8 @@ class Rewriter:
         self.removed.add(id(node))
 
     def remove_all(self, nodes: list[Node]) -> None:
-        """`remove` each of `nodes`, filtering each input's uses once for all of them (a group
-        of 20k nodes reading one value would otherwise refilter its uses 20k times)."""
+        """`remove` each of `nodes`, filtering each input's uses once for all of them (removing
+        a large group reading one value one by one refilters its uses per node: quadratic)."""
         gone: dict[int, tuple[Value, set[tuple[int, int]]]] = {}
         for node in nodes:
             for i, v in enumerate(node.inputs):
@@ -236,6 +259,59 @@ class Rewriter:
                 nodes.append(n)
         self.graph.nodes = nodes
         prune_values(self.graph)
+
+
+def fuse(rw: Rewriter, res: PassResult, op_type: str, nodes: list[Node], inputs, attrs,
+         attr_types) -> None:
+    """Replace `nodes` (a chain or tree, the last one writing its result) by one `op_type`
+    node of the fused domain writing that output, placed where the last one was."""
+    out = nodes[-1].outputs[0]
+    rw.remove_all(nodes)
+    fused = rw.make_node(op_type, inputs, [out], attrs, name=f"{nodes[0].name}_fused",
+                         attr_types=attr_types)
+    rw.place(fused, nodes[-1])
+    res.details[op_type] += 1
+    res.details["+".join(n.op_type for n in nodes)] += 1
+    res.changes += len(nodes) - 1
+
+
+def activation_node(rw: Rewriter, act: str, params: list[float], x: Value, y: Value,
+                    name: str) -> Node:
+    """y = act(x) as a standard node (FusedConv's activation_params conventions)."""
+    opset = rw.model.opsets.get("", 0)
+    attrs: dict = {}
+    types: dict = {}
+    ins: list[Value | None] = [x]
+    if act == "LeakyRelu":
+        attrs["alpha"] = float(params[0] if params else 0.01)
+        types["alpha"] = onnx.AttributeProto.FLOAT
+    elif act == "Clip":
+        lo = float(params[0]) if len(params) > 0 else -math.inf
+        hi = float(params[1]) if len(params) > 1 else math.inf
+        if opset >= 11:
+            dt = np.dtype(y.fact.dtype)
+            ins += [rw.new_const(f"{name}_min", np.array(lo, dt)),
+                    rw.new_const(f"{name}_max", np.array(hi, dt))]
+        else:
+            attrs.update(min=lo, max=hi)
+            types.update(min=onnx.AttributeProto.FLOAT, max=onnx.AttributeProto.FLOAT)
+    return rw.make_node(act, ins, [y], attrs, name=name, domain="", opset=opset,
+                        attr_types=types)
+
+
+def conv_copy(rw: Rewriter, conv: Node, x: Value, y: Value, keep_act: bool) -> Node:
+    """`conv` reading x and writing y (its fused activation kept or dropped), not yet placed."""
+    attrs = {k: v for k, v in conv.attrs.items()
+             if keep_act or k not in ("activation", "activation_params")}
+    types = {k: t for k, t in getattr(conv, "attr_types", {}).items() if k in attrs}
+    return rw.make_node(conv.op_type, [x, *conv.inputs[1:]], [y], attrs, name=conv.name,
+                        domain=conv.domain, opset=conv.opset, attr_types=types)
+
+
+def pool_copy(rw: Rewriter, pool: Node, x: Value, y: Value) -> Node:
+    """`pool` reading x and writing y, not yet placed."""
+    return rw.make_node(pool.op_type, [x], [y], pool.attrs, name=pool.name, domain="",
+                        opset=pool.opset, attr_types=getattr(pool, "attr_types", None))
 
 
 def _drop_use(v: Value, node: Node, i: int) -> None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 import opwarden as ow
-from opwarden.passes import fusion
+from opwarden.passes import pool_swap
 
 from .helpers import model, optimized, types_of
 
@@ -157,7 +157,7 @@ def test_random_pairs_keep_outputs(monkeypatch, order, pool, chans, act, bias, h
     """Every legal swap (the cost model overruled) keeps level 0's outputs: any pool geometry
     (ceil mode, count_include_pad), grouped convolutions, bias or not, an activation after the
     pair, NaN and +-Inf in the input."""
-    monkeypatch.setattr(fusion, "_cheaper", lambda now, new: True)
+    monkeypatch.setattr(pool_swap, "_cheaper", lambda now, new: True)
     k, s, p, ceil, include_pad = pool
     p = min(p, k - 1)
     cin, cout, g = chans
