@@ -32,7 +32,7 @@ from opwarden.ir.validate import validate
 from opwarden.memory.hugepages import move_weights
 from opwarden.options import SessionOptions
 from opwarden.passes import optimize
-from opwarden.place.partition import Placement, place_model
+from opwarden.place import Placement, place_model
 from opwarden.plan.manager import MemoryManager
 from opwarden.plan.planner import MemoryPlan
 from opwarden.trace.records import OpRecord, chrome_trace, default_trace_path

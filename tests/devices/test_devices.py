@@ -213,7 +213,7 @@ def test_a_device_defers_to_a_later_host_device_with_the_reason():
 
     from opwarden.ir.load import load
     from opwarden.ir.validate import validate
-    from opwarden.place.partition import _Partitioner
+    from opwarden.place.partition import Partitioner as _Partitioner
 
     g = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], "g",
