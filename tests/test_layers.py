@@ -183,7 +183,7 @@ def test_cycle_report_names_the_path():
 
 
 def test_builtin_kernels_register_in_a_fresh_process():
-    # Registration runs from opwarden/__init__.py (kernels.builtin), not from `ops`: importing
+    # Registration runs from opwarden/__init__.py (kernels.registry), not from `ops`: importing
     # any opwarden module must still give every operator its fast variants.
     import subprocess
     import sys

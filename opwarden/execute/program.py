@@ -112,7 +112,7 @@ class Program:
         self.graph = graph
         self.memory_limit = memory_limit
         # Symbolic dims a memory plan binds for this graph (the feeds'); None for subgraphs,
-        # which no plan covers: their sizes are checked as the kernels run (memory.limits).
+        # which no plan covers: their sizes are checked as the kernels run (plan.limits).
         plan_dims = _input_dims(graph) if planned else None
         self.isolate = isolate  # guard.isolate.Isolation: steps whose kernel runs in a worker
         self.slots: dict[int, int] = {}  # id(Value) -> slot

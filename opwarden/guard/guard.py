@@ -208,7 +208,7 @@ class Guard:
         self._outs_finite = False
         t_start = time.perf_counter()
         if var.name in self.quarantine and not var.reference:
-            refuse = getattr(st.fn, "refuse", None)  # the memory check (memory.limits) the
+            refuse = getattr(st.fn, "refuse", None)  # the memory check (plan.limits) the
             if refuse is not None:  # wrapped kernel would have run before allocating
                 refuse(*args, **kw)
             outs, err = self._plain(st, args, kw, reference=True)

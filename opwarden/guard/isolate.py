@@ -234,7 +234,7 @@ class Isolation:
                    None if limit is None else limit / 1000.0)
         )
 
-        # Weak: module-level caches keyed by kernel function (memory.lifetimes) outlive the
+        # Weak: module-level caches keyed by kernel function (plan.lifetimes) outlive the
         # session; they must not keep its worker process alive with them.
         ref = weakref.ref(self)
 

@@ -118,7 +118,7 @@ class GraphBuilder:
         self, opsets: dict[str, int], functions, base_dir, owned, inferred: Inferred | dict,
         source=None
     ) -> None:
-        if not isinstance(inferred, Inferred):  # types alone (decompositions, runtime.place)
+        if not isinstance(inferred, Inferred):  # types alone
             inferred = Inferred(inferred)
         self.opsets = opsets
         self.functions = functions

@@ -50,6 +50,6 @@ for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")
 
 # The fast kernel variants (opwarden.kernels) register on these operators from
-# opwarden/__init__.py, which imports kernels.builtin: they import the operators, not back.
+# opwarden/__init__.py, which imports kernels.registry: they import the operators, not back.
 
 __all__ = ["REGISTRY", "OpDef", "Sample", "Variant", "kernel", "op"]

@@ -1,7 +1,7 @@
 """Which variant of a node's operator runs it on a device, in a layout: `select`.
 
 Devices consult it to say what they accept (`Device.accepts`, `layouts_for`); placement
-(`runtime.place`) consults it to choose. It reads only the node, its operator's variants and
+(`place.partition`) consults it to choose. It reads only the node, its operator's variants and
 the inputs each operator says a layout places (`sensitive_inputs`, from ``OpDef.layout_inputs``:
 the memory limits, the layout pass and the devices read it here), so both import it one way.
 """
