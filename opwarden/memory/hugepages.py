@@ -1,10 +1,8 @@
 """Weights in transparent huge pages.
 
 Every run streams each layer's weights from memory once (ResNet-50: ~100 MB), and with 4 KiB
-pages that is one TLB miss per 4 KiB, a two-level page walk under a hypervisor. Measured with
-OpenBLAS on this project's 2-core VM, weights rotated through 12 copies so they come from memory
-as in a model run: a 49x4608 @ 4608x512 product 2400 -> 2026 us (0.84x), 196x2304 @ 2304x256
-0.82x, 49x1024 @ 1024x2048 0.83x; 3136x64 @ 64x256 (small weights, large activations) 1.00x.
+pages that is one TLB miss per 4 KiB, a two-level page walk under a hypervisor: GEMMs whose
+weights stream from memory run faster from huge pages (figures in benchmarks/NOTES.md).
 
 `move_weights` copies a model's large initializers into one anonymous mapping advised
 MADV_HUGEPAGE (2 MiB aligned, so the kernel backs it with huge pages on first touch) and points
@@ -15,8 +13,7 @@ anything, so packed forms are built from it. When the weights were views of the 
 model file, each source range's file pages are dropped as soon as it is copied, so the weights
 are never resident twice. Weights that are views of a model given as bytes (its caller's, which
 stay alive, read-only) are not copied: the whole 2 MiB pages under them are collapsed into huge
-pages in place (MADV_COLLAPSE, Linux 6.1+; same speed as the copy, measured: VGG-19 0.996,
-AlexNet 1.004).
+pages in place (MADV_COLLAPSE, Linux 6.1+; as fast as the copy).
 
 Linux only, and only where transparent huge pages are enabled ("always" or "madvise");
 elsewhere it does nothing.
@@ -33,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from opwarden.memory.constants import readonly_view
-from opwarden.memory.pages import copy_in_chunks, drop_pages
+from opwarden.memory.pages import COPY_CHUNK, copy_in_chunks, drop_pages
 
 HUGE_PAGE = 2 << 20
 # Initializers smaller than this stay where they are (a bias, a BatchNorm vector).
@@ -258,8 +255,6 @@ def _collapse_views(arrays: list[np.ndarray]) -> int:
                for a in arrays)
 
 
-# Copies that hand their source back go in chunks of this many bytes.
-COPY_CHUNK = 16 << 20
 # Bytes of freed source weights between malloc_trim calls (each walks the heap, ~1 ms).
 TRIM_BYTES = 4 << 20
 
