@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+# Copies that hand their source back go in chunks of this many bytes (the default here and
+# memory.hugepages' copies).
 COPY_CHUNK = 16 << 20
 
 

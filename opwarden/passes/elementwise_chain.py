@@ -16,9 +16,10 @@ from opwarden.ops.select import kernel_kwargs
 from opwarden.passes.match import activation_of, known_shape
 from opwarden.passes.rewrite import PassResult, Rewriter, fuse
 
-_UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
-          "Reciprocal": "reciprocal", "Tanh": "tanh", "Relu": "relu", "Sigmoid": "sigmoid",
-          "HardSwish": "hardswish"}
+# ONNX operator -> program primitive (ops.fused_elementwise.PRIMITIVES): a unary primitive is
+# its operator's name in lower case.
+_UNARY = {t: t.lower() for t in ("Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Tanh",
+                                  "Relu", "Sigmoid", "HardSwish")}
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
 _VARIADIC = {"Sum": "add", "Max": "max", "Min": "min"}
 

@@ -81,7 +81,7 @@ def _int_range(dt: np.dtype) -> tuple[float, float] | None:
     return float(info.min), float(info.max)
 
 
-def _is_float(dt: np.dtype) -> bool:
+def _has_finfo(dt: np.dtype) -> bool:
     if dt.kind == "f":
         return True
     try:
@@ -113,7 +113,7 @@ def undefined_for_node(node: Any, inputs: list[Any]) -> list[Any]:
     if node.op_type in ("Cast", "CastLike") and inputs and isinstance(inputs[0], np.ndarray):
         x, target = inputs[0], _cast_target(node, inputs)
         bounds = _int_range(target) if target is not None else None
-        if bounds is not None and _is_float(x.dtype):
+        if bounds is not None and _has_finfo(x.dtype):
             xf = x.astype(np.float64)
             with np.errstate(invalid="ignore"):
                 mask = ~np.isfinite(xf) | (xf < bounds[0]) | (xf > bounds[1])

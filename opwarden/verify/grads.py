@@ -56,7 +56,7 @@ def _as_list(res: Any) -> list[Any]:
     return list(res) if isinstance(res, tuple) else [res]
 
 
-def _is_float(x: Any) -> bool:
+def _ieee_float_array(x: Any) -> bool:
     return isinstance(x, np.ndarray) and x.dtype.kind == "f"
 
 
@@ -120,7 +120,7 @@ def gradcheck(
     except Exception as e:  # noqa: BLE001 - report, do not crash the harness
         return GradcheckResult(False, float("inf"), f"{name}: forward failed: {e}")
     rng = np.random.default_rng(seed)
-    dys = [rng.standard_normal(y.shape) if _is_float(y) else None for y in ys]
+    dys = [rng.standard_normal(y.shape) if _ieee_float_array(y) else None for y in ys]
 
     def objective(args: list[Any]) -> float:
         outs = forward(args)
@@ -179,7 +179,7 @@ def _judge(
     pick = np.random.default_rng(seed + 1)
     worst, lines, ok, checked, kinks = 0.0, [], True, 0, 0
     for i, x in enumerate(xs):
-        if not _is_float(x):
+        if not _ieee_float_array(x):
             continue
         points = np.arange(x.size)
         if max_points is not None and x.size > max_points:

@@ -28,6 +28,7 @@ import numpy as np
 from opwarden.kernels.cpu.elementwise import _chunk_workspace
 from opwarden.kernels.cpu.util import (
     _ONE,
+    CHUNK_TEMPS,
     _hardswish_chunk,
     _sigmoid_chunk,
     chunked_into,
@@ -206,7 +207,8 @@ def sigmoid(X, *, out=None):
 KERNELS = {
     "Elu": (elu, 1), "Selu": (selu, 1), "Celu": (celu, 1), "Softplus": (softplus, 3),
     "Mish": (mish, 3), "Softsign": (softsign, 1), "ThresholdedRelu": (thresholded_relu, 1),
-    "HardSigmoid": (hard_sigmoid, 0), "HardSwish": (hard_swish, 1), "Sigmoid": (sigmoid, 0),
+    "HardSigmoid": (hard_sigmoid, 0), "HardSwish": (hard_swish, CHUNK_TEMPS["HardSwish"]),
+    "Sigmoid": (sigmoid, CHUNK_TEMPS["Sigmoid"]),
 }
 
 

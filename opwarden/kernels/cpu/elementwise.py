@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from opwarden.kernels.cpu.util import (
+    CHUNK_TEMPS,
     RELU_SMALL,
     chunked_into,
     chunked_workspace,
@@ -149,10 +150,9 @@ def register() -> None:
           "strided_out": True}
     unary = {"Relu": relu, "Tanh": tanh, "LeakyRelu": leaky_relu,
              "Erf": erf, "Gelu": gelu}
-    # Chunked kernels: float32 temporaries of one chunk each (util.chunked).
-    temps = {"LeakyRelu": 1, "Erf": 3, "Gelu": 4}
     for op_type, fn in unary.items():
-        ws = _chunk_workspace(temps[op_type]) if op_type in temps else None
+        # Chunked kernels: float32 temporaries of one chunk each (util.chunked).
+        ws = _chunk_workspace(CHUNK_TEMPS[op_type]) if op_type in CHUNK_TEMPS else None
         for opdef in REGISTRY.versions(op_type):
             opdef.kernel(name=f"{op_type.lower()}.cpu.out", workspace_bytes=ws, **kw)(fn)
     for opdef in REGISTRY.versions("Clip"):

@@ -18,6 +18,7 @@ from opwarden.memory import hugepages
 from opwarden.memory.constants import is_constant
 from opwarden.memory.constants import mark as mark_constant
 from opwarden.ops.activation import RELU_CHUNK, RELU_SMALL, RELU_ZEROS, relu  # noqa: F401
+from opwarden.ops.fused import ACTIVATIONS
 
 F32 = np.dtype(np.float32)
 
@@ -187,9 +188,8 @@ def ptr(a: np.ndarray) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Activations applied in place on a float32 buffer (the fused operators' `activation` attribute).
-
-ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", "Gelu", "Tanh")
+# Activations applied in place on a float32 buffer (the fused operators' `activation` attribute,
+# one of ops.fused.ACTIVATIONS: the ONNX operator names, the one list their contracts check).
 
 
 def zero_chunk(x: np.ndarray) -> np.ndarray:
@@ -208,7 +208,7 @@ def activation_workspace(activation: str, params: Sequence[float] | None, n: int
     scratch (see `chunked`); the others run in place."""
     if activation == "Gelu":
         return chunked_workspace(gelu_chunk(bool(params and float(params[0])))[1], n)
-    return chunked_workspace(_ACTIVATION_TEMPS.get(activation or "", 0), n)
+    return chunked_workspace(CHUNK_TEMPS.get(activation or "", 0), n)
 
 
 def apply_activation(y: np.ndarray, activation: str, params: Sequence[float] = ()) -> np.ndarray:
@@ -238,10 +238,6 @@ def apply_activation(y: np.ndarray, activation: str, params: Sequence[float] = (
                 f"activation {activation!r} is not one of {', '.join(map(repr, ACTIVATIONS))}"
             )
     return y
-
-
-# float32 temporaries (of one chunk each) the chunked activations take.
-_ACTIVATION_TEMPS = {"LeakyRelu": 1, "HardSwish": 1}
 
 
 def leaky_chunk(alpha: np.float32) -> Callable[..., None]:
@@ -422,6 +418,11 @@ def _gelu_tanh_chunk(x: np.ndarray, y: np.ndarray, t: np.ndarray) -> None:
     t += _ONE
     t *= _HALF
     np.multiply(x, t, out=y)
+
+
+# Operator -> float32 temporaries (of one chunk each) of its chunk function here, for the
+# workspace rules (Gelu: the erf form; gelu_chunk gives the tanh form's).
+CHUNK_TEMPS = {"LeakyRelu": 1, "HardSwish": 1, "Sigmoid": 0, "Erf": 3, "Gelu": gelu_chunk(False)[1]}
 
 
 def _sigmoid_chunk(x: np.ndarray, y: np.ndarray) -> None:

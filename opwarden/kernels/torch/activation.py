@@ -8,6 +8,8 @@ Relu, Sigmoid, Tanh and Clip write a planned output buffer with torch's `out=`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +18,7 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 from opwarden.errors import KernelError
 from opwarden.kernels.torch.runtime import FLOATS, INTS, _add, _add_simple, _each, _Mode, _small
 from opwarden.kernels.torch.tensors import _np, _out_t, _ret, _t
+from opwarden.ops.fused import ACTIVATIONS
 
 _MAX_F = 3.4028234663852886e38
 
@@ -42,8 +45,7 @@ def _activate_(y: torch.Tensor, activation: str, params) -> torch.Tensor:
     if activation == "Gelu":
         return F.gelu(y, approximate="tanh" if p and p[0] else "none")
     raise KernelError(
-        f"activation {activation!r} is not one of Relu, Clip, LeakyRelu, Sigmoid, Tanh, "
-        "HardSwish, Gelu"
+        f"activation {activation!r} is not one of {', '.join(map(repr, ACTIVATIONS))}"
     )
 
 
@@ -56,22 +58,23 @@ def _relu(X, *, out=None):
         return _ret(torch.relu(_t(X)), out)
 
 
-def _sigmoid(X, *, out=None):
-    with _Mode(_small(X)):
-        o = _out_t(out)
-        if o is not None:
-            torch.sigmoid(_t(X), out=o)
-            return out
-        return _ret(torch.sigmoid(_t(X)), out)
+def _unary_out(f: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+    """The kernel of torch function f (which takes `out=`), writing the planned buffer when
+    there is one (bound once: no extra call per node)."""
+
+    def kernel(X, *, out=None):
+        with _Mode(_small(X)):
+            o = _out_t(out)
+            if o is not None:
+                f(_t(X), out=o)
+                return out
+            return _ret(f(_t(X)), out)
+
+    return kernel
 
 
-def _tanh(X, *, out=None):
-    with _Mode(_small(X)):
-        o = _out_t(out)
-        if o is not None:
-            torch.tanh(_t(X), out=o)
-            return out
-        return _ret(torch.tanh(_t(X)), out)
+_sigmoid = _unary_out(torch.sigmoid)
+_tanh = _unary_out(torch.tanh)
 
 
 def _leaky_relu(X, *, alpha=0.01):
