@@ -162,3 +162,69 @@ def test_ops_unknown_name_is_a_clear_error(capsys):
     assert "did you mean Conv" in capsys.readouterr().err
     with pytest.raises(OpwardenError):
         facets("NoSuchOp")
+
+
+def test_ops_conv_shows_its_cost_rule_and_who_reads_it(capsys):
+    """Conv's FLOPs are a fact declared in ops/conv.py, read by the one function the trace
+    report and `opwarden bench` share; an operator without a rule says what is counted."""
+    assert main(["ops", "Conv", "--json"]) == 0
+    (ver,) = json.loads(capsys.readouterr().out)["versions"]
+    cost = ver["cost"]
+    _defines(cost)
+    assert cost["location"]["at"].startswith("opwarden/ops/conv.py:")
+    assert "def op_flops" in _line_at(cost["reader"])
+    assert ver["pieces"] is None  # not a fused operator
+    assert main(["ops", "Relu", "--json"]) == 0
+    for ver in json.loads(capsys.readouterr().out)["versions"]:
+        assert "location" not in ver["cost"] and "output element" in ver["cost"]["function"]
+    assert main(["ops", "Conv"]) == 0
+    out = capsys.readouterr().out
+    assert "cost" in out and "_conv_flops" in out and "trace/report.py:" in out
+
+
+def test_ops_fused_operators_show_their_pieces_and_base_cost(capsys):
+    """A fused operator declares the operators it computes (read by the devices' capability
+    check, which a profile device's listing points at) and takes its base operator's cost."""
+    base = {"FusedConv": "ops/conv.py:", "FusedGemm": "ops/linalg.py:",
+            "FusedMatMul": "ops/linalg.py:"}  # fmt: skip
+    for name, cost_file in base.items():
+        assert main(["ops", f"opwarden::{name}", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        (ver,) = data["versions"]
+        pieces = ver["pieces"]
+        _defines(pieces)
+        assert pieces["location"]["at"].startswith("opwarden/ops/fused.py:")
+        assert "def fused_pieces" in _line_at(pieces["reader"])
+        _defines(ver["cost"])
+        assert ver["cost"]["location"]["at"].startswith(f"opwarden/{cost_file}"), name
+        fused = [d["fused"] for d in data["devices"] if "fused" in d]  # profiles naming none
+        assert fused and all(f["location"] == pieces["location"] for f in fused), name
+    assert main(["ops", "opwarden::FusedGemm"]) == 0
+    out = capsys.readouterr().out
+    assert "pieces" in out and "_fused_gemm_pieces" in out and "devices/base.py:" in out
+
+
+def test_declared_pieces_and_cost_of_a_fused_node():
+    """The pieces rule gives the operators in the order the reference kernel runs them, with
+    only the attributes each takes; the cost of a fused record is its base operator's."""
+    from types import SimpleNamespace
+
+    from opwarden.ops import REGISTRY
+    from opwarden.trace.records import OpRecord
+    from opwarden.trace.report import op_flops
+
+    x, w, b, z, y = object(), object(), object(), object(), object()
+    node = SimpleNamespace(inputs=[x, w, b, z], outputs=[y], attrs={
+        "pads": [1, 1, 1, 1], "group": 2, "branches": [], "activation": b"Relu"})  # fmt: skip
+    pieces = REGISTRY.latest("FusedConv", "opwarden").pieces_fn(node)
+    assert pieces == [("Conv", {"pads": [1, 1, 1, 1], "group": 2}, [x, w, b]),
+                      ("Add", {}, [y, z]), ("Relu", {}, [y])]  # fmt: skip
+    node = SimpleNamespace(inputs=[x, w, None], outputs=[y], attrs={})
+    assert REGISTRY.latest("FusedMatMul", "opwarden").pieces_fn(node) == [("MatMul", {}, [x, w])]
+    rec = OpRecord("c", "FusedConv", "cpu", "v", [[1, 4, 6, 6], [8, 2, 3, 3]], ["float32"] * 2)
+    rec.output_shapes = [[1, 8, 6, 6]]
+    assert op_flops(rec) == 2 * (8 * 6 * 6) * (2 * 3 * 3)
+    rec.op_type = "Conv"
+    assert op_flops(rec) == 2 * (8 * 6 * 6) * (2 * 3 * 3)
+    rec.op_type = "Relu"
+    assert op_flops(rec) == 8 * 6 * 6

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +22,6 @@ import numpy as np
 from opwarden.errors import ModelError, OptionsError
 
 PEERS = ("onnxruntime", "reference")
-_FUSED_BASE = {"FusedConv": "Conv", "FusedGemm": "Gemm", "FusedMatMul": "MatMul"}
 
 
 # -- model and feeds --------------------------------------------------------------------------
@@ -203,31 +200,12 @@ def cached_peaks(refresh: bool = False) -> dict[str, Any]:
     return {"gflops": peaks["gflops"], "gbps": peaks["gbps"], "cached": None}
 
 
-def _prod(shape: Any) -> int:
-    if not isinstance(shape, (list, tuple)):
-        return 0
-    return int(math.prod(d for d in shape if isinstance(d, int)))
-
-
 def flops_bytes(rec: Any) -> tuple[float, float]:
-    """(FLOPs, bytes moved) of one op record; exact for Conv/Gemm/MatMul and their fused forms."""
+    """(FLOPs, bytes moved) of one op record: its operator's declared cost rule (OpDef.flops;
+    a fused operator's is its base operator's), read by trace.report.estimate."""
     from opwarden.trace.report import estimate
 
-    op = _FUSED_BASE.get(rec.op_type, rec.op_type)
-    flops, nbytes = estimate(replace(rec, op_type=op) if op != rec.op_type else rec)
-    ins, outs = rec.input_shapes, rec.output_shapes
-    try:
-        if op == "Conv" and len(ins) >= 2 and outs:
-            flops = 2.0 * _prod(outs[0]) * _prod(ins[1][1:])
-        elif op == "ConvTranspose" and len(ins) >= 2:
-            flops = 2.0 * _prod(ins[0]) * _prod(ins[1][1:])
-        elif op == "Gemm" and len(ins) >= 2 and outs and len(outs[0]) == 2 and outs[0][1]:
-            flops = 2.0 * _prod(outs[0]) * (_prod(ins[1]) / outs[0][1])  # K = |B| / N
-        elif op == "MatMul" and len(ins) >= 2 and outs and ins[0]:
-            flops = 2.0 * _prod(outs[0]) * int(ins[0][-1])
-    except (TypeError, ValueError, ZeroDivisionError, IndexError):
-        pass
-    return float(flops), float(nbytes)
+    return estimate(rec)
 
 
 def fault_summary(sess: Any) -> list[dict[str, Any]]:

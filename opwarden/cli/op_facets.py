@@ -2,8 +2,9 @@
 
 ``facets(name)`` gathers, per registered version of the operator (an OpDef), its ONNX schema
 (since-versions, domain, inputs and outputs, type constraints, attributes with the values the
-contract allows), its contract, reference kernel, shape rule, backward rule, decomposition (the
-schema's function body) and its variants; and per device (``opwarden.devices.devices()``) how
+contract allows), its contract, reference kernel, shape rule, backward rule, cost (FLOPs) rule,
+for a fused operator the operators it computes (pieces), decomposition (the schema's function
+body) and its variants; and per device (``opwarden.devices.devices()``) how
 it runs the operator: a host or torch device by the variants registered for it, a profile
 device by the entries of its TOML file and their constraints, executed by its host.
 
@@ -290,6 +291,25 @@ def variant_facet(v: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def cost_facet(opdef: Any) -> dict[str, Any]:
+    """The cost rule (OpDef.flops) and the function that reads it for the trace report and
+    `opwarden bench`; without one, what they count instead."""
+    from opwarden.trace.report import op_flops
+
+    rule = rule_facet(opdef.flops_fn) or {"function": "one FLOP per output element (no .flops "
+                                                      "rule)"}  # fmt: skip
+    return {**rule, "reader": location(op_flops)}
+
+
+def pieces_facet(opdef: Any) -> dict[str, Any] | None:
+    """A fused operator's pieces rule (OpDef.pieces) and the function that reads it for the
+    devices' capability checks; None for an operator that declares none."""
+    from opwarden.devices.base import fused_pieces
+
+    rule = rule_facet(opdef.pieces_fn)
+    return None if rule is None else {**rule, "reader": location(fused_pieces)}
+
+
 def version_facet(opdef: Any, implements: list[tuple[int, Any]]) -> dict[str, Any]:
     """Every facet of one registered version."""
     return {
@@ -304,6 +324,8 @@ def version_facet(opdef: Any, implements: list[tuple[int, Any]]) -> dict[str, An
         "gradient": rule_facet(opdef.grad_fn),
         "gradcheck_cases": rule_facet(getattr(opdef, "grad_cases_fn", None)),
         "samples": rule_facet(getattr(opdef, "samples_fn", None)),
+        "cost": cost_facet(opdef),
+        "pieces": pieces_facet(opdef),
         "decomposition": decomposition_facet(opdef, implements),
         "variants": [variant_facet(v) for v in opdef.variants],
     }  # fmt: skip
@@ -338,8 +360,6 @@ def _profile_entry(dev: Any, cap: Any) -> dict[str, Any]:
 
 def device_facet(dev: Any, opdefs: list[Any]) -> dict[str, Any]:
     """How `dev` runs the operator: its variants (host, torch) or profile entries."""
-    from opwarden.devices import base
-
     out: dict[str, Any] = {"device": dev.name, "kind": dev.kind,
                            "preferred_layout": dev.preferred_layout,
                            "compute_dtype": dev.compute_dtype}  # fmt: skip
@@ -357,9 +377,9 @@ def device_facet(dev: Any, opdefs: list[Any]) -> dict[str, Any]:
     out["source"] = dev.source
     out["host"] = dev.host or "cpu"
     out["entries"] = [_profile_entry(dev, c) for c in caps]
-    if not caps and o.domain == "opwarden" and o.op_type in base._FUSED:
+    if not caps and o.pieces_fn is not None:
         out["fused"] = {"rule": "runs when each operator it fuses runs here",
-                        "location": location(base._FUSED[o.op_type])}  # fmt: skip
+                        "location": location(o.pieces_fn)}  # fmt: skip
     out["runs"] = bool(caps) or "fused" in out
     return out
 

@@ -3,8 +3,9 @@
 Without NAME: every registered operator version with its variants, devices and dtypes (with
 ``--device``: those a device runs; a profile device's capability matrix). With NAME
 (``Conv``, ``opwarden::FusedConv``): its schema, contract, reference kernel, shape rule,
-gradient, decomposition, variants and how each device runs it, each with the file and line
-where it lives (gathered by op_facets.py). An unknown NAME is an UnsupportedOpError (exit 2).
+gradient, cost (FLOPs) rule, pieces (a fused operator's), decomposition, variants and how each
+device runs it, each with the file and line where it lives (gathered by op_facets.py). An
+unknown NAME is an UnsupportedOpError (exit 2).
 """
 
 from __future__ import annotations
@@ -164,6 +165,12 @@ def _print_version(con: Any, ver: dict[str, Any]) -> None:
         con.print(f"    gradcheck cases {_rule(ver['gradcheck_cases'])}")
     if ver["samples"]:
         con.print(f"  [bold]samples[/bold]        {_rule(ver['samples'])}")
+    cost = ver["cost"]
+    con.print(f"  [bold]cost[/bold]           {_rule(cost)}; read by {_at(cost['reader'])}")
+    if ver["pieces"]:
+        pieces = ver["pieces"]
+        con.print(f"  [bold]pieces[/bold]         {_rule(pieces)}; read by "
+                  f"{_at(pieces['reader'])}")  # fmt: skip
     if not ver["decomposition"]:
         con.print("  [bold]decomposition[/bold]  none (no function body in the schema)")
     for d in ver["decomposition"]:

@@ -3,19 +3,20 @@
 A device answers three questions a program can ask before touching hardware: which operators it
 runs (``capabilities()``: per operator, variants with dtypes, layouts and attribute constraints),
 whether it runs one particular node (``accepts(node)`` -> ok, reason in plain words) and in which
-layouts (``layouts_for(node)``).
+layouts (``layouts_for(node)``). A fused node a profile does not name is accepted when every
+operator it computes is (``fused_pieces``: the decomposition its operator declares, ops/fused.py).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from opwarden.ops.select import sensitive_inputs
 from opwarden.devices.constraints import Constraint
 from opwarden.errors import OptionsError
+from opwarden.ops.base import REGISTRY
+from opwarden.ops.select import sensitive_inputs
 
 
 def data_dtype(node: Any) -> str | None:
@@ -158,8 +159,6 @@ class Device:
                 {"op": op, "domain": dom or "ai.onnx", "variants": [c.as_dict() for c in cs]}
                 for (dom, op), cs in by_op.items()
             ]
-        from opwarden.ops import REGISTRY
-
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         for o in REGISTRY.all():
             for v in o.variants:
@@ -197,8 +196,9 @@ class Device:
             return self._host_accepts(node, quarantine)
         caps = [c for c in self.ops if c.op_type == node.op_type and c.domain == node.domain]
         if not caps:
-            if node.domain == "opwarden" and node.op_type in _FUSED:
-                return self._fused_accepts(node, quarantine)
+            pieces = fused_pieces(node)
+            if pieces is not None:
+                return self._fused_accepts(node, pieces, quarantine)
             dom = f"{node.domain}::" if node.domain else ""
             return False, f"{self.name} does not run {dom}{node.op_type}"
         why = ""
@@ -269,9 +269,10 @@ class Device:
                 out.append(lay)
         return tuple(out)
 
-    def _fused_accepts(self, node: Any, quarantine: Any) -> tuple[bool, str]:
+    def _fused_accepts(self, node: Any, pieces: list[Any], quarantine: Any) -> tuple[bool, str]:
         """A fused node runs here when each operator it fuses does."""
-        for piece in _FUSED[node.op_type](node):
+        for op_type, attrs, inputs in pieces:
+            piece = _Probe(node, op_type, attrs, inputs)
             ok, why = self.accepts(piece, quarantine)
             if not ok:
                 return False, f"{node.op_type} fuses {piece.op_type}: {why}"
@@ -290,8 +291,6 @@ class _Probe:
     """A stand-in node for one operator inside a fused node (capability checks only)."""
 
     def __init__(self, node: Any, op_type: str, attrs: dict[str, Any], inputs: list[Any]):
-        from opwarden.ops import REGISTRY
-
         self.op_type, self.domain, self.name = op_type, "", node.name
         self.opset = max(node.opset, 13)
         self.attrs = attrs
@@ -307,55 +306,13 @@ class _Probe:
         return f"{self.name!r} ({self.op_type})"
 
 
-_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
-
-
-def _act(node: Any) -> list[_Probe]:
-    act = node.attrs.get("activation", "")
-    if isinstance(act, bytes):
-        act = act.decode()
-    return [_Probe(node, act, {}, node.outputs[:1])] if act else []
-
-
-def _fused_conv(node: Any) -> list[_Probe]:
-    attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
-    pieces = [_Probe(node, "Conv", attrs, node.inputs[:3])]
-    if len(node.inputs) > 3 and node.inputs[3] is not None:
-        pieces.append(_Probe(node, "Add", {}, [node.outputs[0], node.inputs[3]]))
-    return pieces + _act(node)
-
-
-def _fused_gemm(node: Any) -> list[_Probe]:
-    attrs = {k: v for k, v in node.attrs.items() if k in ("alpha", "beta", "transA", "transB")}
-    return [_Probe(node, "Gemm", attrs, node.inputs)] + _act(node)
-
-
-def _fused_matmul(node: Any) -> list[_Probe]:
-    pieces = [_Probe(node, "MatMul", {}, node.inputs[:2])]
-    if len(node.inputs) > 2 and node.inputs[2] is not None:
-        pieces.append(_Probe(node, "Add", {}, [node.outputs[0], node.inputs[2]]))
-    return pieces + _act(node)
-
-
-def _fused_elementwise(node: Any) -> list[_Probe]:
-    # The program names ONNX operators; every capitalised word that is one is a piece.
-    from opwarden.ops import REGISTRY
-
-    prog = node.attrs.get("program", "")
-    if isinstance(prog, bytes):
-        prog = prog.decode()
-    names = dict.fromkeys(re.findall(r"[A-Z][A-Za-z]+", str(prog)))
-    return [
-        _Probe(node, n, {}, node.inputs[:2]) for n in names if REGISTRY.latest(n) is not None
-    ]
-
-
-_FUSED = {
-    "FusedConv": _fused_conv,
-    "FusedGemm": _fused_gemm,
-    "FusedMatMul": _fused_matmul,
-    "FusedElementwise": _fused_elementwise,
-}
+def fused_pieces(node: Any) -> list[Any] | None:
+    """The operators a fused node computes, [(op_type, attrs, inputs)], as its operator
+    declares them (OpDef.pieces, ops/fused.py); None for an operator that declares none."""
+    opdef = REGISTRY.latest(node.op_type, node.domain)
+    if opdef is None or opdef.pieces_fn is None:
+        return None
+    return opdef.pieces_fn(node)
 
 
 _DEVICES: dict[str, Device] = {}

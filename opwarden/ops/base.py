@@ -2,12 +2,15 @@
 
 The rules an operator carries: its shape rule (``infer``), its backward rule and gradcheck
 cases (``grad``, ``grad_cases``; helpers in ops/grad.py), its samples, the inputs a layout
-places (``layout_inputs``); each ops file declares them beside the operator.
+places (``layout_inputs``), its cost (``flops``: what the trace report and `opwarden bench`
+count as its work) and, for a fused operator, the operators it computes (``pieces``: what a
+device must run for it to run the fused node); each ops file declares them beside the operator.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -154,6 +157,12 @@ class OpDef:
         # the activation output. Empty: the op does not care about layout.
         self.layout_inputs = tuple(layout_inputs)
         self.samples_fn: Callable[[Any], Iterable[Sample]] | None = None
+        # f(input_shapes, output_shapes) -> FLOPs of one call (None where the shapes do not
+        # tell); None: the reports count one FLOP per output element (trace.report.op_flops)
+        self.flops_fn: Callable[[list[Any], list[Any]], float | None] | None = None
+        # f(node) -> [(op_type, attrs, inputs)]: the standard operators a fused node computes,
+        # in order; a device runs the node when it runs each (devices.base.Device.accepts)
+        self.pieces_fn: Callable[[Any], list[tuple[str, dict[str, Any], list[Any]]]] | None = None
         self.variants: list[Variant] = []
         self.__doc__ = reference.__doc__
         self.__name__ = op_type
@@ -261,11 +270,35 @@ class OpDef:
         self.samples_fn = fn
         return fn
 
+    def flops(
+        self, fn: Callable[[list[Any], list[Any]], float | None]
+    ) -> Callable[[list[Any], list[Any]], float | None]:
+        """Decorator setting the cost rule: f(input_shapes, output_shapes) -> FLOPs of one call
+        (shapes as lists of dims, None for an omitted input), None where the shapes do not
+        tell (the reports then count output elements)."""
+        self.flops_fn = fn
+        return fn
+
+    def pieces(
+        self, fn: Callable[[Any], list[tuple[str, dict[str, Any], list[Any]]]]
+    ) -> Callable[[Any], list[tuple[str, dict[str, Any], list[Any]]]]:
+        """Decorator setting a fused operator's decomposition for capability checks: f(node) ->
+        [(op_type, attrs, input values)], the standard operators it computes in order."""
+        self.pieces_fn = fn
+        return fn
+
     def function_body(self, opset: int):
         """The ONNX function body (decomposition) at this opset, if the spec gives one."""
         if self.custom_schema is not None:
             return None
         return _schema.onnx_function_body(self.op_type, self.domain, opset)
+
+
+def shape_size(shape: Any) -> int:
+    """Elements of a recorded shape (its int dims; 0 for no shape): for cost rules."""
+    if not isinstance(shape, (list, tuple)):
+        return 0
+    return int(math.prod(d for d in shape if isinstance(d, int)))
 
 
 def _norm_dtypes(dtypes: Any) -> frozenset[str] | Mapping[str, frozenset[str]] | None:
@@ -283,6 +316,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._ops: dict[tuple[str, str], list[OpDef]] = {}
+        self._domains: dict[str, list[str]] = {}  # op_type -> its domains, the standard first
 
     def add(self, opdef: OpDef) -> None:
         key = (opdef.domain, opdef.op_type)
@@ -290,6 +324,10 @@ class Registry:
         versions.append(opdef)
         versions.sort(key=lambda o: o.since)
         self._ops[key] = versions
+        doms = self._domains.setdefault(opdef.op_type, [])
+        if opdef.domain not in doms:
+            doms.append(opdef.domain)
+            doms.sort(key=lambda d: d != "")
 
     def versions(self, op_type: str, domain: str = "") -> list[OpDef]:
         return list(self._ops.get((canonical_domain(domain), op_type), []))
@@ -300,6 +338,13 @@ class Registry:
     def latest(self, op_type: str, domain: str = "") -> OpDef | None:
         v = self._ops.get((canonical_domain(domain), op_type))
         return v[-1] if v else None
+
+    def named(self, op_type: str) -> list[OpDef]:
+        """The latest OpDef called `op_type` in each domain, the standard one first: for what
+        names only an op type (a trace record; com.microsoft and opwarden both have a
+        FusedMatMul)."""
+        found = (self._ops.get((d, op_type)) for d in self._domains.get(op_type, ()))
+        return [vs[-1] for vs in found if vs]
 
     def resolve(self, op_type: str, domain: str, opset: int) -> tuple[OpDef | None, Schema]:
         """(operator object, governing schema) for a node; raises ModelError for unknown ops.

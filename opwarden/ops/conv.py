@@ -1,5 +1,5 @@
 """Operators: conv family (Conv, ConvTranspose, DeformConv, Col2Im, CausalConvWithState),
-with Conv's backward rule (im2col columns against dY) and gradcheck cases.
+with Conv's backward rule (im2col columns against dY), gradcheck cases and cost (FLOPs) rules.
 
 All kernels are N-dimensional over NCHW-style layouts (batch, channels, *spatial). Convolutions
 run as im2col + one batched GEMM; the only Python loops are over kernel offsets.
@@ -14,7 +14,7 @@ import numpy as np
 
 from opwarden.contract import Contract, one_of, such_that
 from opwarden.errors import KernelError
-from opwarden.ops.base import Sample, op
+from opwarden.ops.base import Sample, op, shape_size
 from opwarden.ops.grad import away_from_zero, differentiable, fit
 
 AUTO_PAD = one_of("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -214,6 +214,12 @@ def Conv(
     return y.astype(X.dtype, copy=False)
 
 
+@Conv.flops
+def _conv_flops(ins, outs):
+    """Two per product: each output element meets the weights of its group, W[1:]."""
+    return 2.0 * shape_size(outs[0]) * shape_size(ins[1][1:]) if len(ins) >= 2 and outs else None
+
+
 def conv_weights(rng: np.random.Generator, *shape: int, dtype=np.float32) -> np.ndarray:
     """Random convolution weights scaled by 1/sqrt(fan-in), as trained nets have them: outputs
     stay ~N(0, 1) however many terms a sum has, so comparisons against the reference measure
@@ -261,8 +267,7 @@ def _conv_samples(rng):
         ("3x3 stride 2 stem (direct taps)", (1, 3, 17, 17), (8, 3, 3, 3), True,
          {"strides": [2, 2]}),
         ("depthwise", (1, 8, 7, 7), (8, 1, 3, 3), True, {"pads": p1, "group": 8}),
-        ("dilated", (1, 4, 9, 9), (6, 4, 3, 3), False, {"pads": [2, 2, 2, 2],
-                                                         "dilations": [2, 2]}),
+        ("dilated", (1, 4, 9, 9), (6, 4, 3, 3), False, {"pads": [2] * 4, "dilations": [2, 2]}),
         ("SAME_UPPER stride 2", (1, 4, 8, 8), (6, 4, 3, 3), True,
          {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
         ("asymmetric pads", (1, 4, 8, 8), (6, 4, 3, 3), True, {"pads": [0, 0, 1, 1]}),
@@ -407,6 +412,12 @@ def ConvTranspose(
     return _add_bias(y, B).astype(X.dtype, copy=False)
 
 
+@ConvTranspose.flops
+def _convtranspose_flops(ins, outs):
+    """Two per product: each input element scatters over the weights of its group, W[1:]."""
+    return 2.0 * shape_size(ins[0]) * shape_size(ins[1][1:]) if len(ins) >= 2 else None
+
+
 # ---------------------------------------------------------------------------------------------
 # DeformConv
 
@@ -471,10 +482,9 @@ def DeformConv(
     want = (n, og * k * nsp) + tuple(out_sp)
     if offset.shape != want:
         raise KernelError(f"DeformConv: offset shape {offset.shape}, expected {want}")
-    if mask is not None and mask.shape != (n, og * k) + tuple(out_sp):
-        raise KernelError(
-            f"DeformConv: mask shape {mask.shape}, expected {(n, og * k) + tuple(out_sp)}"
-        )
+    want = (n, og * k) + tuple(out_sp)
+    if mask is not None and mask.shape != want:
+        raise KernelError(f"DeformConv: mask shape {mask.shape}, expected {want}")
     acc = acc_dtype(X.dtype)
     xg = X.astype(acc, copy=False).reshape(n, og, c // og, -1)
     offs = offset.astype(acc, copy=False).reshape(n, og, k, nsp, p)

@@ -4,9 +4,17 @@ FusedMatMul, ChannelShuffle (FusedElementwise: fused_elementwise.py).
 Each reference kernel computes exactly the math of the nodes it replaces by calling their
 reference kernels in the same order (Conv then +Z then the activation), so a fused graph agrees
 with the unfused one bit for bit; fast variants (opwarden/kernels) are checked against these.
+
+Each fused operator also declares the operators it computes (``pieces``, FusedElementwise's
+too): a device whose profile does not name the fused operator runs it when it runs every piece
+(devices.base). Its cost (``flops``) is its base operator's rule: the residual add and the
+activation count as bytes moved, not FLOPs.
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import numpy as np
 
@@ -14,11 +22,12 @@ from opwarden.contract import Contract, TensorFact, one_of, such_that
 from opwarden.errors import KernelError
 from opwarden.ops import activation as _act
 from opwarden.ops import elementwise as _ew
-from opwarden.ops.base import Sample, op
+from opwarden.ops.base import REGISTRY, Sample, op
 from opwarden.ops.common import broadcast_shapes, normal
 from opwarden.ops.conv import (
     AUTO_PAD,
     Conv,
+    _conv_flops,
     _conv_workspace,
     conv_out_shape,
     conv_pads,
@@ -33,7 +42,7 @@ from opwarden.ops.fused_elementwise import (  # noqa: F401 - callers import them
     parse_program,
 )
 from opwarden.ops.grad import away_from_zero
-from opwarden.ops.linalg import Gemm, MatMul
+from opwarden.ops.linalg import Gemm, MatMul, _gemm_flops, _matmul_flops
 
 DOMAIN = "opwarden"
 ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", "Gelu", "Tanh")
@@ -61,6 +70,24 @@ def apply_activation(y: np.ndarray, activation: str, params) -> np.ndarray:
     if activation == "Gelu":
         return _act.Gelu(y, approximate="tanh" if p and p[0] else "none")
     raise KernelError(f"unknown fused activation {activation!r}; expected one of {ACTIVATIONS}")
+
+
+Piece = tuple[str, dict[str, Any], list[Any]]
+
+
+def _activation_piece(node: Any) -> list[Piece]:
+    """The fused activation as a piece over the node's output ([] without one)."""
+    act = node.attrs.get("activation", "")
+    if isinstance(act, bytes):
+        act = act.decode()
+    return [(act, {}, node.outputs[:1])] if act else []
+
+
+def _residual_piece(node: Any, index: int) -> list[Piece]:
+    """The Add of the optional input `index` to the node's output ([] when it is omitted)."""
+    if len(node.inputs) > index and node.inputs[index] is not None:
+        return [("Add", {}, [node.outputs[0], node.inputs[index]])]
+    return []
 
 
 def _facts_static(*facts: TensorFact | None) -> bool:
@@ -231,6 +258,20 @@ def _fused_conv_infer(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None
     return TensorFact(dtype, (x.shape[0], w.shape[0], *out))
 
 
+# The attributes of the Conv piece (the shuffle and the branches are FusedConv's own).
+_CONV_PIECE_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+@FusedConv.pieces
+def _fused_conv_pieces(node: Any) -> list[Piece]:
+    """Conv(X, W, B), + Z, the activation."""
+    attrs = {k: v for k, v in node.attrs.items() if k in _CONV_PIECE_ATTRS}
+    return [("Conv", attrs, node.inputs[:3]), *_residual_piece(node, 3), *_activation_piece(node)]
+
+
+FusedConv.flops(_conv_flops)
+
+
 @FusedConv.samples
 def _fused_conv_samples(rng):
     """One call per kernel path (ONNX layout; the harness moves X and Z to NHWC for NHWC
@@ -352,6 +393,16 @@ def _fused_gemm_infer(a, b, c=None, *, transA=0, transB=0, **_):
     return TensorFact(a.dtype, (m, n))
 
 
+@FusedGemm.pieces
+def _fused_gemm_pieces(node: Any) -> list[Piece]:
+    """Gemm(A, B, C), the activation."""
+    attrs = {k: v for k, v in node.attrs.items() if k in ("alpha", "beta", "transA", "transB")}
+    return [("Gemm", attrs, node.inputs), *_activation_piece(node)]
+
+
+FusedGemm.flops(_gemm_flops)
+
+
 @FusedGemm.samples
 def _fused_gemm_samples(rng):
     r = normal(rng)
@@ -397,6 +448,25 @@ def _fused_matmul_samples(rng):
     yield Sample([r(64, 128), r(128, 96), r(96)], {"activation": "Relu"}, label="64x128x96")
     d = normal(rng, np.float64)
     yield Sample([d(3, 4), d(4, 2), d(1)], {"activation": "Sigmoid"}, label="float64")
+
+
+@FusedMatMul.pieces
+def _fused_matmul_pieces(node: Any) -> list[Piece]:
+    """MatMul(A, B), + C, the activation."""
+    return [("MatMul", {}, node.inputs[:2]), *_residual_piece(node, 2), *_activation_piece(node)]
+
+
+FusedMatMul.flops(_matmul_flops)
+
+
+@FusedElementwise.pieces
+def _fused_elementwise_pieces(node: Any) -> list[Piece]:
+    """Every operator the program names (a capitalised word that is one), over inputs 0-1."""
+    prog = node.attrs.get("program", "")
+    if isinstance(prog, bytes):
+        prog = prog.decode()
+    names = dict.fromkeys(re.findall(r"[A-Z][A-Za-z]+", str(prog)))
+    return [(n, {}, node.inputs[:2]) for n in names if REGISTRY.latest(n) is not None]
 
 
 @FusedMatMul.infer

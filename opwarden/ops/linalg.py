@@ -1,4 +1,5 @@
-"""Operators: linalg family (MatMul, Gemm, Einsum, Det, Softmax/LogSoftmax/Hardmax)."""
+"""Operators: linalg family (MatMul, Gemm, Einsum, Det, Softmax/LogSoftmax/Hardmax), with the
+cost (FLOPs) rules of MatMul and Gemm."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
-from opwarden.ops.base import Sample, op
+from opwarden.ops.base import Sample, op, shape_size
 from opwarden.ops.common import axis_index, wide_half
 from opwarden.ops.grad import away_from_zero, differentiable, fit, reduce_to, unbroadcast
 
@@ -34,6 +35,12 @@ def MatMul(A, B):
     except ValueError as e:
         raise KernelError(f"MatMul shapes {A.shape} and {B.shape} do not match: {e}") from None
     return _out(y, A.dtype)
+
+
+@MatMul.flops
+def _matmul_flops(ins, outs):
+    """Two per product: each output element sums K = A's last dim products."""
+    return 2.0 * shape_size(outs[0]) * int(ins[0][-1]) if len(ins) >= 2 and outs else None
 
 
 # ---------------------------------------------------------------- Gemm
@@ -99,6 +106,19 @@ def Gemm_1(A, B, C, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
 def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     """alpha*A'B' + beta*C, C unidirectionally broadcast and optional from 11 (ONNX Gemm-7..13)."""
     return _gemm(A, B, C, alpha, beta, transA, transB, True)
+
+
+@Gemm.flops
+def _gemm_flops(ins, outs):
+    """Two per product: each element of the (M, N) output sums K = |B| / N products (B is
+    (K, N) or, transposed, (N, K)); 0 for an empty output."""
+    if len(ins) < 2 or not outs or len(outs[0]) != 2:
+        return None
+    n = outs[0][1]
+    return 2.0 * shape_size(outs[0]) * (shape_size(ins[1]) / n) if n else 0.0
+
+
+Gemm_1.flops(_gemm_flops)
 
 
 # ---------------------------------------------------------------- Einsum

@@ -1,4 +1,10 @@
-"""Reports over op records: per-op-type table, top anomalies, flame graph SVG."""
+"""Reports over op records: per-op-type table, top anomalies, flame graph SVG.
+
+A record's work (``estimate``: FLOPs and bytes moved, what the roofline bounds and `opwarden
+bench`'s op table read) takes its FLOPs from the operator's declared cost rule (``OpDef.flops``,
+declared beside the operator in its ops file); an operator without one counts one FLOP per
+output element.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from opwarden.ops import REGISTRY
 from opwarden.trace.records import OpRecord
 
 _PEAKS: dict[str, float] = {}
@@ -52,8 +59,22 @@ def _elems(shape: Any) -> int:
 _ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2}
 
 
+def op_flops(rec: OpRecord) -> float:
+    """FLOPs of one record: its operator's cost rule (OpDef.flops; a record names no domain:
+    the first operator of its type that declares one) on the recorded shapes, one per output
+    element where there is none or the rule says the shapes do not tell; 0 where the shapes
+    do not fit the rule."""
+    rule = next((o.flops_fn for o in REGISTRY.named(rec.op_type) if o.flops_fn), None)
+    outs = rec.output_shapes
+    try:
+        flops = rule(rec.input_shapes, outs) if rule is not None else None
+    except (TypeError, IndexError, ValueError, ZeroDivisionError):
+        return 0.0
+    return float(sum(_elems(s) for s in outs)) if flops is None else float(flops)
+
+
 def estimate(rec: OpRecord) -> tuple[float, float]:
-    """(FLOPs, bytes moved) for a record, from its shapes (matmul/conv exact, others by bytes)."""
+    """(FLOPs, bytes moved) for a record, from its shapes (FLOPs: ``op_flops``)."""
     views = getattr(rec, "output_views", None) or []
     if views and all(views):
         return 0.0, 0.0  # views of the inputs: nothing computed, nothing moved
@@ -61,20 +82,7 @@ def estimate(rec: OpRecord) -> tuple[float, float]:
         _elems(s) * _ITEMSIZE.get(d, 1)
         for s, d in zip(rec.input_shapes + rec.output_shapes, rec.input_dtypes + rec.output_dtypes)
     )
-    flops = 0.0
-    ins, outs = rec.input_shapes, rec.output_shapes
-    try:
-        if rec.op_type in ("Conv", "ConvTranspose") and len(ins) >= 2 and outs:
-            w = ins[1]
-            flops = 2.0 * _elems(outs[0]) * _elems(w[1:]) * (1 if rec.op_type == "Conv" else 1)
-        elif rec.op_type in ("Gemm", "MatMul") and len(ins) >= 2 and outs:
-            k = ins[0][-1] if rec.op_type == "MatMul" or len(ins[0]) < 2 else max(ins[0][-2:])
-            flops = 2.0 * _elems(outs[0]) * int(k)
-        else:
-            flops = float(sum(_elems(s) for s in outs))
-    except (TypeError, IndexError, ValueError):
-        flops = 0.0
-    return flops, float(size)
+    return op_flops(rec), float(size)
 
 
 def roofline_us(rec: OpRecord, peaks: dict[str, float]) -> float:
