@@ -34,10 +34,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the tomli backport, when installed
     import tomli as tomllib  # type: ignore[no-redef]
 
-from opwarden.ops.select import layout_inputs
 from opwarden.devices.base import Device, OpCapability, register_device
 from opwarden.devices.constraints import Constraint
 from opwarden.errors import OptionsError
+from opwarden.ops.select import layout_inputs
 
 PROFILE_DIR = os.path.join(os.path.dirname(__file__), "profiles")
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
