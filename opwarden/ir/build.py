@@ -7,6 +7,8 @@ confined to the model's folder, model-local functions, file order, inferred-type
 module reads their attributes, resolves their inputs by name, gives their outputs the facts
 shape inference found for the pieces, and builds a graph attribute (the Loop body of Range's
 function) the same way. The names of one build stay unique (``name__index`` on a clash).
+The loader builds on two pieces of this module: `type_fact` (a TypeProto's kind and fact) and
+`wire_outputs` (a graph's outputs from its GraphProto).
 """
 
 from __future__ import annotations
@@ -14,12 +16,48 @@ from __future__ import annotations
 import onnx
 
 from opwarden.contract import TensorFact, mark_declared
-from opwarden.dtypes import dtype_name
+from opwarden.dtypes import dtype_name, np_dtype
 from opwarden.errors import ModelError
 from opwarden.ir.graph import Graph, Node, Value
-from opwarden.ir.load import type_fact
 from opwarden.ir.tensors import to_array
 from opwarden.ops.schema import attr_value, canonical_domain
+
+
+def type_fact(tp: onnx.TypeProto) -> tuple[str, TensorFact]:
+    """(kind, fact) of a TypeProto."""
+    which = tp.WhichOneof("value")
+    if which == "tensor_type" or which == "sparse_tensor_type":
+        tt = getattr(tp, which)
+        dtype = None
+        if tt.elem_type:
+            try:
+                dtype = dtype_name(np_dtype(tt.elem_type))
+            except KeyError:
+                dtype = None
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in tt.shape.dim
+            )
+        return ("tensor" if which == "tensor_type" else "sparse"), TensorFact(dtype, shape)
+    kinds = {"sequence_type": "sequence", "optional_type": "optional", "map_type": "map"}
+    return kinds.get(which or "", "unknown"), TensorFact(None, None)
+
+
+def wire_outputs(g: Graph, gp: onnx.GraphProto) -> None:
+    """Make `gp`'s outputs `g`'s, each a value some node produces; a dtype only the declaration
+    gives is taken, its dims marked declared-only. Then the uses are rebuilt."""
+    for vo in gp.output:
+        v = g.lookup(vo.name)
+        if v is None:
+            raise ModelError(f"graph {g.name!r}: output {vo.name!r} is not produced by any node")
+        kind, fact = type_fact(vo.type)
+        if v.fact.dtype is None and fact.dtype is not None:
+            v.fact = TensorFact(fact.dtype, mark_declared(fact.shape))
+            v.kind = kind
+        g.outputs.append(v)
+    g.rebuild_uses()
 
 
 class NodeBuilder:
@@ -109,16 +147,5 @@ class NodeBuilder:
         local_types = {vi.name: vi.type for vi in gp.value_info}
         for i, n in enumerate(gp.node):
             g.nodes.append(self.node(n, g, i, local_types))
-        for vo in gp.output:
-            v = g.lookup(vo.name)
-            if v is None:
-                raise ModelError(
-                    f"graph {g.name!r}: output {vo.name!r} is not produced by any node"
-                )
-            kind, fact = type_fact(vo.type)
-            if v.fact.dtype is None and fact.dtype is not None:
-                v.fact = TensorFact(fact.dtype, mark_declared(fact.shape))
-                v.kind = kind
-            g.outputs.append(v)
-        g.rebuild_uses()
+        wire_outputs(g, gp)
         return g

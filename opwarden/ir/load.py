@@ -22,8 +22,9 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from opwarden.contract import TensorFact, mark_declared
-from opwarden.dtypes import dtype_name, np_dtype
+from opwarden.dtypes import dtype_name
 from opwarden.errors import ModelError
+from opwarden.ir.build import type_fact, wire_outputs
 from opwarden.ir.functions import MAX_INLINED_NODES, check_inlined_size, expand_functions
 from opwarden.ir.graph import Graph, Model, Node, Value
 from opwarden.ir.infer import Inferred, check_dims, custom_infer, infer, pool_ceil_facts
@@ -89,28 +90,6 @@ def read_source(source: Any) -> Source:
     if proto.ir_version <= 0:
         raise ModelError(f"not a valid ONNX model: ir_version is {proto.ir_version}")
     return Source(proto, base_dir, True, buf if payloads else None, payloads)
-
-
-def type_fact(tp: onnx.TypeProto) -> tuple[str, TensorFact]:
-    """(kind, fact) of a TypeProto."""
-    which = tp.WhichOneof("value")
-    if which == "tensor_type" or which == "sparse_tensor_type":
-        tt = getattr(tp, which)
-        dtype = None
-        if tt.elem_type:
-            try:
-                dtype = dtype_name(np_dtype(tt.elem_type))
-            except KeyError:
-                dtype = None
-        shape = None
-        if tt.HasField("shape"):
-            shape = tuple(
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                for d in tt.shape.dim
-            )
-        return ("tensor" if which == "tensor_type" else "sparse"), TensorFact(dtype, shape)
-    kinds = {"sequence_type": "sequence", "optional_type": "optional", "map_type": "map"}
-    return kinds.get(which or "", "unknown"), TensorFact(None, None)
 
 
 class GraphBuilder:
@@ -182,19 +161,7 @@ class GraphBuilder:
             pool_ceil_facts(g.nodes[-1], corrected)
             custom_infer(g.nodes[-1], self.notes)
             check_dims(g.nodes[-1])
-        for vo in gp.output:
-            out = g.lookup(vo.name)
-            if out is None:
-                raise ModelError(
-                    f"graph {g.name!r}: output {vo.name!r} is not produced by any node"
-                )
-            kind, fact = type_fact(vo.type)
-            if out.fact.dtype is None and fact.dtype is not None:
-                # only the declaration knows it (the main graph's went through `infer`)
-                out.fact = TensorFact(fact.dtype, mark_declared(fact.shape))
-                out.kind = kind
-            g.outputs.append(out)
-        g.rebuild_uses()
+        wire_outputs(g, gp)  # (the main graph's facts went through `infer`)
         return g
 
     def node(

@@ -402,7 +402,7 @@ def _onnx_infer(opdef: OpDef, c: I.Case) -> list[TensorFact | None] | None:
         inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
     except Exception:  # noqa: BLE001 - onnx's inference may reject corner cases
         return None
-    from opwarden.ir.load import type_fact
+    from opwarden.ir.build import type_fact
 
     types = {vi.name: vi.type for vi in inferred.graph.output}
     types.update({vi.name: vi.type for vi in inferred.graph.value_info})
