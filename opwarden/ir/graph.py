@@ -53,6 +53,15 @@ class Node:
         """How errors and reports name this node: 'name (OpType)'."""
         return f"{self.name!r} ({self.op_type})" if self.name else f"<unnamed {self.op_type}>"
 
+    def link(self) -> None:
+        """Record this node as a use of each input and the producer of each output."""
+        for i, x in enumerate(self.inputs):
+            if x is not None:
+                x.uses.append((self, i))
+        for o in self.outputs:
+            if o is not None:
+                o.producer = self
+
     def subgraphs(self) -> list[Graph]:
         out: list[Graph] = []
         for v in self.attrs.values():
@@ -111,12 +120,7 @@ class Graph:
             v.uses[:] = [(n, i) for n, i in v.uses if n.graph is not self]
         for n in self.nodes:
             n.graph = self
-            for i, x in enumerate(n.inputs):
-                if x is not None:
-                    x.uses.append((n, i))
-            for o in n.outputs:
-                if o is not None:
-                    o.producer = n
+            n.link()
 
     def all_nodes(self):
         """Every node, including those inside subgraphs (depth-first)."""

@@ -241,12 +241,7 @@ class Rewriter:
         """Put `node` where `anchor` is (anchor removed); its inputs gain the new uses."""
         self.inserted.setdefault(id(anchor), []).append(node)
         self.removed.add(id(anchor))
-        for i, v in enumerate(node.inputs):
-            if v is not None:
-                v.uses.append((node, i))
-        for v in node.outputs:
-            if v is not None:
-                v.producer = node
+        node.link()
 
     # -- finishing ------------------------------------------------------------------------
     def finish(self) -> None:
