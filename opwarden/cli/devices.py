@@ -55,14 +55,10 @@ def render_explain(sess: Any, as_json: bool = False, out: Any = None) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """`opwarden explain [MODEL] [--providers edge-npu,cpu] [--json]`."""
+    from opwarden.cli.common import model_source
     from opwarden.session import InferenceSession
 
-    if args.model:
-        source: Any = args.model
-    else:
-        from opwarden import zoo
-
-        source = zoo.build("resnet50", seed=0).SerializeToString()
+    source, _ = model_source(args.model)  # a path, a light-zoo name, or the default
     providers = args.providers.split(",") if getattr(args, "providers", None) else None
     sess = InferenceSession(source, providers=providers)
     return render_explain(sess, args.json)
@@ -71,7 +67,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def add_explain_parser(sub: Any) -> argparse.ArgumentParser:
     """Add `explain` to the opwarden subcommands."""
     e = sub.add_parser("explain", help="device and kernel variant per node, with reasons")
-    e.add_argument("model", nargs="?")
+    e.add_argument("model", nargs="?", help="model path or light-zoo name (default ResNet-50)")
     e.add_argument("--providers")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_explain)
