@@ -11,14 +11,14 @@ import json
 import sys
 from typing import Any
 
-from opwarden.cli.common import console, load_default
+from opwarden.cli.common import console, model_source
 from opwarden.cli.feeds import parse_inputs, random_feeds
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add `profile` to the opwarden subcommands."""
     pr = sub.add_parser("profile", help="run with tracing: per-op-type table, anomalies, trace")
-    pr.add_argument("model", nargs="?")
+    pr.add_argument("model", nargs="?", help="model path or light-zoo name (default ResNet-50)")
     pr.add_argument("--runs", type=int, default=3)
     pr.add_argument("--checks", help="comma-separated: nan,inf,shape,dtype,contract or all")
     pr.add_argument("--input", action="append", metavar="NAME=FILE.npy")
@@ -36,7 +36,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from opwarden.session import InferenceSession
     from opwarden.trace import report
 
-    source, label = (args.model, args.model) if args.model else load_default()
+    source, label = model_source(args.model)
     opts = SessionOptions(trace=True, checks=args.checks.split(",") if args.checks else ())
     providers = args.providers.split(",") if getattr(args, "providers", None) else None
     sess = InferenceSession(source, sess_options=opts, providers=providers)

@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from opwarden.cli.common import console, load_default
+from opwarden.cli.common import console, model_source
 from opwarden.cli.feeds import parse_inputs, random_feeds
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add `run` to the opwarden subcommands."""
     r = sub.add_parser("run", help="run a model (default: embedded light ResNet-50)")
-    r.add_argument("model", nargs="?")
+    r.add_argument("model", nargs="?", help="model path or light-zoo name (default ResNet-50)")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
     r.add_argument("--runs", type=int, default=1)
     r.add_argument("--seed", type=int, default=0)
@@ -33,11 +33,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     from opwarden.session import InferenceSession
 
-    if args.model:
-        source: Any = args.model
-        label = args.model
-    else:
-        source, label = load_default()
+    source, label = model_source(args.model)
     t0 = time.perf_counter()
     sess = InferenceSession(source)
     t_load = time.perf_counter() - t0
