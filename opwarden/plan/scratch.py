@@ -3,7 +3,9 @@
 A reference kernel is plain NumPy, and NumPy builds temporaries: Resize resamples one axis at a
 time through intermediates that may be far larger than input and output (a 4x4000 image to
 4000x4 passes through 4000x4000), OneHot builds its mask and a copy, TopK sorts every index,
-float16 MatMul/Einsum compute in float32 copies. The memory limit (`plan.limits`) counts these
+float16 MatMul/Einsum compute in float32 copies, Erf and exact Gelu go through a Python float
+per element, the recurrent ops and the FFTs hold work copies (those rules live in
+`plan.scratch_rules`). The memory limit (`plan.limits`) counts these
 with the outputs before the kernel runs, so `outputs + scratch > limit` is refused, not run.
 
 `SCRATCH` maps a default-domain op_type to f(*inputs, **attrs) -> bytes its reference kernel
@@ -32,6 +34,7 @@ import numpy as np
 from opwarden.dtypes import np_dtype_of
 from opwarden.errors import MemoryLimitError, describe_bytes
 from opwarden.plan.lifetimes import resolve_shape, takes_workspace, tensor_bytes
+from opwarden.plan.scratch_rules import RULES
 
 # float16/bfloat16 kernels compute in float32 copies (ops.linalg, ops.reduce, ops.image)
 _HALF = frozenset({"float16", "bfloat16"})
@@ -327,6 +330,7 @@ SCRATCH: dict[str, Callable[..., int]] = {
     "Scatter": _indices,
     "MatMul": _matmul,
     "Einsum": _einsum,
+    **RULES,  # Erf, Gelu, RNN/GRU/LSTM, DFT/STFT (plan.scratch_rules)
 }
 
 

@@ -1,6 +1,7 @@
 """memory_limit_bytes counts kernel scratch, not only outputs: a node whose outputs fit but whose
 kernel's temporaries (Resize's per-axis intermediates, OneHot's mask, TopK's sort order,
-float16 Einsum's float32 copies, Tile's repeats) would not is refused before its kernel runs,
+float16 Einsum's float32 copies, Tile's repeats, Erf's Python floats, the recurrent ops' work
+copies, the FFTs' complex copies) would not is refused before its kernel runs,
 at run time where the sizes come from data and when the plan is made where they do not. The
 scratch rules (plan.scratch.SCRATCH) are checked against what tracemalloc measures."""
 
@@ -104,6 +105,26 @@ SCRATCH_CASES = {
                        {"equation": "ij,jk->ik"}),
     "einsum three operands": ("Einsum", [_f32(2000000)] * 3, {"equation": "i,i,i->"}),
     "einsum chain": ("Einsum", [_f32(1500, 1500)] * 3, {"equation": "ij,jk,kl->il"}),
+    "erf": ("Erf", [_f32(1000, 500)], {}),
+    "erf float16": ("Erf", [_f32(1000, 500).astype(_HALF)], {}),
+    "gelu exact": ("Gelu", [_f32(1000, 500)], {}),
+    "gelu tanh": ("Gelu", [_f32(1000, 1000)], {"approximate": "tanh"}),
+    "lstm bidirectional": ("LSTM", [_f32(200, 64, 32), _f32(2, 256, 32), _f32(2, 256, 64)],
+                           {"hidden_size": 64, "direction": "bidirectional"}),
+    "gru reverse layout 1": ("GRU", [_f32(64, 200, 32), _f32(1, 192, 32), _f32(1, 192, 64)],
+                             {"hidden_size": 64, "direction": "reverse", "layout": 1}),
+    "rnn float16": ("RNN", [_f32(200, 64, 128).astype(_HALF), _f32(1, 64, 128).astype(_HALF),
+                            _f32(1, 64, 64).astype(_HALF)], {"hidden_size": 64}),
+    "dft real": ("DFT", [_f32(512, 1000, 1), None, _i64(1).reshape(())], {}),
+    "dft complex inverse": ("DFT", [_f32(512, 1000, 2), None, _i64(1).reshape(())],
+                            {"inverse": 1}),
+    "dft one-sided padded": ("DFT", [_f32(512, 1000, 1), _i64(2000).reshape(()),
+                                     _i64(1).reshape(())], {"onesided": 1}),
+    "dft irfft": ("DFT", [_f32(1024, 501, 2), None, _i64(1).reshape(())],
+                  {"onesided": 1, "inverse": 1}),
+    "stft window": ("STFT", [_f32(4, 64000, 1), _i64(64).reshape(()), _f32(256)], {}),
+    "stft two-sided frame_length": ("STFT", [_f32(4, 64000, 1), _i64(128).reshape(()), None,
+                                             _i64(256).reshape(())], {"onesided": 0}),
 }
 
 
