@@ -9,7 +9,9 @@ per element, the recurrent ops and the FFTs hold work copies (those rules live i
 with the outputs before the kernel runs, so `outputs + scratch > limit` is refused, not run.
 
 `SCRATCH` maps a default-domain op_type to f(*inputs, **attrs) -> bytes its reference kernel
-holds at its peak beyond its outputs (never negative). The rules read shapes and dtypes, and
+holds at its peak beyond its outputs (never negative); a key "op_type-since" overrides the
+plain one for the version defined at `since` (DFT-17's axis attribute defaults to 1, DFT-20's
+axis input to -2). The rules read shapes and dtypes, and
 the values only of small inputs that set sizes (sizes, scales, depth, K, repeats, Range's
 bounds); they allocate nothing of size. Each is an upper bound of what tracemalloc measures for
 the reference kernel, within a small factor (tests/memory/test_limits_workspace.py checks both).
@@ -349,7 +351,7 @@ def scratch_rule(placement: Any) -> Callable[..., int] | None:
     var, node = placement.variant, placement.node
     if var.workspace_bytes is None and var.reference and node.domain == "" and (
             var.layout != "NHWC"):
-        rule = SCRATCH.get(node.op_type)
+        rule = SCRATCH.get(f"{node.op_type}-{var.op.since}", SCRATCH.get(node.op_type))
         if rule is not None:
             return _no_kernel_kwargs(rule)
     declared = var.workspace_bytes if var.workspace_bytes is not None else (

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
+
+from opwarden.ops.cast import is_exotic_float, is_small_int, to_target_dtype
 
 # math.erf per element: an object array of pointers and one Python float each (ops.elementwise)
 _ERF_PER_ELEMENT = 40  # float64 copy, object array, floats, float64 result, as tracemalloc sees
@@ -107,7 +110,7 @@ def _dft(x: Any, dft_length: Any = None, axis_in: Any = None, *, axis: int | Non
         return 0
     ax = _scalar(axis_in) if axis_in is not None else axis
     if ax is None:
-        ax = -2  # DFT-20's default (DFT-17 passes its attribute, default 1)
+        ax = -2  # DFT-20's default (DFT-17 has its own rule, default 1)
     ax = ax % x.ndim
     if ax == x.ndim - 1:
         return 0
@@ -116,6 +119,12 @@ def _dft(x: Any, dft_length: Any = None, axis_in: Any = None, *, axis: int | Non
     if n is None:
         n = 2 * (size - 1) if (onesided and inverse) else size
     return _dft_core(x, size, max(n, 1), bool(onesided), bool(inverse))
+
+
+def _dft_17(x: Any, dft_length: Any = None, *, axis: int = 1, inverse: int = 0,
+            onesided: int = 0, **_: Any) -> int:
+    # the axis is an attribute, default 1 (an input since DFT-20, default -2)
+    return _dft(x, dft_length, None, axis=axis, inverse=inverse, onesided=onesided)
 
 
 def _stft(signal: Any, frame_step: Any, window: Any = None, frame_length: Any = None, *,
@@ -140,6 +149,56 @@ def _stft(signal: Any, frame_step: Any, window: Any = None, frame_length: Any = 
     return lead + frames * cz * (2 if window is not None else 1) + fft + keep * 2 * ws
 
 
+# -- Cast / CastLike (ops.cast.cast_array) -------------------------------------------------------
+
+_E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+_F8 = frozenset(np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
+                                      ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz))
+# bytes per element of each path, as tracemalloc sees them: e8m0 goes through float64 magnitudes,
+# frexp's mantissas and exponents and int64 codes; the sub-byte integers through int64 values
+# masked (and sign-extended when signed); narrow floats from float64 or wide integers through a
+# float64 copy rounded to the target's grid (frexp, ldexp, rint of the finite values)
+_TO_E8M0 = 65
+_TO_SMALL_INT = {True: 32, False: 16}  # by signedness
+_TO_GRID = 56
+
+
+def cast_per_element(src: np.dtype, dst: np.dtype, saturate: bool = True) -> int:
+    """Bytes per element `cast_array` holds beyond its output, casting `src` to `dst`."""
+    if src.kind in "OUS" or dst.kind in "OUS":
+        return 0  # strings: Python objects per element (not ruled)
+    # exotic sources widen first: float32 for the ml_dtypes floats, int8/uint8 for int4/int2
+    widened = 4 if is_exotic_float(src) else 1 if is_small_int(src) else 0
+    w = np.dtype(np.float32) if widened == 4 else np.dtype(np.int8) if widened else src
+    if dst == np.bool_:
+        return widened
+    if is_small_int(dst):
+        return widened + _TO_SMALL_INT[ml_dtypes.iinfo(dst).min < 0]
+    if dst == _E8M0:
+        return widened + _TO_E8M0
+    clip = saturate and dst in _F8
+    if is_exotic_float(dst):
+        if w == np.float64 or (w.kind in "iu" and w.itemsize >= 4):
+            return widened + _TO_GRID
+        if w.kind in "iub":
+            return widened + 4 + (4 if clip else 0)  # a float32 copy, clipped
+        return widened + (w.itemsize if clip else 0)
+    # standard targets: float to integer builds the in-range mask, and zeroes what is outside
+    return widened + (1 + w.itemsize if w.kind == "f" and dst.kind in "iu" else 0)
+
+
+def _cast(x: Any, *_: Any, to: Any = None, saturate: int = 1, **__: Any) -> int:
+    if not isinstance(x, np.ndarray) or to is None:
+        return 0
+    return x.size * cast_per_element(x.dtype, to_target_dtype(to), bool(saturate))
+
+
+def _cast_like(x: Any, target_type: Any = None, *, saturate: int = 1, **_: Any) -> int:
+    if not (isinstance(x, np.ndarray) and isinstance(target_type, np.ndarray)):
+        return 0
+    return x.size * cast_per_element(x.dtype, target_type.dtype, bool(saturate))
+
+
 # op_type -> f(*inputs, **attrs) -> bytes the reference kernel holds beyond its outputs
 RULES: dict[str, Callable[..., int]] = {
     "Erf": _erf,
@@ -148,5 +207,8 @@ RULES: dict[str, Callable[..., int]] = {
     "GRU": _gru,
     "LSTM": _lstm,
     "DFT": _dft,
+    "DFT-17": _dft_17,
     "STFT": _stft,
+    "Cast": _cast,
+    "CastLike": _cast_like,
 }

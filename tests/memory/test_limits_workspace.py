@@ -1,14 +1,15 @@
 """memory_limit_bytes counts kernel scratch, not only outputs: a node whose outputs fit but whose
 kernel's temporaries (Resize's per-axis intermediates, OneHot's mask, TopK's sort order,
 float16 Einsum's float32 copies, Tile's repeats, Erf's Python floats, the recurrent ops' work
-copies, the FFTs' complex copies) would not is refused before its kernel runs,
-at run time where the sizes come from data and when the plan is made where they do not. The
-scratch rules (plan.scratch.SCRATCH) are checked against what tracemalloc measures."""
+copies, the FFTs' complex copies, Cast's widened and rounded copies) would not is refused before
+its kernel runs, at run time where the sizes come from data and when the plan is made where they
+do not. The scratch rules (plan.scratch.SCRATCH) are checked against what tracemalloc measures."""
 
 from __future__ import annotations
 
 import tracemalloc
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -122,16 +123,31 @@ SCRATCH_CASES = {
                                      _i64(1).reshape(())], {"onesided": 1}),
     "dft irfft": ("DFT", [_f32(1024, 501, 2), None, _i64(1).reshape(())],
                   {"onesided": 1, "inverse": 1}),
+    "dft-17 rank 4 default axis padded": ("DFT-17", [_f32(8, 4000, 4, 1), _i64(8000).reshape(())],
+                                          {}),
     "stft window": ("STFT", [_f32(4, 64000, 1), _i64(64).reshape(()), _f32(256)], {}),
     "stft two-sided frame_length": ("STFT", [_f32(4, 64000, 1), _i64(128).reshape(()), None,
                                              _i64(256).reshape(())], {"onesided": 0}),
+    "cast float16 to e8m0": ("Cast", [_f32(1 << 20).astype(_HALF)],
+                             {"to": T.FLOAT8E8M0, "round_mode": "nearest"}),
+    "cast float64 to float8": ("Cast", [_f32(1 << 20).astype(np.float64)],
+                               {"to": T.FLOAT8E4M3FN}),
+    "cast int32 to float4": ("Cast", [np.arange(1 << 20, dtype=np.int32)], {"to": T.FLOAT4E2M1}),
+    "cast bfloat16 to uint4": ("Cast", [_f32(1 << 20).astype(ml_dtypes.bfloat16)],
+                               {"to": T.UINT4}),
+    "cast float32 to uint8 out of range": ("Cast", [_f32(1 << 20) * 600 - 300], {"to": T.UINT8}),
+    "castlike float16 to int4": ("CastLike", [_f32(1 << 20).astype(_HALF) * 20,
+                                              np.zeros(0, ml_dtypes.int4)], {}),
+    "castlike float16 to int2": ("CastLike", [_f32(1 << 20).astype(_HALF) * 4,
+                                              np.zeros(0, ml_dtypes.int2)], {"saturate": 0}),
 }
 
 
 @pytest.mark.parametrize("case", list(SCRATCH_CASES))
 def test_scratch_rule_bounds_the_reference_kernel(case):
     op_type, args, attrs = SCRATCH_CASES[case]
-    fn = REGISTRY.latest(op_type).reference
+    name, _, since = op_type.partition("-")  # "DFT-17": the rule of that version
+    fn = (REGISTRY.resolve(name, "", int(since))[0] if since else REGISTRY.latest(name)).reference
     measured = _measure(fn, args, attrs)
     declared = SCRATCH[op_type](*args, **attrs)
     assert measured >= 4 * MiB, f"{case}: too small to show scratch ({measured} bytes)"
