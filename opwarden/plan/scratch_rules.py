@@ -1,9 +1,12 @@
 """Scratch rules of the reference kernels that compute through wide or per-step temporaries:
 Erf and exact Gelu (math.erf per element, through an object array of Python floats), the
 recurrent ops (work copies of X, W and R, a per-direction output and its time reversal, the
-gates of one step) and the Fourier transforms (complex copies, numpy.fft's output, the stacked
-real/imaginary result before its cast). `plan.scratch.SCRATCH` takes them in; the rules read
-shapes, dtypes and attributes only, and allocate nothing. Each bounds what tracemalloc measures
+gates of one step), the Fourier transforms (complex copies, numpy.fft's output, the stacked
+real/imaginary result before its cast), Cast and CastLike (widened copies, float64 rounding to a
+narrow float's grid, int64 values for the sub-byte integers) and the quantization ops (float64
+and int64 copies of x, the int64 accumulator of the integer matrix products).
+`plan.scratch.SCRATCH` takes them in; the rules read shapes, dtypes and attributes only, and
+allocate nothing. Each bounds what tracemalloc measures
 for the reference kernel (tests/memory/test_limits_workspace.py).
 """
 
@@ -199,6 +202,93 @@ def _cast_like(x: Any, target_type: Any = None, *, saturate: int = 1, **_: Any) 
     return x.size * cast_per_element(x.dtype, target_type.dtype, bool(saturate))
 
 
+# -- quantization (ops.quant) --------------------------------------------------------------------
+
+# bytes per element of x as tracemalloc sees them: the quotient in the work float, rounded, in
+# float64, with the zero point added, NaN-cleared, clipped and in int64 before the integer cast;
+# float outputs add the float64 grid rounding of cast_array
+_QUANTIZE_INT, _QUANTIZE_FLOAT = 24, 64
+# the requantization of an int64 accumulator: float32 product, rint, float64, zero point added,
+# NaN-cleared, clipped, int64
+_REQUANTIZE = 24
+
+
+def _blocked(block_size: int, scale: Any, x: np.ndarray) -> bool:
+    return block_size > 0 and isinstance(scale, np.ndarray) and scale.ndim == x.ndim > 0
+
+
+def _quantize(x: Any, y_scale: Any = None, y_zero_point: Any = None, *, block_size: int = 0,
+              output_dtype: int = 0, precision: int = 0, **_: Any) -> int:
+    if not isinstance(x, np.ndarray) or not isinstance(y_scale, np.ndarray):
+        return 0
+    if isinstance(y_zero_point, np.ndarray):
+        out = y_zero_point.dtype
+    else:
+        out = to_target_dtype(output_dtype) if output_dtype else np.dtype(np.uint8)
+    per = _QUANTIZE_FLOAT if out.kind == "f" or is_exotic_float(out) else _QUANTIZE_INT
+    if _blocked(block_size, y_scale, x):
+        prec = to_target_dtype(precision) if precision else y_scale.dtype
+        per += _work(prec) + 2  # the scale repeated over each block, in the work float
+    return x.size * per
+
+
+def _dequantize(x: Any, x_scale: Any = None, *rest: Any, block_size: int = 0,
+                output_dtype: int = 0, **_: Any) -> int:
+    if not isinstance(x, np.ndarray) or not isinstance(x_scale, np.ndarray):
+        return 0
+    if output_dtype:
+        out = to_target_dtype(output_dtype)
+    elif x_scale.dtype.kind == "f" or x_scale.dtype.name == "bfloat16":
+        out = x_scale.dtype
+    else:
+        out = np.dtype(np.float32)
+    ws = out.itemsize if out in (np.float16, np.float32, np.float64) else 4
+    # x in int64 (or float64), its product in the work float, and that rounded to an exotic
+    # output type and back
+    per = 8 + ws + (ws if is_exotic_float(out) else 0)
+    if _blocked(block_size, x_scale, x):
+        per += 8 + ws  # the repeated scale, in float64 and in the work float
+    return x.size * per
+
+
+def _dynamic_quantize(x: Any, **_: Any) -> int:
+    if not isinstance(x, np.ndarray):
+        return 0
+    return x.size * (_QUANTIZE_INT + (0 if x.dtype == np.float32 else 4))
+
+
+def _int_product(a: Any, b: Any, a_zp: Any, b_zp: Any) -> tuple[int, int] | None:
+    """(peak bytes, int64 accumulator bytes) of ops.quant's centered int64 matmul."""
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or not (a.ndim and b.ndim):
+        return None
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        return None
+    m = a.shape[-2] if a.ndim > 1 else 1
+    n = b.shape[-1] if b.ndim > 1 else 1
+    acc = 8 * int(np.prod(batch, dtype=np.int64)) * m * n
+    ca, cb = 8 * a.size, 8 * b.size  # each centered in int64; a zero point's subtraction too
+    peak = max(ca * (2 if a_zp is not None else 1), ca + cb * (2 if b_zp is not None else 1),
+               ca + cb + acc)
+    return peak, acc
+
+
+def _matmul_integer(a: Any, b: Any, a_zero_point: Any = None, b_zero_point: Any = None,
+                    **_: Any) -> int:
+    got = _int_product(a, b, a_zero_point, b_zero_point)
+    return got[0] if got else 0
+
+
+def _qlinear_matmul(a: Any, a_scale: Any, a_zero_point: Any, b: Any, b_scale: Any = None,
+                    b_zero_point: Any = None, *_: Any, **__: Any) -> int:
+    got = _int_product(a, b, a_zero_point, b_zero_point)
+    if got is None:
+        return 0
+    peak, acc = got
+    return max(peak, acc + acc // 8 * _REQUANTIZE)
+
+
 # op_type -> f(*inputs, **attrs) -> bytes the reference kernel holds beyond its outputs
 RULES: dict[str, Callable[..., int]] = {
     "Erf": _erf,
@@ -211,4 +301,9 @@ RULES: dict[str, Callable[..., int]] = {
     "STFT": _stft,
     "Cast": _cast,
     "CastLike": _cast_like,
+    "QuantizeLinear": _quantize,
+    "DequantizeLinear": _dequantize,
+    "DynamicQuantizeLinear": _dynamic_quantize,
+    "MatMulInteger": _matmul_integer,
+    "QLinearMatMul": _qlinear_matmul,
 }

@@ -1,9 +1,10 @@
 """memory_limit_bytes counts kernel scratch, not only outputs: a node whose outputs fit but whose
 kernel's temporaries (Resize's per-axis intermediates, OneHot's mask, TopK's sort order,
 float16 Einsum's float32 copies, Tile's repeats, Erf's Python floats, the recurrent ops' work
-copies, the FFTs' complex copies, Cast's widened and rounded copies) would not is refused before
-its kernel runs, at run time where the sizes come from data and when the plan is made where they
-do not. The scratch rules (plan.scratch.SCRATCH) are checked against what tracemalloc measures."""
+copies, the FFTs' complex copies, Cast's widened and rounded copies, the quantizers' float64 and
+int64 copies) would not is refused before its kernel runs, at run time where the sizes come from
+data and when the plan is made where they do not. The scratch rules (plan.scratch.SCRATCH) are
+checked against what tracemalloc measures."""
 
 from __future__ import annotations
 
@@ -136,6 +137,30 @@ SCRATCH_CASES = {
     "cast bfloat16 to uint4": ("Cast", [_f32(1 << 20).astype(ml_dtypes.bfloat16)],
                                {"to": T.UINT4}),
     "cast float32 to uint8 out of range": ("Cast", [_f32(1 << 20) * 600 - 300], {"to": T.UINT8}),
+    "quantize uint8": ("QuantizeLinear", [_f32(512, 1024), np.array(0.01, np.float32),
+                                          np.array(3, np.uint8)], {}),
+    "quantize float4 blocked": ("QuantizeLinear", [_f32(256, 1024),
+                                                   np.full((256, 32), .1, np.float32),
+                                                   np.zeros((256, 32), ml_dtypes.float4_e2m1fn)],
+                                {"block_size": 32}),
+    "quantize float8 float64": ("QuantizeLinear", [_f32(256, 1024).astype(np.float64),
+                                                   np.array(0.01)], {"output_dtype": T.FLOAT8E5M2}),
+    "dequantize int4 to bfloat16": ("DequantizeLinear", [np.ones((512, 1024), ml_dtypes.int4),
+                                                         np.array(0.5, ml_dtypes.bfloat16)], {}),
+    "dequantize int8 blocked float64": ("DequantizeLinear", [np.ones((512, 1024), np.int8),
+                                                             np.full((512, 64), 0.5)],
+                                        {"block_size": 16}),
+    "dynamic quantize float16": ("DynamicQuantizeLinear", [_f32(512, 1024).astype(_HALF) - .5], {}),
+    "matmul integer zero points": ("MatMulInteger", [np.ones((2048, 512), np.int8),
+                                                     np.ones((512, 256), np.int8),
+                                                     np.array(3, np.int8), np.array(1, np.int8)],
+                                   {}),
+    "matmul integer wide": ("MatMulInteger", [np.ones((4, 512, 64), np.uint8),
+                                              np.ones((64, 2048), np.uint8)], {}),
+    "qlinear matmul": ("QLinearMatMul", [np.ones((512, 64), np.uint8), np.array(.1, np.float32),
+                                         np.array(3, np.uint8), np.ones((64, 2048), np.uint8),
+                                         np.array(.1, np.float32), np.array(1, np.uint8),
+                                         np.array(.2, np.float32), np.array(5, np.uint8)], {}),
     "castlike float16 to int4": ("CastLike", [_f32(1 << 20).astype(_HALF) * 20,
                                               np.zeros(0, ml_dtypes.int4)], {}),
     "castlike float16 to int2": ("CastLike", [_f32(1 << 20).astype(_HALF) * 4,
