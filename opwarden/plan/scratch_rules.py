@@ -3,8 +3,10 @@ Erf and exact Gelu (math.erf per element, through an object array of Python floa
 recurrent ops (work copies of X, W and R, a per-direction output and its time reversal, the
 gates of one step), the Fourier transforms (complex copies, numpy.fft's output, the stacked
 real/imaginary result before its cast), Cast and CastLike (widened copies, float64 rounding to a
-narrow float's grid, int64 values for the sub-byte integers) and the quantization ops (float64
-and int64 copies of x, the int64 accumulator of the integer matrix products).
+narrow float's grid, int64 values for the sub-byte integers), the quantization ops (float64
+and int64 copies of x, the int64 accumulator of the integer matrix products), and elementwise
+kernels with wide temporaries (Sigmoid, Swish, SwiGLU, Celu, IsInf, Mod, Pow, BitShift,
+Bernoulli, the Instance and RMS normalizations, ReverseSequence's index).
 `plan.scratch.SCRATCH` takes them in; the rules read shapes, dtypes and attributes only, and
 allocate nothing. Each bounds what tracemalloc measures
 for the reference kernel (tests/memory/test_limits_workspace.py).
@@ -289,6 +291,98 @@ def _qlinear_matmul(a: Any, a_scale: Any, a_zero_point: Any, b: Any, b_scale: An
     return max(peak, acc + acc // 8 * _REQUANTIZE)
 
 
+# -- elementwise kernels through work-float temporaries (ops.common.apply_wide) -----------------
+
+# op_type -> (temporaries in the work float, bytes) per output element, as tracemalloc sees them:
+# sigmoid's exp, sum and quotient, Swish/SwiGLU's product besides, Celu's expm1 and its min,
+# the instance statistics' deviation, square and quotient, IsInf's two tests and their union
+_WIDE_TEMPS = {
+    "Sigmoid": (3, 1), "Swish": (4, 1), "SwiGLU": (4, 1), "Celu": (2, 0), "IsInf": (0, 3),
+    "Mod": (0, 0), "InstanceNormalization": (3, 0),
+}
+
+
+def _elementwise(op_type: str) -> Callable[..., int]:
+    temps, extra = _WIDE_TEMPS[op_type]
+
+    def rule(*xs: Any, **_: Any) -> int:
+        arrs = [x for x in xs if isinstance(x, np.ndarray)]
+        if not arrs or (op_type == "InstanceNormalization" and len(arrs) > 1):
+            arrs = arrs[:1]  # scale and B are per channel
+        try:
+            n = int(np.prod(np.broadcast_shapes(*(a.shape for a in arrs)), dtype=np.int64))
+        except ValueError:
+            return 0
+        dt = arrs[0].dtype
+        if dt.kind not in "f" and dt.name != "bfloat16":
+            return n * extra if op_type == "IsInf" else 0
+        per = temps * _work(dt) + extra
+        if dt.name in ("float16", "bfloat16"):
+            # float32 copies of the inputs, and the float32 result before its cast
+            return n * (per + 4) + 4 * sum(a.size for a in arrs)
+        return n * per
+
+    return rule
+
+
+def _pow(x: Any, y: Any = None, *_: Any, **__: Any) -> int:
+    if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
+        return 0
+    if x.dtype.kind in "iu" and y.dtype.kind in "iub":
+        return 0  # integer powers: no float copies
+    try:
+        n = int(np.prod(np.broadcast_shapes(x.shape, y.shape), dtype=np.int64))
+    except ValueError:
+        return 0
+    out = n * x.dtype.itemsize
+    # float64 copies of base and exponent and their power; integer bases test and truncate it
+    peak = max(8 * (x.size + y.size + n), 8 * n + out)
+    if x.dtype.kind in "iu":
+        peak = max(peak, 17 * n + out)
+    return max(peak - out, 0)
+
+
+def _rms_norm(x: Any, scale: Any = None, *, stash_type: int = 1, **_: Any) -> int:
+    if not isinstance(x, np.ndarray):
+        return 0
+    st = to_target_dtype(stash_type).itemsize
+    # X in the stash type, its square and quotient; the quotient in X's type and in scale's
+    return x.size * (2 * st + 2 * max(x.dtype.itemsize, 4))
+
+
+def _bernoulli(x: Any, *, dtype: Any = None, **_: Any) -> int:
+    if not isinstance(x, np.ndarray):
+        return 0
+    out = x.size * (to_target_dtype(dtype) if dtype is not None else x.dtype).itemsize
+    p = 0 if x.dtype == np.float64 else 8 * x.size  # the float64 probabilities
+    # the float64 uniforms and the boolean draw before its cast
+    return max(p + 9 * x.size, p + x.size + out) - out
+
+
+def _reverse_sequence(x: Any, lens: Any = None, *, batch_axis: int = 1, time_axis: int = 0,
+                      **_: Any) -> int:
+    if not isinstance(x, np.ndarray) or x.ndim < 2:
+        return 0
+    steps_batch = x.shape[time_axis % x.ndim] * x.shape[batch_axis % x.ndim]
+    # the (time, batch) int64 source steps: a test, a difference, np.where's result; then the
+    # gathered copy before it is moved back into place
+    return 17 * steps_batch + x.nbytes
+
+
+def _bit_shift(x: Any, y: Any = None, *, direction: str = "LEFT", **_: Any) -> int:
+    if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
+        return 0
+    try:
+        n = int(np.prod(np.broadcast_shapes(x.shape, y.shape), dtype=np.int64))
+    except ValueError:
+        return 0
+    isz = x.dtype.itemsize
+    # the in-range mask, the masked amounts and their cast, the shifted values; a signed right
+    # shift's sign fill (a test, an int64 where and its cast)
+    fill = n * (1 + 8 + isz) if direction == "RIGHT" and x.dtype.kind == "i" else 0
+    return y.size * (1 + 2 * max(y.dtype.itemsize, isz)) + n * isz + fill
+
+
 # op_type -> f(*inputs, **attrs) -> bytes the reference kernel holds beyond its outputs
 RULES: dict[str, Callable[..., int]] = {
     "Erf": _erf,
@@ -306,4 +400,10 @@ RULES: dict[str, Callable[..., int]] = {
     "DynamicQuantizeLinear": _dynamic_quantize,
     "MatMulInteger": _matmul_integer,
     "QLinearMatMul": _qlinear_matmul,
+    **{op_type: _elementwise(op_type) for op_type in _WIDE_TEMPS},
+    "Pow": _pow,
+    "RMSNormalization": _rms_norm,
+    "Bernoulli": _bernoulli,
+    "ReverseSequence": _reverse_sequence,
+    "BitShift": _bit_shift,
 }

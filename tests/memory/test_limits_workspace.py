@@ -2,9 +2,9 @@
 kernel's temporaries (Resize's per-axis intermediates, OneHot's mask, TopK's sort order,
 float16 Einsum's float32 copies, Tile's repeats, Erf's Python floats, the recurrent ops' work
 copies, the FFTs' complex copies, Cast's widened and rounded copies, the quantizers' float64 and
-int64 copies) would not is refused before its kernel runs, at run time where the sizes come from
-data and when the plan is made where they do not. The scratch rules (plan.scratch.SCRATCH) are
-checked against what tracemalloc measures."""
+int64 copies, float16 elementwise ops' float32 copies) would not is refused before its kernel
+runs, at run time where the sizes come from data and when the plan is made where they do not.
+The scratch rules (plan.scratch.SCRATCH) are checked against what tracemalloc measures."""
 
 from __future__ import annotations
 
@@ -161,6 +161,30 @@ SCRATCH_CASES = {
                                          np.array(3, np.uint8), np.ones((64, 2048), np.uint8),
                                          np.array(.1, np.float32), np.array(1, np.uint8),
                                          np.array(.2, np.float32), np.array(5, np.uint8)], {}),
+    "sigmoid float16": ("Sigmoid", [_f32(1024, 1024).astype(_HALF)], {}),
+    "swish float64": ("Swish", [_f32(512, 1024).astype(np.float64)], {"alpha": 2.0}),
+    "swiglu bfloat16": ("SwiGLU", [_f32(1024, 1024).astype(ml_dtypes.bfloat16),
+                                   _f32(1024, 1024).astype(ml_dtypes.bfloat16)], {}),
+    "celu bfloat16": ("Celu", [_f32(1024, 1024).astype(ml_dtypes.bfloat16) - .5], {}),
+    "isinf float16": ("IsInf", [_f32(1024, 1024).astype(_HALF)], {}),
+    "mod float16 broadcast": ("Mod", [_f32(1024, 1024).astype(_HALF),
+                                      _f32(1024).astype(_HALF) + 1], {"fmod": 1}),
+    "pow float32 broadcast": ("Pow", [_f32(1024, 1024), _f32(1024)], {}),
+    "pow int64 float exponent": ("Pow", [np.full((512, 1024), 3), np.array(2.0)], {}),
+    "rms normalization float64 stash": ("RMSNormalization", [_f32(1024, 1024), _f32(1024)],
+                                        {"stash_type": T.DOUBLE}),
+    "instance normalization float16": ("InstanceNormalization",
+                                       [_f32(4, 16, 128, 128).astype(_HALF), _f32(16), _f32(16)],
+                                       {}),
+    "bernoulli float32": ("Bernoulli", [_f32(1024, 1024)], {"seed": 1.0}),
+    "reverse sequence rank 3": ("ReverseSequence", [_f32(64, 1024, 16), np.full(64, 700)],
+                                {"batch_axis": 0, "time_axis": 1}),
+    "bitshift right int8 broadcast": ("BitShift", [np.full((1024, 1024), -7, np.int8),
+                                                   np.arange(1024).astype(np.int8) % 9],
+                                      {"direction": "RIGHT"}),
+    "bitshift left uint64": ("BitShift", [np.ones((512, 1024), np.uint64),
+                                          np.full((512, 1024), 3, np.uint64)],
+                             {"direction": "LEFT"}),
     "castlike float16 to int4": ("CastLike", [_f32(1 << 20).astype(_HALF) * 20,
                                               np.zeros(0, ml_dtypes.int4)], {}),
     "castlike float16 to int2": ("CastLike", [_f32(1 << 20).astype(_HALF) * 4,
