@@ -14,6 +14,7 @@ for the reference kernel (tests/memory/test_limits_workspace.py).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -383,6 +384,55 @@ def _bit_shift(x: Any, y: Any = None, *, direction: str = "LEFT", **_: Any) -> i
     return y.size * (1 + 2 * max(y.dtype.itemsize, isz)) + n * isz + fill
 
 
+# -- string kernels (ops.string): Python str objects and lists per element ----------------------
+
+_LIST, _SLOT = 64, 8  # a list's header (with its GC head, rounded), a pointer per item
+
+
+def _text(s: Any) -> str:
+    return s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)
+
+
+def _str_bytes(s: str) -> int:
+    if len(s) < 2 and (not s or ord(s) < 256):
+        return 0  # CPython's shared empty and one-character strings
+    return sys.getsizeof(s) + 8  # the object and allocator rounding
+
+
+def _decoded(s: Any) -> int:
+    """Bytes of the str a kernel makes of an element (none for a str itself)."""
+    return 0 if type(s) is str else _str_bytes(_text(s))
+
+
+def _string_split(x: Any, *, delimiter: Any = None, maxsplit: Any = None, **_: Any) -> int:
+    if not isinstance(x, np.ndarray) or x.dtype != object:
+        return 0
+    sep = delimiter if delimiter else None
+    limit = -1 if maxsplit is None else int(maxsplit)
+    prealloc = 12 if limit < 0 else min(limit + 1, 12)
+    total = 0
+    for s in x.reshape(-1):
+        parts = _text(s).split(sep, limit)  # one string's parts at a time, counted then freed
+        # a list per string and a new str per part (the padded output points at them)
+        k = len(parts)
+        # str.split preallocates its list (12 slots at most), then grows it by an eighth
+        slots = max(k + k // 8 + 6, prealloc) if k > prealloc else prealloc
+        total += _LIST + _SLOT * (slots + 1) + sum(_str_bytes(p) for p in parts) + _decoded(s)
+    return total
+
+
+def _string_normalizer(x: Any, *, case_change_action: str = "NONE", **_: Any) -> int:
+    if not isinstance(x, np.ndarray) or x.dtype != object:
+        return 0
+    # the word lists (decoded, filtered, case-changed, copied into the output), the decoded
+    # strs of elements that are not str, and the case-changed ones
+    total = 4 * (_LIST + _SLOT * x.size)
+    changes = case_change_action in ("LOWER", "UPPER")
+    for s in x.reshape(-1):
+        total += _decoded(s) + (_str_bytes(_text(s)) if changes else 0)
+    return total
+
+
 # op_type -> f(*inputs, **attrs) -> bytes the reference kernel holds beyond its outputs
 RULES: dict[str, Callable[..., int]] = {
     "Erf": _erf,
@@ -406,4 +456,6 @@ RULES: dict[str, Callable[..., int]] = {
     "Bernoulli": _bernoulli,
     "ReverseSequence": _reverse_sequence,
     "BitShift": _bit_shift,
+    "StringSplit": _string_split,
+    "StringNormalizer": _string_normalizer,
 }

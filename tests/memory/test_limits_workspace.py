@@ -2,9 +2,10 @@
 kernel's temporaries (Resize's per-axis intermediates, OneHot's mask, TopK's sort order,
 float16 Einsum's float32 copies, Tile's repeats, Erf's Python floats, the recurrent ops' work
 copies, the FFTs' complex copies, Cast's widened and rounded copies, the quantizers' float64 and
-int64 copies, float16 elementwise ops' float32 copies) would not is refused before its kernel
-runs, at run time where the sizes come from data and when the plan is made where they do not.
-The scratch rules (plan.scratch.SCRATCH) are checked against what tracemalloc measures."""
+int64 copies, float16 elementwise ops' float32 copies, the string ops' Python strs and lists)
+would not is refused before its kernel runs, at run time where the sizes come from data and
+when the plan is made where they do not. The scratch rules (plan.scratch.SCRATCH) are checked
+against what tracemalloc measures."""
 
 from __future__ import annotations
 
@@ -52,6 +53,12 @@ def _measure(fn, args, attrs):
     held = sum(o.nbytes for o in outs if isinstance(o, np.ndarray)
                and not any(isinstance(a, np.ndarray) and np.shares_memory(a, o) for a in args))
     return peak - held
+
+
+def _words(n, k, sep):
+    """n strings of k words each (mixed lengths and scripts), joined by sep."""
+    words = np.array(["a", "word", "longerword", "ünïcode", "日本語の", "x" * 40], object)
+    return np.array([sep.join(R.choice(words, k).tolist()) for _ in range(n)], object)
 
 
 _HALF = np.float16
@@ -185,6 +192,13 @@ SCRATCH_CASES = {
     "bitshift left uint64": ("BitShift", [np.ones((512, 1024), np.uint64),
                                           np.full((512, 1024), 3, np.uint64)],
                              {"direction": "LEFT"}),
+    "string split whitespace": ("StringSplit", [_words(50000, 20, " ")], {}),
+    "string split delimiter maxsplit": ("StringSplit", [_words(50000, 20, ",")],
+                                        {"delimiter": ",", "maxsplit": 8}),
+    "string split short bytes": ("StringSplit", [np.array([b"a b c d e f"] * 100000, object)],
+                                 {}),
+    "string normalizer lower stopwords": ("StringNormalizer", [_words(200000, 1, "")],
+                                          {"case_change_action": "LOWER", "stopwords": ["a"]}),
     "castlike float16 to int4": ("CastLike", [_f32(1 << 20).astype(_HALF) * 20,
                                               np.zeros(0, ml_dtypes.int4)], {}),
     "castlike float16 to int2": ("CastLike", [_f32(1 << 20).astype(_HALF) * 4,
