@@ -6,10 +6,12 @@ real/imaginary result before its cast), Cast and CastLike (widened copies, float
 narrow float's grid, int64 values for the sub-byte integers), the quantization ops (float64
 and int64 copies of x, the int64 accumulator of the integer matrix products), and elementwise
 kernels with wide temporaries (Sigmoid, Swish, SwiGLU, Celu, IsInf, Mod, Pow, BitShift,
-Bernoulli, the Instance and RMS normalizations, ReverseSequence's index).
-`plan.scratch.SCRATCH` takes them in; the rules read shapes, dtypes and attributes only, and
-allocate nothing. Each bounds what tracemalloc measures
-for the reference kernel (tests/memory/test_limits_workspace.py).
+Bernoulli, the Instance and RMS normalizations, ReverseSequence's index), and the string ops
+(StringSplit, StringNormalizer, TfIdfVectorizer: a Python list, str or int per item).
+`plan.scratch.SCRATCH` takes them in; the rules read shapes, dtypes and attributes, and the
+string ops' rules the strings themselves (one element at a time); they allocate nothing of
+size. Each bounds what tracemalloc measures for the reference kernel
+(tests/memory/test_limits_workspace.py).
 """
 
 from __future__ import annotations
@@ -433,6 +435,22 @@ def _string_normalizer(x: Any, *, case_change_action: str = "NONE", **_: Any) ->
     return total
 
 
+def _tfidf(x: Any, *, max_gram_length: Any = None, pool_strings: Any = None,
+           ngram_indexes: Any = None, **_: Any) -> int:
+    if not isinstance(x, np.ndarray) or x.ndim not in (1, 2) or not max_gram_length:
+        return 0
+    n, length = int(max_gram_length), x.shape[-1]
+    # per row, for the longest n-grams: the int64 window index (and its arange), the gathered
+    # windows, their tolist: a list per window holding n items (a Python int each unless the
+    # items are the pool's strs)
+    item = 8 + (0 if pool_strings is not None else 32)
+    row = length * (80 + n * (16 + item))
+    # the rows in int64 or as an object array of strs; the pool's n-gram table (a tuple each)
+    rows = 8 * x.size
+    table = 120 * len(ngram_indexes) if ngram_indexes is not None else 0
+    return row + rows + table
+
+
 # op_type -> f(*inputs, **attrs) -> bytes the reference kernel holds beyond its outputs
 RULES: dict[str, Callable[..., int]] = {
     "Erf": _erf,
@@ -458,4 +476,5 @@ RULES: dict[str, Callable[..., int]] = {
     "BitShift": _bit_shift,
     "StringSplit": _string_split,
     "StringNormalizer": _string_normalizer,
+    "TfIdfVectorizer": _tfidf,
 }
