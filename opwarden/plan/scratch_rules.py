@@ -4,10 +4,11 @@ recurrent ops (work copies of X, W and R, a per-direction output and its time re
 gates of one step), the Fourier transforms (complex copies, numpy.fft's output, the stacked
 real/imaginary result before its cast), Cast and CastLike (widened copies, float64 rounding to a
 narrow float's grid, int64 values for the sub-byte integers), the quantization ops (float64
-and int64 copies of x, the int64 accumulator of the integer matrix products), and elementwise
+and int64 copies of x, the int64 accumulator of the integer matrix products), elementwise
 kernels with wide temporaries (Sigmoid, Swish, SwiGLU, Celu, IsInf, Mod, Pow, BitShift,
-Bernoulli, the Instance and RMS normalizations, ReverseSequence's index), and the string ops
-(StringSplit, StringNormalizer, TfIdfVectorizer: a Python list, str or int per item).
+Bernoulli, the Instance and RMS normalizations, ReverseSequence's index), the string ops
+(StringSplit, StringNormalizer, TfIdfVectorizer: a Python list, str or int per item),
+AffineGrid (float64 meshes and grid) and Det (a float64 copy).
 `plan.scratch.SCRATCH` takes them in; the rules read shapes, dtypes and attributes, and the
 string ops' rules the strings themselves (one element at a time); they allocate nothing of
 size. Each bounds what tracemalloc measures for the reference kernel
@@ -451,6 +452,33 @@ def _tfidf(x: Any, *, max_gram_length: Any = None, pool_strings: Any = None,
     return row + rows + table
 
 
+# -- geometry and linear algebra -----------------------------------------------------------------
+
+
+def _affine_grid(theta: Any, size: Any = None, **_: Any) -> int:
+    if not isinstance(theta, np.ndarray) or not isinstance(size, np.ndarray) or size.size > 8:
+        return 0
+    dims = [int(v) for v in size.reshape(-1)]
+    r = len(dims) - 2
+    if r not in (2, 3) or min(dims) < 0:
+        return 0
+    p = int(np.prod(dims[2:], dtype=np.int64))
+    # float64 meshes, the homogeneous positions (r + 1 per point), and the float64 grid of
+    # every batch before its cast
+    return 8 * p * (2 * r + 1) + 8 * dims[0] * p * r
+
+
+def _det(x: Any, **_: Any) -> int:
+    if not isinstance(x, np.ndarray) or x.ndim < 2:
+        return 0
+    m = x.shape[-1]
+    # numpy.linalg.det computes in float64: a cast copy of anything else (float16 widened to
+    # float32 first), with int pivots per row; each matrix is factored in a buffer of its own
+    cast = 0 if x.dtype == np.float64 else 8 * x.size + 8 * (x.size // max(m, 1))
+    half = 4 * x.size if x.dtype.name in ("float16", "bfloat16") else 0
+    return cast + half + 8 * m * (m + 1)
+
+
 # op_type -> f(*inputs, **attrs) -> bytes the reference kernel holds beyond its outputs
 RULES: dict[str, Callable[..., int]] = {
     "Erf": _erf,
@@ -477,4 +505,6 @@ RULES: dict[str, Callable[..., int]] = {
     "StringSplit": _string_split,
     "StringNormalizer": _string_normalizer,
     "TfIdfVectorizer": _tfidf,
+    "AffineGrid": _affine_grid,
+    "Det": _det,
 }
