@@ -4,24 +4,27 @@ A reference kernel is plain NumPy, and NumPy builds temporaries: Resize resample
 time through intermediates that may be far larger than input and output (a 4x4000 image to
 4000x4 passes through 4000x4000), OneHot builds its mask and a copy, TopK sorts every index,
 float16 MatMul/Einsum compute in float32 copies, Erf and exact Gelu go through a Python float
-per element, the recurrent ops and the FFTs hold work copies (those rules live in
-`plan.scratch_rules`). The memory limit (`plan.limits`) counts these
-with the outputs before the kernel runs, so `outputs + scratch > limit` is refused, not run.
+per element, the recurrent ops and the FFTs hold work copies, Cast and the quantizers go through
+float64 and int64 copies, the string ops through Python objects per item (those rules live in
+`plan.scratch_rules`). The memory limit (`plan.limits`) counts these with the outputs before the
+kernel runs, so `outputs + scratch > limit` is refused, not run.
 
 `SCRATCH` maps a default-domain op_type to f(*inputs, **attrs) -> bytes its reference kernel
 holds at its peak beyond its outputs (never negative); a key "op_type-since" overrides the
 plain one for the version defined at `since` (DFT-17's axis attribute defaults to 1, DFT-20's
-axis input to -2). The rules read shapes and dtypes, and
-the values only of small inputs that set sizes (sizes, scales, depth, K, repeats, Range's
-bounds); they allocate nothing of size. Each is an upper bound of what tracemalloc measures for
-the reference kernel, within a small factor (tests/memory/test_limits_workspace.py checks both).
+axis input to -2). The rules read shapes and dtypes, the values only of small inputs that set
+sizes (sizes, scales, depth, K, repeats, Range's bounds) and the strings of the string ops;
+they allocate nothing of size. Each is an upper bound of what tracemalloc measures for the
+reference kernel, within a small factor (tests/memory/test_limits_workspace.py checks both).
 
 Reference kernels whose temporaries stay within a fraction of their outputs or inputs have no
 rule (their outputs are counted already): Pad (constant: none; reflect/edge/wrap: under a fifth
 of the output), CenterCropPad, Expand, ConstantOfShape, Concat, Where (broadcasts without
 materializing), MatMul and Einsum of two operands in float32/float64 (BLAS or c_einsum, no
-copies), ScatterND, Compress, Trilu. Loop and Scan count their own accumulated and stacked
-outputs (ops.control), and the nodes of their bodies are checked by these same rules.
+copies), ScatterND, Compress, Trilu, MaxUnpool and RoiAlign (under a third and two thirds of
+their inputs and outputs). GridSample declares its own (`Contract.workspace_bytes`). Loop and
+Scan count their own accumulated and stacked outputs (ops.control), and the nodes of their
+bodies are checked by these same rules.
 """
 
 from __future__ import annotations
