@@ -203,7 +203,7 @@ def _cast(x: Any, *_: Any, to: Any = None, saturate: int = 1, **__: Any) -> int:
 
 
 def _cast_like(x: Any, target_type: Any = None, *, saturate: int = 1, **_: Any) -> int:
-    if not (isinstance(x, np.ndarray) and isinstance(target_type, np.ndarray)):
+    if not (isinstance(x, np.ndarray) and isinstance(target_type, (np.ndarray, np.generic))):
         return 0
     return x.size * cast_per_element(x.dtype, target_type.dtype, bool(saturate))
 
@@ -220,14 +220,18 @@ _REQUANTIZE = 24
 
 
 def _blocked(block_size: int, scale: Any, x: np.ndarray) -> bool:
-    return block_size > 0 and isinstance(scale, np.ndarray) and scale.ndim == x.ndim > 0
+    return block_size > 0 and np.ndim(scale) == x.ndim > 0
+
+
+def _tensor(v: Any) -> bool:
+    return isinstance(v, (np.ndarray, np.generic))  # a scale or zero point may be a scalar
 
 
 def _quantize(x: Any, y_scale: Any = None, y_zero_point: Any = None, *, block_size: int = 0,
               output_dtype: int = 0, precision: int = 0, **_: Any) -> int:
-    if not isinstance(x, np.ndarray) or not isinstance(y_scale, np.ndarray):
+    if not isinstance(x, np.ndarray) or not _tensor(y_scale):
         return 0
-    if isinstance(y_zero_point, np.ndarray):
+    if _tensor(y_zero_point):
         out = y_zero_point.dtype
     else:
         out = to_target_dtype(output_dtype) if output_dtype else np.dtype(np.uint8)
@@ -240,7 +244,7 @@ def _quantize(x: Any, y_scale: Any = None, y_zero_point: Any = None, *, block_si
 
 def _dequantize(x: Any, x_scale: Any = None, *rest: Any, block_size: int = 0,
                 output_dtype: int = 0, **_: Any) -> int:
-    if not isinstance(x, np.ndarray) or not isinstance(x_scale, np.ndarray):
+    if not isinstance(x, np.ndarray) or not _tensor(x_scale):
         return 0
     if output_dtype:
         out = to_target_dtype(output_dtype)
@@ -330,6 +334,7 @@ def _elementwise(op_type: str) -> Callable[..., int]:
 
 
 def _pow(x: Any, y: Any = None, *_: Any, **__: Any) -> int:
+    y = np.asarray(y) if isinstance(y, np.generic) else y
     if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
         return 0
     if x.dtype.kind in "iu" and y.dtype.kind in "iub":
@@ -374,6 +379,7 @@ def _reverse_sequence(x: Any, lens: Any = None, *, batch_axis: int = 1, time_axi
 
 
 def _bit_shift(x: Any, y: Any = None, *, direction: str = "LEFT", **_: Any) -> int:
+    y = np.asarray(y) if isinstance(y, np.generic) else y
     if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
         return 0
     try:
