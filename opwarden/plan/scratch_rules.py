@@ -36,9 +36,9 @@ def _work(dt: np.dtype) -> int:
 
 
 def _scalar(v: Any) -> int | None:
-    if not isinstance(v, np.ndarray) or v.size != 1 or v.dtype.kind not in "biu":
+    if not isinstance(v, (np.ndarray, np.generic)) or v.size != 1 or v.dtype.kind not in "biu":
         return None
-    return int(v.reshape(-1)[0])
+    return int(np.reshape(v, -1)[0])
 
 
 def _erf(x: Any, **_: Any) -> int:

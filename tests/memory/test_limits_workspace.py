@@ -129,6 +129,7 @@ SCRATCH_CASES = {
                             {"inverse": 1}),
     "dft one-sided padded": ("DFT", [_f32(512, 1000, 1), _i64(2000).reshape(()),
                                      _i64(1).reshape(())], {"onesided": 1}),
+    "dft numpy scalar length": ("DFT", [_f32(256, 1000, 1), np.int64(4000), np.int64(1)], {}),
     "dft irfft": ("DFT", [_f32(1024, 501, 2), None, _i64(1).reshape(())],
                   {"onesided": 1, "inverse": 1}),
     "dft-17 rank 4 default axis padded": ("DFT-17", [_f32(8, 4000, 4, 1), _i64(8000).reshape(())],
