@@ -13,6 +13,8 @@ The loader builds on two pieces of this module: `type_fact` (a TypeProto's kind 
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx
 
 from opwarden.contract import TensorFact, mark_declared
@@ -93,9 +95,11 @@ class NodeBuilder:
                     "initializer or the output of an earlier node"
                 )
             inputs.append(v)
-        attrs = {}
+        attrs: dict[str, Any] = {}
         for a in n.attribute:
-            val = attr_value(a)
+            if a.name in attrs:
+                raise ModelError(f"node {name!r} ({n.op_type}): attribute {a.name!r} given twice")
+            val = self.attribute(a, f"node {name!r} ({n.op_type}) attribute {a.name!r}")
             if a.type == onnx.AttributeProto.GRAPH:
                 val = self.graph(val, g)
             elif a.type == onnx.AttributeProto.GRAPHS:
@@ -107,6 +111,15 @@ class NodeBuilder:
             node.outputs.append(self._output(o, node, g, local_types or {}, reuse) if o else None)
         return node
 
+    def attribute(self, a: onnx.AttributeProto, held: str) -> Any:
+        """The Python value of attribute `a` (`held`: how errors name it); graphs still protos."""
+        return attr_value(a)
+
+    def fact(self, name: str) -> tuple[str, TensorFact]:
+        """(kind, fact) of output `name` from the known types (no local declaration)."""
+        tp = self.types.get(name)
+        return type_fact(tp) if tp is not None else ("tensor", TensorFact(None, None))
+
     def _output(
         self, name: str, node: Node, g: Graph, local_types: dict[str, onnx.TypeProto], reuse: bool
     ) -> Value:
@@ -115,15 +128,14 @@ class NodeBuilder:
             kind, fact = type_fact(tp)
             fact = TensorFact(fact.dtype, mark_declared(fact.shape))
         else:
-            tp = self.types.get(name)
-            kind, fact = type_fact(tp) if tp is not None else ("tensor", TensorFact(None, None))
+            kind, fact = self.fact(name)
         v = g.values.get(name) if reuse else None
         if v is None:
             v = g.add_value(name, kind=kind, fact=fact)
         v.producer = node
         return v
 
-    def graph(self, gp: onnx.GraphProto, outer: Graph) -> Graph:
+    def graph(self, gp: onnx.GraphProto, outer: Graph | None) -> Graph:
         """A graph attribute of a piece, as a subgraph of `outer` (its nodes in body order: the
         spec writes them sorted; facts as the body declares them, dims declared-only)."""
         g = Graph(gp.name or "graph", outer=outer)

@@ -21,12 +21,12 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from opwarden.contract import TensorFact, mark_declared
+from opwarden.contract import TensorFact
 from opwarden.dtypes import dtype_name
 from opwarden.errors import ModelError
-from opwarden.ir.build import type_fact, wire_outputs
+from opwarden.ir.build import NodeBuilder, type_fact, wire_outputs
 from opwarden.ir.functions import MAX_INLINED_NODES, check_inlined_size, expand_functions
-from opwarden.ir.graph import Graph, Model, Node, Value
+from opwarden.ir.graph import Graph, Model, Node
 from opwarden.ir.infer import Inferred, check_dims, custom_infer, infer, pool_ceil_facts
 from opwarden.ir.tensors import payload_array, to_array
 from opwarden.ir.toposort import toposort
@@ -92,7 +92,10 @@ def read_source(source: Any) -> Source:
     return Source(proto, base_dir, True, buf if payloads else None, payloads)
 
 
-class GraphBuilder:
+class GraphBuilder(NodeBuilder):
+    """Builds a model's graphs from their protos, with the loader's defences (external data
+    confined to the model's folder, UTF-8 names, inference's corrected shapes)."""
+
     def __init__(
         self, opsets: dict[str, int], functions, base_dir, owned, inferred: Inferred | dict,
         source=None
@@ -165,7 +168,8 @@ class GraphBuilder:
         return g
 
     def node(
-        self, n: onnx.NodeProto, g: Graph, index: int, local_types, reuse: bool = False
+        self, n: onnx.NodeProto, g: Graph, index: int,
+        local_types: dict[str, onnx.TypeProto] | None = None, reuse: bool = False,
     ) -> Node:
         for field_ in (n.op_type, n.domain, n.name, *n.input, *n.output):
             if not isinstance(field_, str):
@@ -173,63 +177,19 @@ class GraphBuilder:
                     f"node {index} of graph {g.name!r} has a name or type that is not valid "
                     f"UTF-8: {field_!r}"
                 )
-        domain = canonical_domain(n.domain)
-        name = n.name or f"{n.op_type}_{index}"
-        if name in self.names:
-            name = f"{name}__{index}"
-        self.names.add(name)
-        if domain not in self.opsets:
-            raise ModelError(
-                f"node {name!r} ({n.op_type}) uses domain {n.domain or 'ai.onnx'!r}, "
-                f"which the model does not import (opset_import has {sorted(self.opsets)})"
-            )
-        inputs: list[Value | None] = []
-        for x in n.input:
-            if not x:
-                inputs.append(None)
-                continue
-            v = g.lookup(x)
-            if v is None:
-                raise ModelError(
-                    f"node {name!r} ({n.op_type}) reads {x!r}, which is not a graph input, an "
-                    "initializer or the output of an earlier node"
-                )
-            inputs.append(v)
-        attrs: dict[str, Any] = {}
-        for a in n.attribute:
-            if a.name in attrs:
-                raise ModelError(f"node {name!r} ({n.op_type}): attribute {a.name!r} given twice")
-            held = f"node {name!r} ({n.op_type}) attribute {a.name!r}"
-            val = attr_value(a, self._tensor_reader(held))
-            if a.type == onnx.AttributeProto.SPARSE_TENSOR:
-                val = _sparse_embedded(val, self.base_dir, held)
-            elif a.type == onnx.AttributeProto.GRAPH:
-                val = self.graph(val, g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                val = [self.graph(sub, g) for sub in val]
-            attrs[a.name] = val
-        node = Node(n.op_type, domain, name, inputs, [], attrs, self.opsets[domain], graph=g)
-        node.attr_types = {a.name: a.type for a in n.attribute}  # type: ignore[attr-defined]
-        for o in n.output:
-            if not o:
-                node.outputs.append(None)
-                continue
-            tp = local_types.get(o)
-            if tp is not None:
-                kind, fact = type_fact(tp)
-                fact = TensorFact(fact.dtype, mark_declared(fact.shape))
-            else:
-                tp = self.types.get(o)
-                kind, fact = type_fact(tp) if tp is not None else ("tensor", TensorFact(None, None))
-                hint = self.hints.get(o)
-                if hint is not None:
-                    fact = TensorFact(fact.dtype, hint)
-            v = g.values.get(o) if reuse else None
-            if v is None:
-                v = g.add_value(o, kind=kind, fact=fact)
-            v.producer = node
-            node.outputs.append(v)
-        return node
+        return super().node(n, g, index, local_types, reuse)
+
+    def attribute(self, a: onnx.AttributeProto, held: str) -> Any:
+        """Tensor payloads read confined to the model's folder, sparse ones embedded."""
+        val = attr_value(a, self._tensor_reader(held))
+        if a.type == onnx.AttributeProto.SPARSE_TENSOR:
+            val = _sparse_embedded(val, self.base_dir, held)
+        return val
+
+    def fact(self, name: str) -> tuple[str, TensorFact]:
+        kind, fact = super().fact(name)
+        hint = self.hints.get(name)  # a declared-only shape where inference gave none
+        return (kind, TensorFact(fact.dtype, hint)) if hint is not None else (kind, fact)
 
 
 def _sparse_to_dense(st: onnx.SparseTensorProto, base_dir: str | None = None,
