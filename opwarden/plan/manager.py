@@ -167,7 +167,11 @@ class MemoryManager:
         if self._busy.acquire(blocking=False):
             arena = self._arena
             if arena is None or arena.nbytes < plan.arena_bytes:
-                arena = self._grow(plan.arena_bytes)
+                try:
+                    arena = self._grow(plan.arena_bytes)
+                except BaseException:
+                    self._busy.release()  # a failed allocation must not keep the arena locked
+                    raise
             if entry.arena is not arena:
                 entry.arena, entry.bound = arena, None
             return entry, self._busy
