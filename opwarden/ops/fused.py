@@ -13,7 +13,6 @@ activation count as bytes moved, not FLOPs.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,7 @@ from opwarden.contract import Contract, TensorFact, one_of, such_that
 from opwarden.errors import KernelError
 from opwarden.ops import activation as _act
 from opwarden.ops import elementwise as _ew
-from opwarden.ops.base import REGISTRY, Sample, op
+from opwarden.ops.base import Sample, op
 from opwarden.ops.common import broadcast_shapes, normal
 from opwarden.ops.conv import (
     AUTO_PAD,
@@ -33,13 +32,6 @@ from opwarden.ops.conv import (
     conv_pads,
     conv_weights,
     spatial_params,
-)
-from opwarden.ops.fused_elementwise import (  # noqa: F401 - callers import them from here too
-    PRIMITIVES,
-    FusedElementwise,
-    fused_elementwise_inplace,
-    last_reads,
-    parse_program,
 )
 from opwarden.ops.grad import away_from_zero
 from opwarden.ops.linalg import Gemm, MatMul, _gemm_flops, _matmul_flops
@@ -457,16 +449,6 @@ def _fused_matmul_pieces(node: Any) -> list[Piece]:
 
 
 FusedMatMul.flops(_matmul_flops)
-
-
-@FusedElementwise.pieces
-def _fused_elementwise_pieces(node: Any) -> list[Piece]:
-    """Every operator the program names (a capitalised word that is one), over inputs 0-1."""
-    prog = node.attrs.get("program", "")
-    if isinstance(prog, bytes):
-        prog = prog.decode()
-    names = dict.fromkeys(re.findall(r"[A-Z][A-Za-z]+", str(prog)))
-    return [(n, {}, node.inputs[:2]) for n in names if REGISTRY.latest(n) is not None]
 
 
 @FusedMatMul.infer

@@ -18,7 +18,7 @@ from opwarden.contract import Contract, TensorFact, such_that
 from opwarden.errors import KernelError
 from opwarden.ops import activation as _act
 from opwarden.ops import elementwise as _ew
-from opwarden.ops.base import Sample, op
+from opwarden.ops.base import REGISTRY, Sample, op
 from opwarden.ops.common import broadcast_shapes, normal
 
 DOMAIN = "opwarden"
@@ -321,3 +321,13 @@ def fused_elementwise_inplace(*inputs, program="", out=None):
     else:
         run(xs, regs, out)
     return out
+
+
+@FusedElementwise.pieces
+def _fused_elementwise_pieces(node: Any) -> list[tuple[str, dict[str, Any], list[Any]]]:
+    """Every operator the program names (a capitalised word that is one), over inputs 0-1."""
+    prog = node.attrs.get("program", "")
+    if isinstance(prog, bytes):
+        prog = prog.decode()
+    names = dict.fromkeys(re.findall(r"[A-Z][A-Za-z]+", str(prog)))
+    return [(n, {}, node.inputs[:2]) for n in names if REGISTRY.latest(n) is not None]

@@ -936,7 +936,7 @@ def test_channel_shuffle_and_a_folded_input_shuffle_on_torch():
 
 def test_mul_then_add_compiles_to_one_addcmul_only_when_the_product_dies():
     _fused_present("FusedElementwise")
-    from opwarden.ops.fused import parse_program
+    from opwarden.ops.fused_elementwise import parse_program
 
     plan = tp._ew_compile("t0=mul(x0,x1);t1=add(x2,t0);t2=relu(t1)", parse_program)
     assert [(p[0], p[1]) for p in plan[:1]] == [("t1", torch.addcmul)] and len(plan) == 2

@@ -12,11 +12,9 @@ from opwarden.ops import REGISTRY
 from opwarden.ops import activation as act
 from opwarden.ops import elementwise as ew
 from opwarden.ops.conv import Conv
-from opwarden.ops.fused import (
-    FusedConv,
+from opwarden.ops.fused import FusedConv, FusedGemm, FusedMatMul
+from opwarden.ops.fused_elementwise import (
     FusedElementwise,
-    FusedGemm,
-    FusedMatMul,
     fused_elementwise_inplace,
     parse_program,
 )

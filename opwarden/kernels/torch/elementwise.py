@@ -18,7 +18,7 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 from opwarden.errors import KernelError
 from opwarden.kernels.torch.runtime import FLOATS, INTS, _add, _add_simple, _each, _Mode, _small
 from opwarden.kernels.torch.tensors import _np, _out_t, _ret, _t
-from opwarden.ops.fused import last_reads
+from opwarden.ops.fused_elementwise import last_reads, parse_program
 
 
 def _binary(torch_fn: Callable[..., torch.Tensor], ref: Callable[..., Any], legacy: bool):
@@ -172,10 +172,5 @@ def register() -> None:
         for o in _each(op_type):
             fn = _binary(tfn, o.reference, legacy=o.since < 7)
             _add(o, fn, f"{op_type.lower()}.torch", dtypes=dts, accepts_out=True)
-    ew = _each("FusedElementwise", "opwarden")
-    if ew:
-        from opwarden.ops import fused
-
-        parse = getattr(fused, "parse_program", None)
-        for o in ew if parse is not None else ():
-            _add(o, _fused_elementwise_kernel(o.reference, parse), "fusedelementwise.torch")
+    for o in _each("FusedElementwise", "opwarden"):
+        _add(o, _fused_elementwise_kernel(o.reference, parse_program), "fusedelementwise.torch")
