@@ -48,3 +48,17 @@ def one_node(op_type, inputs, outputs, opset=17, domain="", **attrs) -> onnx.Mod
     if domain:
         imports.append(helper.make_opsetid(domain, 1))
     return helper.make_model(graph, opset_imports=imports)
+
+
+def graph_model(nodes, inputs, outputs, inits=(), opset=18, value_info=(),
+                name="graph") -> onnx.ModelProto:
+    """A model of `nodes`; inputs/outputs are (name, elem_type, shape) triples."""
+    g = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        initializer=list(inits),
+        value_info=list(value_info),
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])

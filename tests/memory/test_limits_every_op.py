@@ -20,21 +20,14 @@ from onnx.reference import ReferenceEvaluator
 
 import opwarden
 from opwarden.errors import MemoryLimitError, OptionsError, OpwardenError, RunTimeoutError
+from tests.models import graph_model
 
 LIMIT = 256 << 20
 F, I64 = T.FLOAT, T.INT64
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=18, value_info=()) -> onnx.ModelProto:
-    g = helper.make_graph(
-        nodes,
-        "limits",
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-        initializer=list(inits),
-        value_info=list(value_info),
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    return graph_model(nodes, inputs, outputs, inits, opset, value_info, name="limits")
 
 
 def _f32(*shape):

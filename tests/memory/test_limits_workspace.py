@@ -22,6 +22,7 @@ import opwarden
 from opwarden.errors import MemoryLimitError
 from opwarden.ops.base import REGISTRY
 from opwarden.plan.scratch import SCRATCH
+from tests.models import graph_model
 
 LIMIT = 64 << 20
 MiB = 1 << 20
@@ -241,13 +242,7 @@ def test_scratch_rule_bounds_the_reference_kernel(case):
 # -- sessions: refused before allocating, and the same results below the limit ----------------
 
 def _model(nodes, inputs, outputs, inits=(), opset=19) -> onnx.ModelProto:
-    g = helper.make_graph(
-        nodes, "scratch",
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-        initializer=list(inits),
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    return graph_model(nodes, inputs, outputs, inits, opset, name="scratch")
 
 
 def resize_through_intermediate():
