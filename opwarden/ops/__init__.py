@@ -38,10 +38,12 @@ FAMILIES = (
     "transformer",
     "ml",
     "ml_features",
+    "ml_svm",
     "training",
     "control",
     "sequence",
     "contrib",
+    "contrib_attention",
     "fused_elementwise",
     "fused",
 )
