@@ -22,6 +22,7 @@ def explain_json(sess: Any) -> dict[str, Any]:
             "layout": r.get("layout"),
             "inserted": r.get("inserted"),
             "decomposed_from": r.get("decomposed_from"),
+            "origin": r.get("origin"),
         }
         for r in rows
     ]
@@ -45,6 +46,8 @@ def render_explain(sess: Any, as_json: bool = False, out: Any = None) -> int:
         op = r["op_type"] + (f" (from {r['decomposed_from']})" if r["decomposed_from"] else "")
         if r["inserted"]:
             op += f" [inserted {r['inserted']}]"
+        if r.get("origin") and r["origin"] != [r["name"]]:
+            op += f" = {' + '.join(r['origin'])}"
         table.add_row(
             r["name"], op, r["device"], r["variant"], r["layout"] or "", r["reason"] or ""
         )

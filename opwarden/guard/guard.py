@@ -427,6 +427,7 @@ class Guard:
             input_dtypes=list(dtypes),
             workspace_bytes=ws,
             run=self.runs,
+            origin=pl.node.origins,
         )
 
     def _finish(

@@ -47,6 +47,14 @@ class Node:
     # and the governing schema.
     opdef: Any = None
     schema: Any = None
+    # The model nodes this node computes (explain, the trace): None for a node as the model
+    # wrote it (itself); a rewrite sets the union of what it replaces, [] for an inserted copy.
+    origin: list[str] | None = None
+
+    @property
+    def origins(self) -> list[str]:
+        """Names of the model nodes this node stands for (its own name if the model wrote it)."""
+        return [self.name] if self.origin is None else list(self.origin)
 
     @property
     def label(self) -> str:
@@ -88,6 +96,9 @@ class Graph:
     values: dict[str, Value] = field(default_factory=dict)
     outer: Graph | None = None
     captures: list[Value] = field(default_factory=list)
+    # Model nodes no node stands for any more: name -> the pass or placement step that removed
+    # them (constant folding, dead code, a cancelled transpose), for explain.
+    removed: dict[str, str] = field(default_factory=dict)
     # ids of `captures`: a body reading thousands of outer values must not search the list
     _captured: set[int] = field(default_factory=set, repr=False)
 

@@ -104,7 +104,7 @@ def optimize(model: Model, options: Any) -> list[dict[str, Any]]:
 
     def run(p: Pass) -> int:
         t = time.perf_counter()
-        rw = Rewriter(model, model.graph)
+        rw = Rewriter(model, model.graph, p.name)
         res = p.run(rw)
         rw.finish()
         if res.changes:

@@ -17,7 +17,7 @@ import onnx
 
 from opwarden.ir.graph import Node, Value
 from opwarden.passes.match import ACT_TYPES, const_conv, is_std, joined_bias, known_shape
-from opwarden.passes.rewrite import PassResult, Rewriter
+from opwarden.passes.rewrite import PassResult, Rewriter, part_name
 
 
 def _branch_conv(rw: Rewriter, v: Value, concat: Node) -> tuple | None:
@@ -119,7 +119,8 @@ def concat_conv_merge(rw: Rewriter) -> PassResult:
             "FusedConv",
             [x, rw.new_const(f"{first.name}_concat_W", w_all),
              rw.new_const(f"{first.name}_concat_B", b_all)],
-            [node.outputs[0]], attrs, name=f"{node.name}_convs", attr_types=types)
+            [node.outputs[0]], attrs, name=part_name([q[0] for q in parts] + [node]),
+            parts=[q[0] for q in parts] + [node], attr_types=types)
         rw.place(fused, node)
         res.details["concats of convolutions merged"] += 1
         res.details["convolutions merged"] += len(parts)

@@ -61,8 +61,9 @@ def _affine_step(rw: Rewriter, c: Node, y: Value, rank: int, m: int):
     return None
 
 
-def _absorb_affine(rw: Rewriter, y: Value, rank: int, m: int, scale, shift):
-    """Fold the chain of single-use affine consumers after y; (last value, scale, shift, n)."""
+def _absorb_affine(rw: Rewriter, y: Value, rank: int, m: int, scale, shift, parts: list):
+    """Fold the chain of single-use affine consumers after y (appended to `parts`); (last
+    value, scale, shift, n)."""
     n = 0
     while True:
         c = rw.single_use(y)
@@ -74,6 +75,7 @@ def _absorb_affine(rw: Rewriter, y: Value, rank: int, m: int, scale, shift):
         s, t = step
         scale, shift = scale * s, shift * s + t
         rw.remove(c)
+        parts.append(c)
         y = c.outputs[0]
         n += 1
     return y, scale, shift, n
@@ -96,7 +98,8 @@ def conv_bn_folding(rw: Rewriter) -> PassResult:
             continue
         m = w.shape[0]
         shift = b.astype(np.float64) if b is not None else np.zeros(m)
-        last, scale, shift, n = _absorb_affine(rw, y, w.ndim, m, np.ones(m), shift)
+        parts: list[Node] = []
+        last, scale, shift, n = _absorb_affine(rw, y, w.ndim, m, np.ones(m), shift, parts)
         if not n:
             continue
         # In W's own dtype: the scale is rounded once, and large weights are not converted
@@ -110,6 +113,7 @@ def conv_bn_folding(rw: Rewriter) -> PassResult:
         rw.set_input(node, 2, bv2)
         node.outputs[0] = last
         last.producer = node
+        rw.absorb(node, parts)
         res.details["folded_nodes"] += n
         res.details["convs"] += 1
         res.changes += n
@@ -138,16 +142,17 @@ def bn_to_affine(rw: Rewriter) -> PassResult:
         first = _bn_affine(rw, node, m)
         if first is None:
             continue
-        last, scale, shift, n = _absorb_affine(rw, y, rank, m, *first)
+        parts = [node]
+        last, scale, shift, n = _absorb_affine(rw, y, rank, m, *first, parts)
         dt = np.dtype(x.fact.dtype)
         cshape = (m,) + (1,) * (rank - 2)
         s = rw.new_const(f"{node.name}_scale", scale.astype(dt).reshape(cshape))
         t = rw.new_const(f"{node.name}_shift", shift.astype(dt).reshape(cshape))
         mid = rw.new_value(f"{node.name}_scaled", last.fact)
-        mul = rw.make_node("Mul", [x, s], [mid], {}, name=f"{node.name}_mul", domain="",
-                           opset=default)
-        add = rw.make_node("Add", [mid, t], [last], {}, name=f"{node.name}_add", domain="",
-                           opset=default)
+        mul = rw.make_node("Mul", [x, s], [mid], {}, name=f"{node.name}_mul", parts=parts,
+                           domain="", opset=default)
+        add = rw.make_node("Add", [mid, t], [last], {}, name=f"{node.name}_add", parts=parts,
+                           domain="", opset=default)
         rw.remove(node)
         anchor = node
         rw.place(mul, anchor)

@@ -58,8 +58,8 @@ def activation_after_maxpool(rw: Rewriter) -> PassResult:
             rw.place(conv_copy(rw, node, node.inputs[0], y, False), node)
         src = y if fused else node.inputs[0]
         rw.place(pool_copy(rw, pool, src, pooled), pool)
-        rw.place(activation_node(rw, act[0], act[1], pooled, out, f"{pool.name}_{act[0]}"),
-                 pool)
+        rw.place(activation_node(rw, act[0], act[1], pooled, out, f"{pool.name}_{act[0]}",
+                                 [node]), pool)
         res.details[f"{act[0]} after {pool.op_type}"] += 1
         res.changes += 1
     return res

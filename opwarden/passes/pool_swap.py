@@ -124,8 +124,8 @@ def _pool_after(rw: Rewriter, res: PassResult, pool: Node, conv: Node, xs, ys, k
     else:
         pooled = rw.new_value(f"{pool.name}_pooled", y.fact)
         rw.place(pool_copy(rw, pool, pre, pooled), conv)
-        rw.place(activation_node(rw, act[0], act[1], pooled, y, f"{pool.name}_{act[0]}"),
-                 conv)
+        rw.place(activation_node(rw, act[0], act[1], pooled, y, f"{pool.name}_{act[0]}",
+                                 [conv]), conv)
     res.details["AveragePool after a 1x1 convolution"] += 1
     res.changes += 1
 

@@ -6,6 +6,12 @@ returning a `PassResult` (what it changed). Besides the Rewriter's own edits, th
 builders several passes share live here: `fuse` (a chain of nodes as one fused node),
 `activation_node` (a FusedConv activation as its own standard node) and the copies of a
 convolution or pool on new values that the pool-moving passes place.
+
+Provenance goes through here too: every node `make_node` creates names the nodes it replaces
+(`parts`), and carries the union of their origins (`Node.origin`, the model nodes it
+computes); a node that takes over another's work in place says so with `absorb`. `finish`
+records in `Graph.removed`, under the pass's name, each model node that no node stands for any
+more (constant-folded, dead, bypassed), so `explain` can account for every node of the model.
 """
 
 from __future__ import annotations
@@ -24,6 +30,24 @@ from opwarden.ir.graph import Graph, Model, Node, Value
 from opwarden.ir.validate import check_node
 
 FUSED_DOMAIN = "opwarden"
+# A node built from more parts than fit in this many characters is named after its first and
+# last part and how many are between (its origin still lists every one).
+NAME_CHARS = 60
+
+
+def merge_origins(nodes: list[Node]) -> list[str]:
+    """The origins of `nodes`, in order, each name once."""
+    return list(dict.fromkeys(o for n in nodes for o in n.origins))
+
+
+def part_name(nodes: list[Node]) -> str:
+    """A readable name for a node standing for `nodes`: their names joined by '+'
+    ("conv1+relu_a"), or the first and last with the count between when that is too long."""
+    names = [n.name for n in nodes]
+    joined = "+".join(names)
+    if len(names) <= 2 or len(joined) <= NAME_CHARS:
+        return joined
+    return f"{names[0]}+{len(names) - 2}_more+{names[-1]}"
 
 
 @dataclass
@@ -47,9 +71,11 @@ class Rewriter:
     by `finish()`, which also drops values nothing refers to any more.
     """
 
-    def __init__(self, model: Model, graph: Graph) -> None:
+    def __init__(self, model: Model, graph: Graph, name: str = "") -> None:
         self.model = model
         self.graph = graph
+        self.name = name  # the pass's, recorded against the model nodes it removes
+        self.absorbed: set[str] = set()  # origins taken over in place (see `absorb`)
         self.removed: set[int] = set()
         self.inserted: dict[int, list[Node]] = {}  # id(anchor node) -> nodes placed before it
         self.outputs = {id(v) for v in graph.outputs}
@@ -205,13 +231,17 @@ class Rewriter:
         attrs: dict[str, Any],
         *,
         name: str,
+        parts: list[Node],
         domain: str = FUSED_DOMAIN,
         opset: int | None = None,
         attr_types: dict[str, int] | None = None,
     ) -> Node:
-        """A node checked against its schema (opdef and schema resolved) but not yet placed."""
+        """A node checked against its schema (opdef and schema resolved) but not yet placed;
+        `parts`: the nodes whose work it does, whose origins it carries."""
         if domain == FUSED_DOMAIN:
             self.model.opsets.setdefault(FUSED_DOMAIN, 1)
+        if any(p.name == name and id(p) in self.removed for p in parts):
+            self._node_names_of().discard(name)  # a copy of a removed node keeps its name
         node = Node(
             op_type,
             domain,
@@ -223,19 +253,31 @@ class Rewriter:
             graph=self.graph,
         )
         node.attr_types = dict(attr_types or {})  # type: ignore[attr-defined]
+        node.origin = merge_origins(parts)
         check_node(node)
         return node
 
+    def absorb(self, node: Node, parts: list[Node]) -> None:
+        """`node` now also does the work of `parts` (folded into its weights or attributes):
+        it carries their origins, and their removal is no loss to report."""
+        node.origin = merge_origins([node, *parts])
+        self.absorbed.update(node.origin)
+
     def unique_node_name(self, base: str) -> str:
-        names = getattr(self, "_node_names", None)
-        if names is None:
-            names = self._node_names = {n.name for n in self.graph.nodes}
+        """`base`, or `base_k` for the first k that no node of the graph (or this pass) has."""
+        names = self._node_names_of()
         name, k = base, 0
         while name in names:
             k += 1
             name = f"{base}_{k}"
         names.add(name)
         return name
+
+    def _node_names_of(self) -> set[str]:
+        names = getattr(self, "_node_names", None)
+        if names is None:
+            names = self._node_names = {n.name for n in self.graph.nodes}
+        return names
 
     def place(self, node: Node, anchor: Node) -> None:
         """Put `node` where `anchor` is (anchor removed); its inputs gain the new uses."""
@@ -245,15 +287,35 @@ class Rewriter:
 
     # -- finishing ------------------------------------------------------------------------
     def finish(self) -> None:
+        """Apply the removals and placements to `graph.nodes`, record the model nodes that
+        went without a replacement in `graph.removed`, and drop values nothing refers to."""
         if not self.removed and not self.inserted:
             return
         nodes: list[Node] = []
+        gone: list[Node] = []
         for n in self.graph.nodes:
             nodes.extend(self.inserted.get(id(n), ()))
             if id(n) not in self.removed:
                 nodes.append(n)
+            else:
+                gone.append(n)
+        self._record_removed(gone)
         self.graph.nodes = nodes
         prune_values(self.graph)
+
+    def _record_removed(self, gone: list[Node]) -> None:
+        """Note each origin of the removed nodes that no placed node or absorb carries on."""
+        new = [n for ns in self.inserted.values() for n in ns]
+        gone = gone + [n for n in new if id(n) in self.removed]  # placed, then replaced
+        carried = set(self.absorbed)
+        for n in new:
+            if id(n) not in self.removed:
+                carried.update(n.origins)
+        why = self.name or "graph optimization"
+        for n in gone:
+            for o in n.origins:
+                if o not in carried:
+                    self.graph.removed.setdefault(o, why)
 
 
 def fuse(rw: Rewriter, res: PassResult, op_type: str, nodes: list[Node], inputs, attrs,
@@ -262,7 +324,7 @@ def fuse(rw: Rewriter, res: PassResult, op_type: str, nodes: list[Node], inputs,
     node of the fused domain writing that output, placed where the last one was."""
     out = nodes[-1].outputs[0]
     rw.remove_all(nodes)
-    fused = rw.make_node(op_type, inputs, [out], attrs, name=f"{nodes[0].name}_fused",
+    fused = rw.make_node(op_type, inputs, [out], attrs, name=part_name(nodes), parts=nodes,
                          attr_types=attr_types)
     rw.place(fused, nodes[-1])
     res.details[op_type] += 1
@@ -271,8 +333,9 @@ def fuse(rw: Rewriter, res: PassResult, op_type: str, nodes: list[Node], inputs,
 
 
 def activation_node(rw: Rewriter, act: str, params: list[float], x: Value, y: Value,
-                    name: str) -> Node:
-    """y = act(x) as a standard node (FusedConv's activation_params conventions)."""
+                    name: str, parts: list[Node]) -> Node:
+    """y = act(x) as a standard node (FusedConv's activation_params conventions); `parts`:
+    the node that applied the activation before."""
     opset = rw.model.opsets.get("", 0)
     attrs: dict = {}
     types: dict = {}
@@ -290,7 +353,7 @@ def activation_node(rw: Rewriter, act: str, params: list[float], x: Value, y: Va
         else:
             attrs.update(min=lo, max=hi)
             types.update(min=onnx.AttributeProto.FLOAT, max=onnx.AttributeProto.FLOAT)
-    return rw.make_node(act, ins, [y], attrs, name=name, domain="", opset=opset,
+    return rw.make_node(act, ins, [y], attrs, name=name, parts=parts, domain="", opset=opset,
                         attr_types=types)
 
 
@@ -300,13 +363,14 @@ def conv_copy(rw: Rewriter, conv: Node, x: Value, y: Value, keep_act: bool) -> N
              if keep_act or k not in ("activation", "activation_params")}
     types = {k: t for k, t in getattr(conv, "attr_types", {}).items() if k in attrs}
     return rw.make_node(conv.op_type, [x, *conv.inputs[1:]], [y], attrs, name=conv.name,
-                        domain=conv.domain, opset=conv.opset, attr_types=types)
+                        parts=[conv], domain=conv.domain, opset=conv.opset, attr_types=types)
 
 
 def pool_copy(rw: Rewriter, pool: Node, x: Value, y: Value) -> Node:
     """`pool` reading x and writing y, not yet placed."""
-    return rw.make_node(pool.op_type, [x], [y], pool.attrs, name=pool.name, domain="",
-                        opset=pool.opset, attr_types=getattr(pool, "attr_types", None))
+    return rw.make_node(pool.op_type, [x], [y], pool.attrs, name=pool.name, parts=[pool],
+                        domain="", opset=pool.opset,
+                        attr_types=getattr(pool, "attr_types", None))
 
 
 def _drop_use(v: Value, node: Node, i: int) -> None:

@@ -72,11 +72,13 @@ def scale_into_conv(rw: Rewriter) -> PassResult:
         rw.set_input(add, 1 - j, rw.new_const(f"{add.name}_shift", (t / s).astype(dt)
                                               .reshape(cshape)))
         rw.remove(mul)
+        rw.absorb(add, [mul])
         wshape = (1, m) + (1,) * (rank - 2)
         for n in convs:
             w = rw.const(n.inputs[1])
             rw.set_input(n, 1, rw.new_const(f"{n.name}_W_scaled",
                                             (w * s.reshape(wshape)).astype(w.dtype)))
+            rw.absorb(n, [mul])
         res.details["Mul"] += 1
         res.details["convolutions"] += len(convs)
         res.changes += 1

@@ -14,7 +14,7 @@ import onnx
 from opwarden.contract import TensorFact
 from opwarden.ir.graph import Node, Value
 from opwarden.passes.match import ACT_TYPES, const_conv, joined_bias
-from opwarden.passes.rewrite import PassResult, Rewriter
+from opwarden.passes.rewrite import PassResult, Rewriter, part_name
 
 
 def _pointwise_key(rw: Rewriter, node: Node) -> tuple[tuple, tuple] | None:
@@ -31,7 +31,7 @@ def _pointwise_key(rw: Rewriter, node: Node) -> tuple[tuple, tuple] | None:
 
 
 def _split(rw: Rewriter, first: Node, y_all: Value, outs: list[Value], sizes: list[int],
-           opset: int) -> Node:
+           opset: int, parts: list[Node]) -> Node:
     """Split y_all along the channels into `outs` (sizes as an input from opset 13)."""
     split_ins: list[Value | None] = [y_all]
     split_attrs: dict = {"axis": 1}
@@ -43,8 +43,8 @@ def _split(rw: Rewriter, first: Node, y_all: Value, outs: list[Value], sizes: li
         split_attrs["split"] = sizes
         split_types["split"] = onnx.AttributeProto.INTS
     return rw.make_node("Split", split_ins, outs, split_attrs,
-                        name=f"{first.name}_siblings_split", domain="", opset=opset,
-                        attr_types=split_types)
+                        name=f"{first.name}_siblings_split", parts=parts, domain="",
+                        opset=opset, attr_types=split_types)
 
 
 def _merge(rw: Rewriter, group: list[tuple[Node, tuple]], strides, act, params,
@@ -74,8 +74,8 @@ def _merge(rw: Rewriter, group: list[tuple[Node, tuple]], strides, act, params,
     for n in members:
         rw.remove(n)
     merged = rw.make_node("FusedConv", [x, w_all, b_all], [y_all], attrs,
-                          name=f"{first.name}_siblings", attr_types=types)
-    split = _split(rw, first, y_all, outs, sizes, opset)
+                          name=part_name(members), parts=members, attr_types=types)
+    split = _split(rw, first, y_all, outs, sizes, opset, members)
     rw.place(merged, first)
     rw.place(split, first)
 

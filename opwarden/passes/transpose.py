@@ -40,6 +40,7 @@ def transpose_cancellation(rw: Rewriter) -> PassResult:
             res.details["cancelled"] += 1
         else:  # (an identity perm here writes a graph output straight from src)
             rw.set_input(node, 0, src)
+            rw.absorb(node, [first])
             node.attrs["perm"] = q
             if hasattr(node, "attr_types"):
                 node.attr_types["perm"] = onnx.AttributeProto.INTS

@@ -29,6 +29,7 @@ from opwarden.place.copies import insert_copies
 from opwarden.place.facts import complete_facts
 from opwarden.place.fit import fit_memory
 from opwarden.place.layout import unify
+from opwarden.place.regions import finish, group_regions
 from opwarden.place.partition import (
     Partitioner,
     Placement,
@@ -54,18 +55,21 @@ def place_model(
     fit_memory(g, part)
     if getattr(options, "fallback", "allow") == "forbid":
         forbid_fallback(g, devs, part.assign)
+    regions = group_regions(g, part, options, model.opsets)
     copies = insert_copies(g, part.assign)
     device_of = {k: a.device for k, a in part.assign.items()}
     layouts, lrep = unify(g, device_of, model.opsets.get("", 13), quarantine)
     out = Placements(
         placements(g, device_of, layouts, part.assign, copies, lrep.inserted, quarantine)
     )
+    finish(out, regions)
     for sub in graphs_of(model)[1:]:
         out.extend(place_graph(sub, devices, model.opsets, quarantine=quarantine))
     out.report = {
         "devices": [d.name for d in devs],
         "simulated": [d.name for d in devs if d.simulated],
         "copies_inserted": len(copies),
+        "removed": dict(g.removed),
         **lrep.as_dict(),
     }
     return out

@@ -80,7 +80,8 @@ class _Copies:
             convert = srcdev.compute_dtype or ""
         attrs = {"src": src, "dst": dst.name, "convert": convert or ""}
         node = Node("DeviceCopy", "opwarden", fresh_node_name(g, f"{v.name}/to_{dst.name}"),
-                    [v], [out], attrs, 1, graph=g, opdef=self.opdef, schema=self.schema)
+                    [v], [out], attrs, 1, graph=g, opdef=self.opdef, schema=self.schema,
+                    origin=[])
         out.producer = node
         self.assign[id(node)] = Assign(get_device(copy_device(src, dst.name)))
         conv = f", rounding floats to {convert}" if convert else ""

@@ -375,6 +375,8 @@ class LayoutPass(LayoutState):
         """Forget dead layout-only node `n` (counted as cancelled when the model wrote it)."""
         if id(n) not in self.report.inserted:
             self.report.cancelled += 1
+            for o in n.origins:
+                self.g.removed.setdefault(o, "layout (transpose cancelled)")
         else:
             if n.op_type == "Transpose":
                 self.report.transposes -= 1

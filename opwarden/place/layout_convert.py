@@ -139,7 +139,7 @@ class LayoutState:
             k += 1
             name = f"{base}_{k}"
         self._names.add(name)
-        node = Node(op, "", name, ins, [out], attrs, self.opset, graph=self.g)
+        node = Node(op, "", name, ins, [out], attrs, self.opset, graph=self.g, origin=[])
         out.producer = node
         return node
 

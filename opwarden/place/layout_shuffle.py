@@ -169,6 +169,7 @@ def _one_shuffle(
                       f"{tail.name}/shuffle")
     node.domain = "opwarden"
     node.opset = 1
+    node.origin = list(dict.fromkeys(head.origins + mid.origins + tail.origins))
     node.opdef, node.schema = opdef, schema
     p.device_of[id(node)] = dev
     p.kind[id(node)] = "N"
@@ -227,6 +228,7 @@ def fold_shuffles(p: LayoutState) -> int:
             conv.op_type, conv.domain, conv.opset = "FusedConv", "opwarden", 1
             conv.opdef, conv.schema = REGISTRY.resolve("FusedConv", "opwarden", 1)
         conv.attrs = dict(conv.attrs, input_shuffle=int(n.attrs["group"]))
+        conv.origin = list(dict.fromkeys(n.origins + conv.origins))
         conv.inputs[0] = n.inputs[0]
         folded.add(id(n))
         if p.g.values.get(y.name) is y:

@@ -84,6 +84,7 @@ class Placement:
             "simulated": self.simulated,
             "rejected": [{"variant": n, "reason": r} for n, r in self.rejected],
             "decomposed_from": self.decomposed_from,
+            "origin": self.node.origins,
         }
 
 
@@ -194,6 +195,8 @@ class Partitioner:
         runs every piece (None: no device runs the node whole)."""
         types = piece_types(node, protos, self.opsets)
         pieces = build_pieces(protos, graph, self.opsets, types)
+        for p in pieces:  # each piece computes part of what the node stood for
+            p.origin = node.origins
         if dev is not None:
             why = (
                 f"{rejected[-1][1]}; decomposed through its ONNX function body, "

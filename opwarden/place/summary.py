@@ -1,7 +1,11 @@
-"""The summary of a placement: per-device node counts, fallbacks with reasons, inserted nodes.
+"""The summary of a placement: per-device node counts, fallbacks with reasons, inserted nodes,
+and where each model node went.
 
 Built from `InferenceSession.explain()` rows and the placement report; the session's
-`explain_summary` and the `opwarden explain` rendering in `devices/cli.py` both use it.
+`explain_summary` and the `opwarden explain` rendering in `cli/devices.py` both use it. Each
+row's ``origin`` lists the model nodes that executed node stands for (a fused node lists all
+its parts); the model nodes no executed node stands for are in ``removed``, with the pass that
+removed them (constant folding, dead code, identities, cancelled transposes).
 """
 
 from __future__ import annotations
@@ -50,6 +54,14 @@ def summarize(rows: list[dict[str, Any]], report: dict[str, Any] | None = None) 
     decomposed = sorted({r["decomposed_from"] for r in model_rows if r.get("decomposed_from")})
     if decomposed:
         text += f"; decomposed: {', '.join(decomposed)}"
+    fused, removed = provenance(rows, report)
+    if fused:
+        text += (f"; {len(fused)} node(s) stand for "
+                 f"{sum(len(v) for v in fused.values())} model nodes (fused)")
+    if removed:
+        why = Counter(removed.values())
+        text += (f"; {len(removed)} model node(s) removed ("
+                 + ", ".join(f"{k}: {v}" for k, v in why.most_common()) + ")")
     sim = report.get("simulated") or []
     if sim:
         text += f". SIMULATED: {', '.join(sim)} (device profile executed on the host)"
@@ -68,4 +80,21 @@ def summarize(rows: list[dict[str, Any]], report: dict[str, Any] | None = None) 
         "channel_shuffles_folded": report.get("channel_shuffles_folded", 0),
         "decomposed": decomposed,
         "simulated": sim,
+        "fused": fused,
+        "removed": removed,
     }
+
+
+def provenance(
+    rows: list[dict[str, Any]], report: dict[str, Any] | None = None
+) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """(executed node -> the model nodes it stands for, for nodes standing for several or for
+    one under another name; model node -> the pass that removed it, for the model nodes no
+    executed node stands for)."""
+    fused = {r["name"]: list(r["origin"]) for r in rows
+             if r.get("origin") and r["origin"] != [r["name"]]}
+    carried = {o for r in rows for o in r.get("origin") or ()}
+    removed = {k: v for k, v in ((report or {}).get("removed") or {}).items()
+               if k not in carried}
+    return fused, removed
+

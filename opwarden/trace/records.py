@@ -11,6 +11,7 @@ from typing import Any
 
 @dataclass
 class OpRecord:
+    """What one executed operator did in one run: node, kernel, shapes, times, checks."""
     node: str
     op_type: str
     device: str
@@ -30,6 +31,8 @@ class OpRecord:
     checks: dict[str, Any] = field(default_factory=dict)
     error: str = ""
     run: int = 0
+    # The model nodes this executed node stands for (Node.origins: a fused node's parts).
+    origin: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
