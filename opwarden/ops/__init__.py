@@ -43,7 +43,9 @@ FAMILIES = (
     "control",
     "sequence",
     "contrib",
+    "contrib_quant", "contrib_quant_nn",
     "contrib_attention",
+    "contrib_embed",
     "fused_elementwise",
     "fused",
 )
