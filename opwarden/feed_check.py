@@ -1,9 +1,10 @@
 """Feed validation: what `InferenceSession.run` checks of the caller's feeds before planning.
 
 A run's feeds are matched to the graph inputs by name (unknown and missing names refused), each
-checked against its input's declared dtype, rank and static dims, symbolic dims held equal
-across inputs, and handed to the kernels as read-only native-byte-order views (the caller's
-array keeps its own flags). Sequence, map and optional feeds are checked against their
+checked against its input's declared dtype, rank and static dims (a dim declared -1 is dynamic,
+as in ONNX Runtime; a one-element feed for a declared scalar is taken as the scalar), symbolic
+dims held equal across inputs, and handed to the kernels as read-only native-byte-order views
+(the caller's array keeps its own flags). Sequence, map and optional feeds are checked against their
 declared TypeProto and rebuilt as new containers of such arrays. Every refusal is an
 `InputError` naming the input. The session then plans for the dims these feeds bind
 (`plan.manager`) and runs.
@@ -109,6 +110,8 @@ def check_feed(v: Value, x: Any, dims: dict[str, tuple[int, str]]) -> Any:
     if got == "string" and x.dtype != object:
         x = x.astype(object)
     shape = v.fact.shape
+    if shape == () and x.ndim:
+        x = _as_scalar(v, x)
     if shape is not None:
         if x.ndim != len(shape):
             raise InputError(
@@ -131,6 +134,20 @@ def check_feed(v: Value, x: Any, dims: dict[str, tuple[int, str]]) -> Any:
     # Kernels see the caller's memory through a read-only buffer: no kernel can make it
     # writeable, and the caller's array keeps its own flags.
     return readonly_view(_native(x))
+
+
+def _as_scalar(v: Value, x: np.ndarray) -> np.ndarray:
+    """A one-element feed ([1], [1, 1], ...) for an input declared as a scalar, viewed as the
+    scalar. ONNX Runtime does not check the shape of a feed for a scalar input at all; the
+    values computed from one element are the same either way (outputs that take their rank
+    from it keep the declared one here). A feed of any other size is refused: the model's
+    shapes are planned from the declared scalar."""
+    if x.size == 1:
+        return x.reshape(())
+    raise InputError(
+        f"input {v.name!r} is declared a scalar (shape []); got shape {list(x.shape)} "
+        f"({x.size} elements); a scalar input takes one element, shaped [] or [1]"
+    )
 
 
 def _native(x: np.ndarray) -> np.ndarray:

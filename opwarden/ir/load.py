@@ -25,6 +25,7 @@ from opwarden.contract import TensorFact
 from opwarden.dtypes import dtype_name
 from opwarden.errors import ModelError
 from opwarden.ir.build import NodeBuilder, type_fact, wire_outputs
+from opwarden.ir.dynamic_dims import negative_dims_dynamic
 from opwarden.ir.functions import MAX_INLINED_NODES, check_inlined_size, expand_functions
 from opwarden.ir.graph import Graph, Model, Node
 from opwarden.ir.infer import Inferred, check_dims, custom_infer, infer, pool_ceil_facts
@@ -225,6 +226,7 @@ def _sparse_embedded(sp: onnx.SparseTensorProto, base_dir: str | None, held: str
 def load(source: Any) -> Model:
     """Parse and convert a model; raises ModelError (never another type) on malformed input."""
     src = read_source(source)
+    restore = negative_dims_dynamic(src.proto)  # dim_value -1: dynamic, as in ORT
     try:
         model = _convert(src)
     except ModelError:
@@ -233,6 +235,8 @@ def load(source: Any) -> Model:
         raise ModelError(f"model cannot be loaded: {type(e).__name__}") from None
     except Exception as e:  # noqa: BLE001 - corrupt protobufs surface as assorted errors
         raise ModelError(f"model cannot be loaded: {type(e).__name__}: {e}") from None
+    finally:
+        restore()
     for note in model.notes:
         # ONNX Runtime's "Error merging shape info ... Falling back to lenient merge"
         warnings.warn(f"opwarden: {note}", RuntimeWarning, stacklevel=2)
