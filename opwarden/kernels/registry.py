@@ -12,12 +12,14 @@ from opwarden.kernels.cpu import (
     linalg,
     norm,
     pool,
+    quant,
     select,
     shape,
     shuffle,
 )
 
-for _module in (conv, pool, norm, linalg, elementwise, activation, fused, select, shape, shuffle):
+for _module in (conv, pool, norm, linalg, elementwise, activation, fused, select, shape, shuffle,
+                quant):
     _module.register()
 
 
