@@ -6,13 +6,14 @@ ONNX Runtime's ContribOperators.md; half-precision inputs compute in float32, as
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
-from opwarden.ops.base import op
+from opwarden.ops.base import REGISTRY, OpDef, op
 from opwarden.ops.common import work_float
 from opwarden.ops.elementwise import erf
 
@@ -251,6 +252,13 @@ def SimplifiedLayerNormalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=
     except ValueError as e:
         raise KernelError(f"scale shape {scale.shape} does not broadcast to {X.shape}") from e
     return y.astype(scale.dtype), inv_rms.astype(u)
+
+
+# ORT's optimizer writes SimplifiedLayerNormalization in the default domain (ORT registers it
+# only there), so the same operator is registered there too, under its own schema.
+REGISTRY.add(OpDef("SimplifiedLayerNormalization", "", 1, SimplifiedLayerNormalization.reference,
+                   SimplifiedLayerNormalization.contract,
+                   dataclasses.replace(SimplifiedLayerNormalization.custom_schema, domain="")))
 
 
 # --------------------------------------------------------------------------------------------
