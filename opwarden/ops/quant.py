@@ -15,7 +15,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from opwarden.contract import Contract, one_of
 from opwarden.dtypes import np_dtype
 from opwarden.errors import KernelError
-from opwarden.ops.base import op
+from opwarden.ops.base import Sample, op
 from opwarden.ops.cast import cast_array, int_range, is_exotic_float, is_small_int
 
 _STD_FLOATS = (np.float16, np.float32, np.float64)
@@ -472,3 +472,42 @@ def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_z
     out = np.asarray(y_zero_point).dtype if y_zero_point is not None else x.dtype
     yz = None if y_zero_point is None else _scalar(y_zero_point, what, "y_zero_point")
     return _requantize(acc, (sx * sw) / sy, yz, out)
+
+
+def _q8(rng, dtype, shape) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, int(info.max) + 1, size=shape).astype(dtype)
+
+
+@QLinearConv.samples
+def _qlinear_conv_samples(rng):
+    """Per-tensor and per-channel weight scales, groups, strides, dilations, padding, bias."""
+    f32 = np.float32
+    for xt, wt in ((np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8)):
+        name = f"{np.dtype(xt).name}x{np.dtype(wt).name}"
+        x, w = _q8(rng, xt, (2, 4, 7, 6)), _q8(rng, wt, (6, 2, 3, 3))
+        ws = rng.uniform(0.002, 0.02, 6).astype(f32)
+        q = [np.asarray(0.02, f32), np.asarray(3, xt)]
+        y = [np.asarray(0.3, f32), np.asarray(-5 if xt == np.int8 else 100, xt)]
+        bias = rng.integers(-3000, 3000, 6).astype(np.int32)
+        yield Sample([x, *q, w, ws, np.zeros(6, wt), *y, bias],
+                     {"group": 2, "pads": [1, 0, 2, 1], "strides": [2, 1]},
+                     label=f"{name} per-channel, grouped, strided", constants=(3, 8))
+        yield Sample([x, *q, w[:, :1].repeat(4, axis=1), np.asarray(0.01, f32),
+                      np.asarray(1, wt), *y], {"dilations": [2, 2], "auto_pad": "SAME_UPPER"},
+                     label=f"{name} per-tensor, dilated, SAME_UPPER")
+    x, w = _q8(rng, np.uint8, (1, 40, 9, 9)), _q8(rng, np.int8, (8, 40, 3, 3))
+    yield Sample([x, np.asarray(0.05, f32), np.asarray(128, np.uint8), w,
+                  np.asarray(0.05, f32), np.asarray(0, np.int8), np.asarray(0.5, f32),
+                  np.asarray(128, np.uint8)], label="K=360 (float64 path), saturating")
+
+
+@QLinearMatMul.samples
+def _qlinear_matmul_samples(rng):
+    f32 = np.float32
+    for at, bt in ((np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)):
+        for m, k, n in ((3, 5, 4), (17, 300, 9), (0, 4, 3)):
+            yield Sample([_q8(rng, at, (m, k)), np.asarray(0.03, f32), np.asarray(2, at),
+                          _q8(rng, bt, (k, n)), np.asarray(0.02, f32), np.asarray(1, bt),
+                          np.asarray(0.1, f32), np.asarray(7, at)],
+                         label=f"{np.dtype(at).name}x{np.dtype(bt).name} {m}x{k}x{n}")
