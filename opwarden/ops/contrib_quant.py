@@ -30,6 +30,7 @@ Rounding is round-half-to-even throughout; results saturate to the output type's
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -448,6 +449,12 @@ def QLinearConcat(Y_scale, Y_zero_point, *inputs, axis=None):
     except ValueError as e:
         raise KernelError(f"{what}: inputs do not concatenate on axis {axis}: "
                           f"{[p.shape for p in parts]}") from e
+
+
+# Its variadic input mixes tensors, float scales and zero points: heterogeneous, as in ORT.
+QLinearConcat.custom_schema = dataclasses.replace(QLinearConcat.custom_schema, inputs=tuple(
+    dataclasses.replace(p, homogeneous=False) if p.option == "variadic" else p
+    for p in QLinearConcat.custom_schema.inputs))
 
 
 @QLinearConcat.infer
