@@ -42,6 +42,9 @@ _OPTIONS: dict[str, tuple[Any, str, Any]] = {
         or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v == v),
     ),
     "fallback": ("allow", "'allow' or 'forbid'", lambda v: v in ("allow", "forbid")),
+    # A device's compute precision (the openvino device); anything but f32 is a degrade.
+    "precision": ("f32", "'f32', 'bf16', 'f16' or 'int8'",
+                  lambda v: v in ("f32", "bf16", "f16", "int8")),
     "intra_op_num_threads": (0, "an int >= 0", lambda v: isinstance(v, int) and v >= 0),
     "inter_op_num_threads": (0, "an int >= 0", lambda v: isinstance(v, int) and v >= 0),
     "plan_cache_size": (64, "an int >= 1", lambda v: isinstance(v, int) and v >= 1),

@@ -33,6 +33,7 @@ from opwarden.memory.hugepages import move_weights
 from opwarden.options import SessionOptions
 from opwarden.passes import optimize
 from opwarden.place import Placement, place_model
+from opwarden.place.regions import pass_options
 from opwarden.plan.manager import MemoryManager
 from opwarden.plan.planner import MemoryPlan
 from opwarden.trace.records import OpRecord, chrome_trace, default_trace_path
@@ -158,7 +159,7 @@ class InferenceSession:
         _apply_threads(self.options, self.providers)
         self.model: Model = load(source)
         validate(self.model)
-        self.pass_report = optimize(self.model, self.options)
+        self.pass_report = optimize(self.model, pass_options(self.options, self.providers))
         # Weights into huge pages before any kernel packs them (memory.hugepages).
         self.huge_page_bytes = move_weights(self.model) if self.options.huge_page_weights else 0
         self.model.release_pages()  # weights the passes read and replaced leave memory

@@ -355,11 +355,10 @@ def get_device(name: str) -> Device:
     """The device called `name` (case-insensitive, aliases accepted)."""
     key = name.lower()
     dev = _find(key)
-    if dev is None and "torch" in key:
+    if dev is None:
         _try_optional()
         dev = _find(key)
     if dev is None:
-        _try_optional()
         raise OptionsError(f"unknown device {name!r}; available: {', '.join(_DEVICES)}")
     return dev
 

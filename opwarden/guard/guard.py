@@ -238,6 +238,9 @@ class Guard:
         if rec is not None:
             self._finish(rec, outs, t_start, status, faults, st.ref.name)
             rec.output_views = _views(outs, args, kw)
+            prov = getattr(var, "provenance", None)  # a compiled region: its nodes' times
+            if prov is not None:
+                rec.covers = prov(status == "fallback")
         return outs
 
     @staticmethod
@@ -385,6 +388,10 @@ class Guard:
             rec.action = "raise"
             self.faults.append(rec)
             raise HandledFault(f"{where}; the reference kernel failed too: {ref_err}")
+        blame = getattr(st.ref, "blame", None)  # a compiled region names its first bad node
+        named = blame(kind, list(args)) if blame is not None else None
+        if named is not None:
+            rec.node, rec.op_type, rec.detail = named[0], named[1], f"{named[2]}: {detail}"
         if kind in ("nan", "inf") and all(k in ("nan", "inf") for k, _ in faults):
             ref_bad = any((C.has_nan(o) if kind == "nan" else C.has_inf(o)) for o in ref_outs)
             if ref_bad:  # the math itself gives NaN/Inf here: an anomaly, not a faulty kernel

@@ -36,3 +36,18 @@ def _try_torch() -> None:
 
 
 _devices.add_optional_provider(_try_torch)
+
+
+def _try_openvino() -> None:
+    """Register the openvino provider when OpenVINO is importable."""
+    import importlib.util
+
+    if _devices.has_device("openvino") or importlib.util.find_spec("openvino") is None:
+        return
+    try:
+        from opwarden.kernels.openvino import provider  # noqa: F401
+    except ImportError:
+        pass
+
+
+_devices.add_optional_provider(_try_openvino)

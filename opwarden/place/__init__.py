@@ -29,7 +29,7 @@ from opwarden.place.copies import insert_copies
 from opwarden.place.facts import complete_facts
 from opwarden.place.fit import fit_memory
 from opwarden.place.layout import unify
-from opwarden.place.regions import finish, group_regions
+from opwarden.place.regions import compiles_regions, finish, group_regions
 from opwarden.place.partition import (
     Partitioner,
     Placement,
@@ -48,7 +48,7 @@ def place_model(
     """Partition, copy, lay out and choose kernels for every graph of `model`, in order."""
     devs = [get_device(d) for d in devices]
     g = model.graph
-    if any(d.kind == "profile" for d in devs):
+    if any(d.kind == "profile" or compiles_regions(d) for d in devs):
         complete_facts(g, model.opsets)
     part = Partitioner(devs, model.opsets, quarantine)
     part.graph(g)
@@ -58,7 +58,8 @@ def place_model(
     regions = group_regions(g, part, options, model.opsets)
     copies = insert_copies(g, part.assign)
     device_of = {k: a.device for k, a in part.assign.items()}
-    layouts, lrep = unify(g, device_of, model.opsets.get("", 13), quarantine)
+    layouts, lrep = unify(g, device_of, model.opsets.get("", 13), quarantine,
+                          getattr(options, "optimization_level", 3) >= 3)
     out = Placements(
         placements(g, device_of, layouts, part.assign, copies, lrep.inserted, quarantine)
     )

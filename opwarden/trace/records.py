@@ -33,6 +33,8 @@ class OpRecord:
     run: int = 0
     # The model nodes this executed node stands for (Node.origins: a fused node's parts).
     origin: list[str] = field(default_factory=list)
+    # A compiled region's nodes: [{node, op_type, exec_us, device}] (OpenVINO's profiling).
+    covers: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

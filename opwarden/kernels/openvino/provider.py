@@ -1,0 +1,250 @@
+"""The openvino device: what it runs is OpenVINO's own answer, plus opwarden's contract checks.
+
+`OpenVINODevice.accepts(node)` asks OpenVINO about the node as one-node ONNX model (frontend
+conversion, then `Core.query_model` on the CPU plugin; answers cached per node signature), after
+the checks opwarden needs to guard and fall back (an operator opwarden implements, so the CPU
+path can rerun it; tensors of known dtypes OpenVINO computes in; no
+subgraphs). A refusal carries OpenVINO's reason. `make_region` builds the compiled region
+(region.py) place/regions.py groups nodes into. Every standard operator also gets a single-node
+compiled variant ("<op>.openvino", `when`: OpenVINO accepts the facts), so `opwarden check
+--device openvino` validates OpenVINO's kernels against the reference and `opwarden ops
+--device openvino` lists them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import onnx
+import openvino as ov
+from onnx import helper, numpy_helper
+
+from opwarden.contract import Contract, TensorFact
+from opwarden.devices.base import Device, register_device
+from opwarden.dtypes import onnx_type
+from opwarden.ir.export import attribute_proto
+from opwarden.ir.graph import Node, Value
+from opwarden.kernels.openvino import convert as C
+from opwarden.kernels.openvino.region import LRU_SIZE, PRECISIONS, Region, ov_config, shared
+from opwarden.ops.base import REGISTRY, OpDef
+from opwarden.ops.custom import build_schema
+from opwarden.ops.select import kernel_kwargs, select
+
+DEVICE_NAME = "openvino"
+REGION_OP, REGION_DOMAIN = "OpenVINORegion", "opwarden.openvino"
+_MAX_EMBED = 64  # integer inputs this small are embedded as constants (shapes, axes, pads)
+
+
+def _region_ref(*inputs: Any, region: Region | None = None) -> Any:
+    """A region's reference: its nodes one by one on the host kernels."""
+    assert region is not None
+    return region.cpu(*inputs)
+
+
+def _region_op() -> OpDef:
+    sch = build_schema(REGION_OP, REGION_DOMAIN, 1, ["*inputs: T"], ["*outputs: T"],
+                       {"T": sorted(C.OV_DTYPES)}, None, _region_ref)
+    opdef = OpDef(REGION_OP, REGION_DOMAIN, 1, _region_ref, Contract(), sch)
+    opdef.kernel(DEVICE_NAME, name="openvino.region", specialize=lambda kw: kw["region"].run)(
+        lambda *inputs, region=None: region.run(*inputs))
+    return opdef
+
+
+class OpenVINODevice(Device):
+    """The OpenVINO runtime on its CPU plugin (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            DEVICE_NAME, kind="openvino", host_memory=True, preferred_layout="NCHW",
+            description=f"OpenVINO {ov.get_version().split('-')[0]} on its CPU plugin; "
+                        "compiled regions, f32 unless a precision is asked for",
+            extra={"openvino_version": ov.get_version(),
+                   "capabilities": list(C.core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")),
+                   "default_precision": str(C.core().get_property("CPU",
+                                                                  "INFERENCE_PRECISION_HINT"))},
+        )
+        self.region_opdef = _region_op()
+        self._answers: OrderedDict[tuple, str | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def accepts(self, node: Any, quarantine: Any = None) -> tuple[bool, str]:
+        why = self._contract(node)
+        if why is None:
+            why = self._ask(node)
+        if why is None and quarantine is not None and f"{node.op_type}.openvino" in quarantine:
+            why = f"{node.op_type}.openvino quarantined as unstable"
+        return (why is None), (why or "")
+
+    def layouts_for(self, node: Any, quarantine: Any = None) -> tuple[str, ...]:
+        return ("NCHW",)
+
+    def _contract(self, node: Any) -> str | None:
+        """What opwarden itself needs of a node it hands to OpenVINO, or None."""
+        if node.opdef is None:
+            return f"opwarden has no CPU kernel for {node.op_type} to fall back to"
+        if node.subgraphs():
+            return f"{node.op_type} has subgraphs; they run on the host"
+        for v in list(node.inputs) + list(node.outputs):
+            if v is None:
+                continue
+            if v.kind != "tensor" or v.fact.dtype not in C.OV_DTYPES:
+                return f"value {v.name!r} ({v.kind} {v.fact.dtype}): openvino takes tensors of " \
+                       f"{', '.join(sorted(C.OV_DTYPES))}"
+            if v.fact.shape is None:
+                return f"value {v.name!r} has no known rank; openvino needs one"
+        return None
+
+    def _ask(self, node: Node) -> str | None:
+        key = _signature(node)
+        with self._lock:
+            if key in self._answers:
+                return self._answers[key]
+        outs = [v for v in node.outputs if v is not None]
+        ins = [v for v in node.inputs if v is not None]
+        opsets = {"": node.opset} if node.domain in ("", "ai.onnx") else {node.domain: node.opset}
+        answer = C.refusal(C.graph_model([node], ins, outs, opsets))
+        with self._lock:
+            self._answers[key] = answer
+            while len(self._answers) > 4096:
+                self._answers.popitem(last=False)
+        return answer
+
+    def make_region(self, name: str, nodes: list[Node], inputs: list[Value],
+                    outputs: list[Value], opsets: dict[str, int], options: Any,
+                    quarantine: Any) -> Region:
+        """The compiled region of `nodes` (boundary values given), for a session's options."""
+        precision = getattr(options, "precision", "f32") or "f32"
+        if precision not in PRECISIONS:
+            from opwarden.errors import OptionsError
+
+            raise OptionsError(
+                f"openvino: precision {precision!r} is not one its CPU plugin computes in; it "
+                f"takes {', '.join(PRECISIONS)} (int8 runs only in a quantized, QDQ model)")
+        host = []
+        for n in nodes:
+            var, _ = select(n, "cpu", "NCHW", quarantine)
+            var = var or next(v for v in n.opdef.variants if v.reference)
+            kw = kernel_kwargs(n)
+            fn = var.fn if var.specialize is None else var.specialize(dict(kw))
+            host.append((fn, {} if var.specialize is not None else kw))
+        return Region(name, nodes, inputs, outputs, opsets, precision,
+                      int(getattr(options, "intra_op_num_threads", 0) or 0),
+                      bool(getattr(options, "trace", False)
+                           or getattr(options, "enable_profiling", False)), host)
+
+
+def _signature(node: Node) -> tuple:
+    """What OpenVINO's answer about a node depends on: operator, attributes, input and output
+    facts, small constants' values."""
+    ins = []
+    for v in node.inputs:
+        if v is None:
+            ins.append(None)
+            continue
+        c = v.const
+        val = c.tobytes() if c is not None and c.size <= _MAX_EMBED else (c is not None)
+        ins.append((v.fact.dtype, v.fact.shape, val))
+    outs = tuple((v.fact.dtype, v.fact.shape) for v in node.outputs if v is not None)
+    return (node.op_type, node.opset, repr(sorted(node.attrs.items(), key=lambda t: t[0])),
+            tuple(ins), outs)
+
+
+# -- single-node compiled variants ----------------------------------------------------------
+
+
+class _OneNode:
+    """The kernel of one operator run as a one-node OpenVINO model, compiled per call
+    signature (attributes, input shapes and dtypes, small integer inputs) in an LRU."""
+
+    def __init__(self, opdef: OpDef) -> None:
+        self.opdef = opdef
+        self.cache: OrderedDict[tuple, Any] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def model(self, args: list[Any], attrs: dict[str, Any], noutputs: int) -> bytes:
+        params, inits, names = [], [], []
+        for i, a in enumerate(args):
+            if a is None:
+                names.append("")
+                continue
+            a = np.asarray(a)
+            names.append(f"x{i}")
+            if a.dtype.kind in "iub" and a.size <= _MAX_EMBED:
+                inits.append(numpy_helper.from_array(a, f"x{i}"))
+            else:
+                params.append(helper.make_tensor_value_info(f"x{i}", onnx_type(a.dtype),
+                                                            list(a.shape)))
+        outs = [f"y{k}" for k in range(noutputs)]
+        p = helper.make_node(self.opdef.op_type, names, outs, name="n")
+        p.attribute.extend(attribute_proto(k, v) for k, v in attrs.items() if v is not None)
+        g = helper.make_graph([p], "one", params,
+                              [onnx.ValueInfoProto(name=o) for o in outs], initializer=inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", max(self.opdef.since, 7))])
+        m.ir_version = 8
+        return m.SerializeToString()
+
+    def __call__(self, *args: Any, noutputs: int = 1, **attrs: Any) -> Any:
+        attrs = {k: v for k, v in attrs.items() if k not in ("out", "workspace")}
+        key = (repr(sorted(attrs.items())), noutputs, tuple(
+            None if a is None else (np.asarray(a).dtype.str, np.shape(a),
+                                    np.asarray(a).tobytes() if np.asarray(a).dtype.kind in "iub"
+                                    and np.size(a) <= _MAX_EMBED else None) for a in args))
+        with self.lock:
+            compiled = self.cache.get(key)
+        if compiled is None:
+            compiled = C.core().compile_model(C.read(self.model(list(args), attrs, noutputs)),
+                                              "CPU", ov_config("f32", 0, False))
+            with self.lock:
+                self.cache[key] = compiled
+                while len(self.cache) > LRU_SIZE * 8:
+                    self.cache.popitem(last=False)
+        feeds = [shared(np.asarray(a))[0] for a in args
+                 if a is not None and not (np.asarray(a).dtype.kind in "iub"
+                                           and np.size(a) <= _MAX_EMBED)]
+        res = compiled.create_infer_request().infer(feeds, share_inputs=True)
+        outs = tuple(res[o] for o in compiled.outputs)
+        return outs if noutputs > 1 else outs[0]
+
+
+def _when(opdef: OpDef):
+    def when(*facts: TensorFact, **attrs: Any) -> bool:
+        if any(f.dtype is not None and f.dtype not in C.OV_DTYPES for f in facts):
+            return False
+        ins = [f"x{i}" for i in range(len(facts))]
+        p = helper.make_node(opdef.op_type, ins, ["y"], name="n")
+        p.attribute.extend(attribute_proto(k, v) for k, v in attrs.items() if v is not None)
+        params = [helper.make_tensor_value_info(
+            n, onnx_type(np.dtype(f.dtype or "float32")),
+            None if f.shape is None else [d if isinstance(d, int) else None for d in f.shape])
+            for n, f in zip(ins, facts)]
+        g = helper.make_graph([p], "q", params, [onnx.ValueInfoProto(name="y")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", max(opdef.since, 7))])
+        m.ir_version = 8
+        return C.refusal(m.SerializeToString()) is None
+    return when
+
+
+def _register_variants() -> None:
+    for o in REGISTRY.all():
+        if o.domain not in ("", "ai.onnx") or any(v.device == DEVICE_NAME for v in o.variants):
+            continue
+        o.kernel(DEVICE_NAME, name=f"{o.op_type}.openvino", when=_when(o))(_OneNode(o))
+
+
+def register() -> OpenVINODevice:
+    """Add the openvino device and its single-node variants (idempotent)."""
+    from opwarden.devices.base import has_device
+
+    if has_device(DEVICE_NAME):
+        from opwarden.devices.base import get_device
+
+        return get_device(DEVICE_NAME)  # type: ignore[return-value]
+    dev = register_device(OpenVINODevice())
+    _register_variants()
+    return dev  # type: ignore[return-value]
+
+
+register()

@@ -1,0 +1,272 @@
+"""A compiled region: maximal connected nodes placed on openvino, run as one OpenVINO model.
+
+- Compiled once per shape signature of its non-constant inputs (an LRU of `LRU_SIZE`), each
+  reshaped to static shapes, which OpenVINO's CPU plugin runs faster than dynamic ones; a region
+  whose inputs are static compiles when the session is created.
+- Feeds enter as shared-memory tensors and OpenVINO writes its outputs into fresh NumPy arrays
+  set as its output tensors: nothing is copied across the boundary (a read-only feed is viewed
+  writable when NumPy allows; OpenVINO never writes its inputs).
+- Precision: INFERENCE_PRECISION_HINT is always set, f32 unless the session asked for another
+  (SessionOptions.precision): OpenVINO's own default on a CPU with AVX512_BF16 is bf16, a silent
+  degrade. Threads: INFERENCE_NUM_THREADS from intra_op_num_threads.
+- With tracing, PERF_COUNT is on and `provenance()` turns the last call's profiling info into
+  per-node times (each runtime layer's time split over the ONNX nodes fused into it).
+- `cpu(*inputs)` reruns the region node by node on the host kernels (the guard's fallback) and
+  `blame(kind)` names the first node whose output went bad in OpenVINO's run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from opwarden.errors import KernelError
+from opwarden.ir.graph import Node, Value
+from opwarden.kernels.openvino import convert as C
+
+LRU_SIZE = 8
+PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
+_POISON: set[str] = set()
+
+
+@contextmanager
+def inject_nan(*node_names: str):
+    """Fault injection for tests: regions compiled inside this block compute NaN as the first
+    output of these nodes, as a broken device kernel would."""
+    _POISON.update(node_names)
+    try:
+        yield
+    finally:
+        _POISON.difference_update(node_names)
+
+
+def ov_config(precision: str, threads: int, profile: bool) -> dict[str, Any]:
+    """The compile properties: explicit precision, threads, latency, PERF_COUNT when tracing."""
+    cfg: dict[str, Any] = {
+        "INFERENCE_PRECISION_HINT": PRECISIONS[precision],
+        "PERFORMANCE_HINT": "LATENCY",
+        "PERF_COUNT": "YES" if profile else "NO",
+    }
+    if threads > 0:
+        cfg["INFERENCE_NUM_THREADS"] = threads
+    return cfg
+
+
+def shared(x: Any) -> tuple[Any, Any]:
+    """(x as an array OpenVINO may wrap without a copy: C-contiguous, writable, the array
+    whose memory it uses, to keep alive meanwhile)."""
+    a = np.ascontiguousarray(x)
+    if not a.flags.writeable:
+        v = a.view()
+        try:
+            v.flags.writeable = True
+            a = v
+        except ValueError:  # read-only memory (frozen feeds): an alias OpenVINO only reads
+            import ctypes
+
+            buf = (ctypes.c_char * a.nbytes).from_address(a.ctypes.data) if a.nbytes else b""
+            alias = np.frombuffer(buf, a.dtype).reshape(a.shape) if a.nbytes else a.copy()
+            return alias, a
+    return a, None
+
+
+class _Compiled:
+    """One shape signature: the compiled model, idle infer requests, output specs, owners."""
+
+    def __init__(self, compiled: Any, layers: dict[str, tuple[str, ...]]) -> None:
+        self.compiled = compiled
+        self.layers = layers
+        self.idle: list[Any] = []
+        self.lock = threading.Lock()
+        self.outs = [(tuple(o.get_shape()), o.get_element_type().to_dtype())
+                     for o in compiled.outputs]
+
+    def request(self) -> Any:
+        with self.lock:
+            return self.idle.pop() if self.idle else self.compiled.create_infer_request()
+
+    def release(self, req: Any) -> None:
+        with self.lock:
+            self.idle.append(req)
+
+
+class Region:
+    """The nodes of one region, its boundary values and its compiled models."""
+
+    def __init__(
+        self, name: str, nodes: list[Node], inputs: list[Value], outputs: list[Value],
+        opsets: dict[str, int], precision: str = "f32", threads: int = 0,
+        profile: bool = False, host_kernels: list[tuple[Any, dict[str, Any]]] | None = None,
+    ) -> None:
+        self.name, self.nodes, self.inputs, self.outputs = name, nodes, inputs, outputs
+        self.feeds = [v for v in inputs if v.const is None]  # the step's inputs, in order
+        self.opsets = opsets
+        self.precision, self.threads, self.profile = precision, threads, profile
+        self.poison = tuple(sorted(_POISON & {n.name for n in nodes}))
+        self.onnx = C.graph_model(nodes, inputs, outputs, opsets, self.poison)
+        self.key = hashlib.sha1(self.onnx[:1 << 20]).hexdigest()[:12]
+        self.host_kernels = host_kernels or []
+        self.owner = {v.name: n.name for n in nodes for v in n.outputs if v is not None}
+        self.cache: OrderedDict[tuple, _Compiled] = OrderedDict()
+        self.lock = threading.Lock()
+        self.last: tuple[Any, _Compiled, float] | None = None  # (request, compiled, µs) traced
+        self.cpu_times: dict[str, float] = {}
+        self.cpu_env: dict[str, Any] = {}
+        self.degrade: dict[str, Any] = {}
+        if all(v.fact.static for v in self.feeds):
+            self.compiled_for(tuple(tuple(v.fact.shape) for v in self.feeds))
+
+    # -- compiling ---------------------------------------------------------------------------
+    def compiled_for(self, sig: tuple, precision: str | None = None,
+                     outputs: list[Value] | None = None) -> _Compiled:
+        """The compiled model for input shapes `sig` (LRU), or a one-off one for another
+        precision or output list (calibration and diagnosis)."""
+        if precision is None and outputs is None:
+            with self.lock:
+                hit = self.cache.get(sig)
+                if hit is not None:
+                    self.cache.move_to_end(sig)
+                    return hit
+        data = self.onnx if outputs is None else C.graph_model(
+            self.nodes, self.inputs, outputs, self.opsets, self.poison)
+        model = C.read(data)
+        if self.feeds:
+            model.reshape({p.get_any_name(): list(s) for p, s in zip(model.inputs, sig)})
+        cfg = ov_config(precision or self.precision, self.threads, self.profile)
+        try:
+            compiled = C.core().compile_model(model, "CPU", cfg)
+        except Exception as e:  # noqa: BLE001 - the plugin's refusal, in words
+            raise KernelError(f"OpenVINO region {self.name}: compile failed for input shapes "
+                              f"{list(sig)}: {C.frontend_reason(e)}") from None
+        layers = C.layer_owners(compiled, C.owners(model, self.owner)) if self.profile else {}
+        entry = _Compiled(compiled, layers)
+        if precision is None and outputs is None:
+            with self.lock:
+                self.cache[sig] = entry
+                while len(self.cache) > LRU_SIZE:
+                    self.cache.popitem(last=False)
+        return entry
+
+    # -- running -----------------------------------------------------------------------------
+    def run(self, *args: Any) -> tuple[Any, ...]:
+        """The region's outputs for its feeds, computed by OpenVINO."""
+        return self._infer(self.compiled_for(tuple(np.shape(a) for a in args)), args)
+
+    def _infer(self, entry: _Compiled, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        import openvino as ov
+
+        req = entry.request()
+        try:
+            keep = [shared(a) for a in args]  # alive until OpenVINO has read them
+            for i, (a, _owner) in enumerate(keep):
+                req.set_input_tensor(i, ov.Tensor(a, shared_memory=True))
+            outs = []
+            for i, (shape, dt) in enumerate(entry.outs):
+                y = np.empty(shape, dt)
+                req.set_output_tensor(i, ov.Tensor(y, shared_memory=True))
+                outs.append(y)
+            t0 = time.perf_counter()
+            req.infer()
+            if self.profile:
+                self.last = (req, entry, (time.perf_counter() - t0) * 1e6)
+        finally:
+            entry.release(req)
+        return tuple(outs)
+
+    def provenance(self, fallback: bool = False) -> list[dict[str, Any]]:
+        """Per node of the region, its time in the last call (µs): OpenVINO's profiling info,
+        or the host kernels' after a fallback; layers no node owns (layout reorders OpenVINO
+        inserted) are listed under the region's name."""
+        types = {n.name: n.op_type for n in self.nodes}
+        if fallback or self.last is None:
+            return [{"node": n.name, "op_type": n.op_type, "device": "cpu",
+                     "exec_us": self.cpu_times.get(n.name, 0.0)} for n in self.nodes]
+        req, entry, _ = self.last
+        per = dict.fromkeys(types, 0.0)
+        extra: dict[str, float] = {}
+        for p in req.profiling_info:
+            us = p.real_time.total_seconds() * 1e6
+            nodes = entry.layers.get(p.node_name, ())
+            if nodes:
+                for n in nodes:
+                    per[n] += us / len(nodes)
+            elif us > 0:
+                extra[p.node_type] = extra.get(p.node_type, 0.0) + us
+        rows = [{"node": n, "op_type": types[n], "exec_us": t, "device": "openvino"}
+                for n, t in per.items()]
+        rows += [{"node": f"{self.name}/{k}", "op_type": f"OpenVINO.{k}", "exec_us": t,
+                  "device": "openvino"} for k, t in extra.items()]
+        return rows
+
+    # -- the guard's fallback and diagnosis --------------------------------------------------
+    def cpu(self, *args: Any) -> tuple[Any, ...]:
+        """The region rerun node by node on the host's kernels (the CPU path)."""
+        env: dict[str, Any] = {v.name: a for v, a in zip(self.feeds, args)}
+        for v in self.inputs:
+            if v.const is not None:
+                env[v.name] = v.const
+        times: dict[str, float] = {}
+        for n, (fn, kw) in zip(self.nodes, self.host_kernels):
+            ins = [env[v.name] if v is not None else None for v in n.inputs]
+            t0 = time.perf_counter()
+            res = fn(*ins, **kw)
+            times[n.name] = (time.perf_counter() - t0) * 1e6
+            res = res if type(res) is tuple else (res,)
+            for v, r in zip(n.outputs, res):
+                if v is not None:
+                    env[v.name] = np.asarray(r) if isinstance(r, np.generic) else r
+        self.cpu_times, self.cpu_env = times, env
+        return tuple(env[v.name] for v in self.outputs)
+
+    def blame(self, kind: str, args: list[Any]) -> tuple[str, str, str] | None:
+        """(node, op_type, what went bad) for the first node of the region whose output went
+        bad in OpenVINO's run (for NaN/Inf: the first producing them from finite inputs;
+        otherwise the first disagreeing with the CPU rerun), or None when none can be named."""
+        inner = [v for n in self.nodes for v in n.outputs if v is not None]
+        try:
+            entry = self.compiled_for(tuple(np.shape(a) for a in args), outputs=inner)
+            got = dict(zip((v.name for v in inner), self._infer(entry, tuple(args))))
+        except Exception:  # noqa: BLE001 - no diagnosis model: the region stays the culprit
+            return None
+        got.update({v.name: a for v, a in zip(self.feeds, args)})
+        for v in self.inputs:
+            if v.const is not None:
+                got[v.name] = v.const
+        for n in self.nodes:
+            ins = [got.get(v.name) for v in n.inputs if v is not None]
+            outs = [got.get(v.name) for v in n.outputs if v is not None]
+            why = _bad(kind, ins, outs, [self.cpu_env.get(v.name) for v in n.outputs
+                                         if v is not None])
+            if why:
+                return n.name, n.op_type, f"{why} (node {n.name!r} in OpenVINO region " \
+                                          f"{self.name} of {len(self.nodes)} nodes)"
+        return None
+
+
+def _finite(x: Any) -> bool:
+    return not (isinstance(x, np.ndarray) and x.dtype.kind in "fc") or bool(np.isfinite(x).all())
+
+
+def _bad(kind: str, ins: list[Any], outs: list[Any], want: list[Any]) -> str:
+    if kind in ("nan", "inf"):
+        if all(_finite(x) for x in ins) and not all(_finite(y) for y in outs):
+            n = sum(int(np.isnan(y).sum()) for y in outs if isinstance(y, np.ndarray)
+                    and y.dtype.kind == "f")
+            return f"OpenVINO computed {n} NaN (and Inf) from finite inputs"
+        return ""
+    for y, w in zip(outs, want):
+        if not isinstance(y, np.ndarray) or not isinstance(w, np.ndarray):
+            continue
+        if y.shape != w.shape or y.dtype != w.dtype:
+            return (f"OpenVINO output {y.dtype}{list(y.shape)}, the CPU path "
+                    f"{w.dtype}{list(w.shape)}")
+        if y.dtype.kind == "f" and not np.allclose(y, w, rtol=1e-3, atol=1e-4, equal_nan=True):
+            err = float(np.nanmax(np.abs(y - w)))
+            return f"OpenVINO output differs from the CPU path by {err:.3g}"
+    return ""

@@ -1,0 +1,218 @@
+"""Compiled regions: maximal connected groups of nodes on a device that compiles them whole.
+
+A device with ``make_region`` (the openvino device) runs each group of nodes placed on it as
+one compiled model and one executed step. This rewrite, after partitioning and the memory fit
+and before copies and layouts, groups them and replaces each group in the graph by one region
+node (``OpenVINORegion``) whose inputs and outputs are the group's boundary values; its
+``origin`` is every model node it covers (explain, the trace).
+
+Grouping goes in topological order: a node joins the region of one of its producers on the
+same device unless a path from that region reaches it through a node outside the region
+(merging would make a cycle); otherwise it starts a region. `finish` then gives each region
+placement its compiled variant (one name per region, which the guard quarantines on a fault)
+and the CPU rerun as its fallback, and lists each covered node's own placement for explain.
+`pass_options` keeps opwarden's fusions (operators of its own domain, which such a device
+cannot read) away from sessions that use one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from opwarden.ir.graph import Graph, Node, Value
+from opwarden.ops.base import Variant
+from opwarden.place.partition import Assign, Partitioner, Placement
+
+
+@dataclass
+class Region:
+    """One region: its node in the graph, the nodes it covers, their assignments."""
+
+    node: Node
+    device: Any
+    members: list[Node]
+    assigns: list[Assign]
+    compiled: Any = None
+
+
+@dataclass
+class RegionPlacement(Placement):
+    """A region's placement: the compiled step, with the nodes it covers."""
+
+    covers: list[Placement] = field(default_factory=list)
+    precision: str = "f32"
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["covers"] = [p.node.name for p in self.covers]
+        d["precision"] = self.precision
+        deg = getattr(self.node.attrs.get("region"), "degrade", None)
+        if self.precision != "f32":
+            d["degrade"] = {"from": "f32", "to": self.precision, **(deg or {})}
+        return d
+
+
+@dataclass
+class CoveredPlacement(Placement):
+    """A model node inside a region (explain's row for it)."""
+
+    region: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["region"] = self.region
+        return d
+
+
+def compiles_regions(dev: Any) -> bool:
+    return callable(getattr(dev, "make_region", None))
+
+
+def pass_options(options: Any, providers: list[str]) -> Any:
+    """`options` for the graph passes: without the fusing (level 2) passes when a device that
+    compiles regions is in the session (it fuses on its own, and cannot read opwarden's fused
+    operators); the caller's object is never changed."""
+    from opwarden.devices import get_device
+
+    if getattr(options, "optimization_level", 1) < 2:
+        return options
+    if not any(compiles_regions(get_device(p)) for p in providers):
+        return options
+    import copy
+
+    opts = copy.copy(options)
+    opts.optimization_level = 1
+    return opts
+
+
+def _groups(graph: Graph, assign: dict[int, Assign]) -> list[list[Node]]:
+    """Maximal connected, cycle-free groups of nodes on region-compiling devices."""
+    region_of: dict[int, int] = {}  # id(node) -> group index
+    reach: dict[int, frozenset[int]] = {}  # id(node) -> groups some path into it leaves
+    groups: list[list[Node]] = []
+    for n in graph.nodes:
+        prods = [v.producer for v in n.inputs if v is not None and v.producer is not None]
+        dev = assign[id(n)].device
+        into: frozenset[int] = frozenset().union(*(reach.get(id(p), frozenset()) for p in prods))
+        into |= {region_of[id(p)] for p in prods if id(p) in region_of}
+        if compiles_regions(dev):
+            joined = None
+            for p in prods:
+                r = region_of.get(id(p))
+                if r is None or assign[id(groups[r][0])].device is not dev:
+                    continue
+                if all(region_of.get(id(q)) == r or r not in reach.get(id(q), frozenset())
+                       for q in prods):
+                    joined = r
+                    break
+            if joined is None:
+                joined = len(groups)
+                groups.append([])
+            groups[joined].append(n)
+            region_of[id(n)] = joined
+        reach[id(n)] = into
+    return groups
+
+
+def _boundary(members: list[Node], graph: Graph) -> tuple[list[Value], list[Value]]:
+    inside = {id(n) for n in members}
+    made = {id(v) for n in members for v in n.outputs if v is not None}
+    outs = {id(v) for v in graph.outputs}
+    ins: list[Value] = []
+    seen: set[int] = set()
+    for n in members:
+        for v in n.inputs:
+            if v is not None and id(v) not in made and id(v) not in seen:
+                seen.add(id(v))
+                ins.append(v)
+    res = [v for n in members for v in n.outputs if v is not None and (
+        id(v) in outs or any(id(u) not in inside for u, _ in v.uses))]
+    return ins, res
+
+
+def _toposort(nodes: list[Node], graph: Graph) -> list[Node]:
+    """`nodes` in an order where each runs after its producers (stable otherwise)."""
+    made = {id(v): n for n in nodes for v in n.outputs if v is not None}
+    order, done, state = [], set(), {}
+    for root in nodes:
+        stack = [(root, False)]
+        while stack:
+            n, ready = stack.pop()
+            if id(n) in done:
+                continue
+            if ready:
+                done.add(id(n))
+                order.append(n)
+                continue
+            if state.get(id(n)):
+                continue
+            state[id(n)] = True
+            stack.append((n, True))
+            for v in reversed(n.inputs):
+                p = made.get(id(v)) if v is not None else None
+                if p is not None and id(p) not in done:
+                    stack.append((p, False))
+    return order
+
+
+def group_regions(graph: Graph, part: Partitioner, options: Any, opsets: dict[str, int]
+                  ) -> list[Region]:
+    """Replace each group of nodes on a region-compiling device by its region node."""
+    if not any(compiles_regions(d) for d in part.devs):
+        return []
+    regions: list[Region] = []
+    replaced: dict[int, Node] = {}
+    for k, members in enumerate(_groups(graph, part.assign)):
+        dev = part.assign[id(members[0])].device
+        ins, outs = _boundary(members, graph)
+        name = f"{dev.name}_region_{k}"
+        compiled = dev.make_region(name, members, ins, outs, opsets, options, part.quarantine)
+        node = Node(dev.region_opdef.op_type, dev.region_opdef.domain, name,
+                    [v for v in ins if v.const is None], outs, {"region": compiled}, 1,
+                    opdef=dev.region_opdef, schema=dev.region_opdef.custom_schema)
+        node.origin = [o for m in members for o in m.origins]
+        regions.append(Region(node, dev, members, [part.assign[id(m)] for m in members],
+                              compiled))
+        part.assign[id(node)] = Assign(dev)
+        for m in members:
+            replaced[id(m)] = node
+    if not regions:
+        return []
+    seq: list[Node] = []
+    for n in graph.nodes:
+        r = replaced.get(id(n), n)
+        if r is n or r not in seq:
+            seq.append(r)
+    graph.nodes = _toposort(seq, graph)
+    graph.rebuild_uses()
+    return regions
+
+
+def finish(out: list[Placement], regions: list[Region]) -> None:
+    """Region placements get their compiled variant, the CPU rerun and their covered nodes."""
+    by_node = {id(r.node): r for r in regions}
+    for i, p in enumerate(list(out)):
+        r = by_node.get(id(p.node))
+        if r is None:
+            continue
+        c = r.compiled
+        var = Variant(name=f"openvino.region.{c.key}", op=p.variant.op, fn=c.run,
+                      device=r.device.name)
+        var.provenance = c.provenance  # type: ignore[attr-defined]
+        ref = Variant(name=f"openvino.region.{c.key}.cpu", op=p.variant.op, fn=c.cpu,
+                      device="cpu", reference=True)
+        ref.blame = c.blame  # type: ignore[attr-defined]
+        covers = [CoveredPlacement(m, r.device.name, var, {}, list(a.rejected),
+                                   a.decomposed_from, a.reason(), region=r.node.name)
+                  for m, a in zip(r.members, r.assigns)]
+        out[i] = RegionPlacement(p.node, p.device, var, {}, list(p.rejected),
+                                 None, None, "region", "NCHW", False, ref, covers=covers,
+                                 precision=c.precision)
+    k = 0
+    while k < len(out):
+        p = out[k]
+        if isinstance(p, RegionPlacement):
+            out[k:k] = p.covers
+            k += len(p.covers)
+        k += 1
