@@ -38,11 +38,25 @@ from opwarden.errors import (  # noqa: E402
     ModelError,
     OptionsError,
     OpwardenError,
+    OpwardenWarning,
+    ProviderError,
+    ProviderFallbackWarning,
+    RunTerminated,
     RunTimeoutError,
     UnsupportedOpError,
 )
 from opwarden.ops import Sample, kernel, op  # noqa: E402
-from opwarden.options import SessionOptions  # noqa: E402
+from opwarden.options import ExecutionMode, GraphOptimizationLevel, SessionOptions  # noqa: E402
+from opwarden.ort import (  # noqa: E402
+    IOBinding,
+    ModelMetadata,
+    OrtValue,
+    RunOptions,
+    SessionIOBinding,
+    get_all_providers,
+    get_available_providers,
+    get_device,
+)
 from opwarden.session import InferenceSession, NodeArg  # noqa: E402
 
 __version__ = "0.1.0"
@@ -50,18 +64,32 @@ __version__ = "0.1.0"
 __all__ = [
     "Contract",
     "ContractError",
+    "ExecutionMode",
+    "GraphOptimizationLevel",
+    "IOBinding",
     "InferenceSession",
     "InputError",
     "KernelError",
     "MemoryLimitError",
     "ModelError",
+    "ModelMetadata",
     "NodeArg",
     "OptionsError",
     "OpwardenError",
+    "OpwardenWarning",
+    "OrtValue",
+    "ProviderError",
+    "ProviderFallbackWarning",
+    "RunOptions",
+    "RunTerminated",
     "RunTimeoutError",
     "Sample",
+    "SessionIOBinding",
     "SessionOptions",
     "UnsupportedOpError",
+    "get_all_providers",
+    "get_available_providers",
+    "get_device",
     "grad",
     "devices",
     "kernel",

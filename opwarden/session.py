@@ -5,11 +5,16 @@ for their signature with the arena (`plan.manager`), the program binds it and co
 loop once per plan and arena (`execute.program.Program.calls_for`), and the session picks the
 loop that runs it: the compiled lean loop, the wavefront loop (`execute.parallel`), the
 guarded loop (checks, tracing, deadlines, quarantine) or the memory-debugging loop.
+
+onnxruntime's API around it (providers by onnxruntime's names and their fallback, OrtValue, IO
+binding, RunOptions, run_async, metadata, the optimized model file) is `opwarden.ort`'s; the
+session builds on `ort.surface.OrtSessionMethods`.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +32,17 @@ from opwarden.guard.faults import FaultRecord
 from opwarden.guard.guard import Guard
 from opwarden.guard.isolate import isolation_for
 from opwarden.ir.graph import Model, Value
-from opwarden.ir.load import load
+from opwarden.ir.load import load, read_source
 from opwarden.ir.validate import validate
 from opwarden.memory.hugepages import move_weights
 from opwarden.options import SessionOptions
+from opwarden.ort.dims import apply_dim_overrides
+from opwarden.ort.feeds import convert_feeds
+from opwarden.ort.meta import model_metadata, type_string
+from opwarden.ort.optimized import wants_standard_ops, write_optimized
+from opwarden.ort.providers import resolve_providers
+from opwarden.ort.run_options import run_stop
+from opwarden.ort.surface import OrtSessionMethods
 from opwarden.passes import optimize
 from opwarden.place import Placement, place_model
 from opwarden.place.regions import pass_options
@@ -40,39 +52,17 @@ from opwarden.trace.records import OpRecord, chrome_trace, default_trace_path
 
 
 def normalize_providers(providers: Sequence[Any] | None) -> list[str]:
-    """Device names for a providers list.
-
-    Names resolve through the device registry (``opwarden.devices()``; onnxruntime names such
-    as "CPUExecutionProvider" are aliases); a path ending in ``.toml`` loads a device profile.
-    """
-    from opwarden.devices import get_device, load_profile
-
-    if not providers:
-        return ["cpu"]
-    out: list[str] = []
-    for p in providers:
-        name = p[0] if isinstance(p, tuple) else p
-        if hasattr(name, "__fspath__"):
-            name = str(name)
-        if not isinstance(name, str):
-            raise OptionsError(f"provider must be a name, got {name!r}")
-        if name.lower().endswith(".toml"):
-            dev = load_profile(name)
-        else:
-            try:
-                dev = get_device(name)
-            except OptionsError as e:
-                raise OptionsError(f"unknown provider {name!r}: {e}") from None
-        if dev.name not in out:
-            out.append(dev.name)
-    return out
+    """Device names for a providers list (see `ort.providers.resolve_providers`: device
+    names, their aliases, onnxruntime names, `.toml` profiles; unavailable onnxruntime
+    providers skipped with a warning)."""
+    return resolve_providers(providers)[0]
 
 
 def _parallel_threads(options: SessionOptions) -> int:
     """Worker threads for independent branches (1: run steps one after another).
 
-    `inter_op_num_threads` > 1, or onnxruntime's `execution_mode=ORT_PARALLEL` (value 1 or
-    "parallel"), turns it on; ORT_PARALLEL without a thread count uses the machine's cores.
+    `inter_op_num_threads` > 1, or onnxruntime's `execution_mode=ExecutionMode.ORT_PARALLEL`,
+    turns it on; ORT_PARALLEL without a thread count uses the machine's cores.
     """
     n = options.inter_op_num_threads
     mode = options.execution_mode
@@ -101,21 +91,27 @@ def _apply_threads(options: SessionOptions, providers: list[str]) -> None:
 
 @dataclass(frozen=True)
 class NodeArg:
-    """A graph input or output as onnxruntime describes it (.name, .shape, .type)."""
+    """A graph input or output as onnxruntime describes it (.name, .type, .shape)."""
 
     name: str
-    shape: list[Any] | None
     type: str
+    shape: list[Any] | None
 
 
 def _node_arg(v: Value) -> NodeArg:
     # dims only the model declares are reported as declared (ORT reports the declaration)
     shape = None if v.fact.shape is None else [declared_value(d) for d in v.fact.shape]
-    return NodeArg(v.name, shape, type_str(v))
+    if v.kind != "tensor":
+        return NodeArg(v.name, type_string(v.type_proto) or type_str(v), [])
+    return NodeArg(v.name, type_str(v), shape)
 
 
-class InferenceSession:
-    """Run an ONNX model; drop-in for ``onnxruntime.InferenceSession`` in its common calls."""
+class InferenceSession(OrtSessionMethods):
+    """Run an ONNX model; drop-in for ``onnxruntime.InferenceSession`` in its common calls.
+
+    `path_or_bytes`: a path, serialized bytes or an onnx.ModelProto. `providers`: names or
+    (name, options) tuples, onnxruntime's or opwarden's (`opwarden.ort.providers`).
+    """
 
     def __init__(
         self,
@@ -133,12 +129,18 @@ class InferenceSession:
         if sess_options is not None:
             for k, v in kwargs.items():
                 setattr(self.options, k, v)
-        self.providers = normalize_providers(providers)
+        self._fallback = True
+        self.providers, self._provider_options = resolve_providers(
+            providers, provider_options, self.options.fallback != "forbid")
         self.source = path_or_bytes  # kept for tools that need the model as written (grad)
         self.guard = Guard(self.options)
         self._isolation = isolation_for(self.options, self.guard)  # before any work: names
+        self._profiling_start_ns = time.time_ns() if self.options.enable_profiling else 0
+        self._build()
+
+    def _build(self) -> None:
         try:
-            self._prepare(path_or_bytes)
+            self._prepare(self.source)
         except OpwardenError:
             raise
         except (RecursionError, MemoryError) as e:
@@ -154,12 +156,32 @@ class InferenceSession:
         self._declared = {k: self.model.declared[v.name] for k, v in enumerate(self._outputs)
                           if v.name in self.model.declared}
 
+    def _rebuild(self, providers: list[str]) -> None:
+        """Place and compile the model again for new providers (`set_providers`)."""
+        old = self.providers
+        self.providers = providers
+        try:
+            self._build()
+        except BaseException:
+            self.providers = old
+            raise
+
+    def _load(self, source: Any) -> Model:
+        """The model with the free dimension overrides applied (metadata read first)."""
+        src = read_source(source)
+        self._meta = model_metadata(src.proto)
+        apply_dim_overrides(src.proto, *self.options.free_dimension_overrides)
+        model = load(src)
+        validate(model)
+        return model
+
     def _prepare(self, source: Any) -> None:
-        """load -> validate -> place -> compile."""
+        """load -> validate -> optimize (-> optimized_model_filepath) -> place -> compile."""
         _apply_threads(self.options, self.providers)
-        self.model: Model = load(source)
-        validate(self.model)
+        self.model: Model = self._load(source)
         self.pass_report = optimize(self.model, pass_options(self.options, self.providers))
+        if self.options.optimized_model_filepath:
+            self._write_optimized(source)
         # Weights into huge pages before any kernel packs them (memory.hugepages).
         self.huge_page_bytes = move_weights(self.model) if self.options.huge_page_weights else 0
         self.model.release_pages()  # weights the passes read and replaced leave memory
@@ -177,6 +199,18 @@ class InferenceSession:
         self.memory.attach(self.program)
         self.memory.static_plan()  # refuses memory bombs before anything is allocated
 
+    def _write_optimized(self, source: Any) -> None:
+        """SessionOptions.optimized_model_filepath (ort.optimized): the graph as optimized, or
+        with standard ops only, optimized at the basic level at most, when asked to."""
+        model = self.model
+        if wants_standard_ops(self.options) and any(
+                n.domain not in ("", "ai.onnx", "ai.onnx.ml") for n in model.graph.nodes):
+            model = self._load(source)
+            basic = SessionOptions(optimization_level=min(self.options.optimization_level, 1),
+                                   disabled_passes=self.options.disabled_passes)
+            optimize(model, basic)
+        write_optimized(model, self.options, self._meta)
+
     # -- onnxruntime-compatible surface ------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
         return [_node_arg(v) for v in self._inputs]
@@ -186,9 +220,6 @@ class InferenceSession:
 
     def get_overridable_initializers(self) -> list[NodeArg]:
         return [_node_arg(v) for v in self._overridable]
-
-    def get_providers(self) -> list[str]:
-        return list(self.providers)
 
     def close(self) -> None:
         """Stop the worker process of isolated kernels (SessionOptions.isolate), if any; the
@@ -202,11 +233,15 @@ class InferenceSession:
         input_feed: Mapping[str, Any],
         run_options: Any = None,
     ) -> list[Any]:
-        """Run the model; returns the requested outputs (all when output_names is None)."""
+        """Run the model; returns the requested outputs (all when output_names is None or
+        empty). Feeds are arrays, OrtValues, or lists and scalars (converted to the input's
+        dtype, as onnxruntime does). With `run_options` (a RunOptions), setting its
+        `terminate` from another thread stops the run before its next step (RunTerminated)."""
         timeout = self.options.run_timeout_ms
-        deadline = None if timeout is None else Deadline(timeout)
-        picks = output_indices(self._outputs, output_names)
-        feeds = check_feeds(self.model.graph.inputs, self._inputs, input_feed)
+        deadline = run_stop(run_options, None if timeout is None else Deadline(timeout))
+        picks = output_indices(self._outputs, output_names or None)
+        feeds = check_feeds(self.model.graph.inputs, self._inputs,
+                            convert_feeds(self.model.graph.inputs, input_feed))
         g = self.guard
         contract = "contract" in g.checks
         # The guarded loop checks the run's deadline; an isolated kernel's crash must reach the
@@ -316,7 +351,11 @@ class InferenceSession:
         return self.guard.report()
 
     def end_profiling(self, path: str | None = None) -> str:
-        """Write every traced op of this session as Chrome-trace JSON; returns the path."""
+        """Write every traced op of this session as Chrome-trace JSON; returns the path. With
+        neither enable_profiling nor trace on and no `path`, writes nothing and returns ""
+        (as onnxruntime)."""
+        if path is None and not (self.options.enable_profiling or self.options.trace):
+            return ""
         out = path or default_trace_path(self.options.profile_file_prefix)
         return chrome_trace(self.guard.all_records, out)
 

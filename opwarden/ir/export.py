@@ -8,8 +8,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from opwarden.contract import declared_value
 from opwarden.dtypes import onnx_type
 from opwarden.ir.graph import Graph, Model, Value
+from opwarden.ir.toposort import subgraphs
 
 
 def attribute_proto(name: str, value: Any, attr_type: int | None = None) -> onnx.AttributeProto:
@@ -40,7 +42,8 @@ def value_info(v: Value) -> onnx.ValueInfoProto:
             else onnx.ValueInfoProto(name=v.name)
         )
     dt = np.dtype(object) if v.fact.dtype == "string" else np.dtype(v.fact.dtype)
-    shape = None if v.fact.shape is None else [d if d is not None else None for d in v.fact.shape]
+    # a dim only the model declares is written as declared
+    shape = None if v.fact.shape is None else [declared_value(d) for d in v.fact.shape]
     return helper.make_tensor_value_info(v.name, onnx_type(dt), shape)
 
 
@@ -74,4 +77,27 @@ def model_proto(m: Model) -> onnx.ModelProto:
     proto = helper.make_model(graph_proto(m.graph), opset_imports=opsets)
     proto.ir_version = m.ir_version
     proto.producer_name = "opwarden"
+    return proto
+
+
+def _used_domains(g: onnx.GraphProto) -> set[str]:
+    out = {n.domain for n in g.node}
+    for n in g.node:
+        for sub in subgraphs(n):
+            out |= _used_domains(sub)
+    return out
+
+
+def optimized_model_proto(m: Model, metadata: dict[str, str] | None = None,
+                          doc_string: str = "") -> onnx.ModelProto:
+    """The model as the passes left it, as a valid ONNX model: every domain its nodes use is
+    imported (the fused operators' domain "opwarden" at version 1, where they are registered
+    with their schemas), the model's metadata kept. opwarden loads it back as it is."""
+    proto = model_proto(m)
+    have = {imp.domain for imp in proto.opset_import}
+    for d in sorted(_used_domains(proto.graph) - have - {"ai.onnx"}):
+        proto.opset_import.append(helper.make_opsetid(d, 1))
+    if metadata:
+        helper.set_model_props(proto, dict(metadata))
+    proto.doc_string = doc_string
     return proto

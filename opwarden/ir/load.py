@@ -70,6 +70,8 @@ def _read_buffer(source: Any) -> tuple[Any, str | None]:
 
 def read_source(source: Any) -> Source:
     """Parse a path, bytes or ModelProto, leaving large weight payloads in the source buffer."""
+    if isinstance(source, Source):  # read already (the session edits free dims before load)
+        return source
     if isinstance(source, onnx.ModelProto):
         return Source(source)
     buf, base_dir = _read_buffer(source)

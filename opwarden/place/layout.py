@@ -81,6 +81,8 @@ def _output0(node: Node) -> Value:
 class LayoutPass(LayoutState):
     """One run of the pass over one graph (see the module docstring)."""
 
+    by_cost = True  # may a region go NHWC because its kernels outnumber the transposes?
+
     # -- 1. classify ---------------------------------------------------------------------------
     def layout_inputs(self, node: Node) -> tuple[int, ...]:
         """Indices of the inputs whose layout follows the node's (for S/A nodes)."""
@@ -188,7 +190,8 @@ class LayoutPass(LayoutState):
                 continue
             cost = self._cost(nodes)
             forced = any(w in ("must", "strong") for w in wants)
-            choose = forced or len(wants) >= max(cost, 1)
+            # below optimization level 3 only a layout a device requires or strongly prefers
+            choose = forced or (self.by_cost and len(wants) >= max(cost, 1))
             self.report.regions.append(
                 {
                     "nodes": len(nodes),
@@ -396,9 +399,12 @@ class LayoutPass(LayoutState):
 
 
 def unify(
-    graph: Graph, device_of: dict[int, Device], opset: int, quarantine: Any = None
+    graph: Graph, device_of: dict[int, Device], opset: int, quarantine: Any = None,
+    by_cost: bool = True,
 ) -> tuple[dict[int, str], LayoutReport]:
-    """Run the pass; returns (layout per node id, report). `device_of` gains inserted nodes."""
+    """Run the pass; returns (layout per node id, report). `device_of` gains inserted nodes.
+    `by_cost` False (optimization levels below 3): NHWC only where a device wants it."""
     p = LayoutPass(graph, device_of, opset, quarantine)
+    p.by_cost = by_cost
     report = p.run()
     return p.layout, report
