@@ -162,3 +162,14 @@ def test_long_chains_get_short_unique_names():
     assert len(rows) == 1 and rows[0]["op_type"] == "FusedElementwise"
     assert rows[0]["origin"] == [f"elementwise_step_{i}" for i in range(12)]
     assert rows[0]["name"] == "elementwise_step_0+10_more+elementwise_step_11"
+
+
+def test_activation_moved_after_the_pool_keeps_its_own_origin():
+    from tests.models import small_cnn
+
+    rows = InferenceSession(small_cnn(batch=1)).explain()
+    by_origin = {tuple(r["origin"]): r for r in rows if not r["inserted"]}
+    # Conv+Relu fused, then the Relu moved after the MaxPool: each part names its own node
+    assert by_origin[("conv",)]["name"] == "conv"
+    assert by_origin[("relu",)]["op_type"] == "Relu"
+    assert by_origin[("pool",)]["op_type"] == "MaxPool"

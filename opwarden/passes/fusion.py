@@ -60,6 +60,7 @@ def conv_fusion(rw: Rewriter) -> PassResult:
                 z = other
                 nodes.append(c)
         attrs = {k: v for k, v in node.attrs.items() if k in CONV_ATTRS}
+        core = len(nodes)
         _with_act(rw, nodes, attrs)
         if len(nodes) == 1:
             continue
@@ -68,7 +69,7 @@ def conv_fusion(rw: Rewriter) -> PassResult:
         while ins and ins[-1] is None:
             ins.pop()
         types = {k: t for k, t in getattr(node, "attr_types", {}).items() if k in CONV_ATTRS}
-        fuse(rw, res, "FusedConv", nodes, ins, attrs, {**types, **ACT_TYPES})
+        fuse(rw, res, "FusedConv", nodes, ins, attrs, {**types, **ACT_TYPES}, core)
     return res
 
 
@@ -79,7 +80,7 @@ def _gemm(rw: Rewriter, res: PassResult, node: Node) -> None:
     _with_act(rw, nodes, attrs)
     if len(nodes) > 1:
         types = dict(getattr(node, "attr_types", {}))
-        fuse(rw, res, "FusedGemm", nodes, list(node.inputs), attrs, {**types, **ACT_TYPES})
+        fuse(rw, res, "FusedGemm", nodes, list(node.inputs), attrs, {**types, **ACT_TYPES}, 1)
 
 
 def _matmul(rw: Rewriter, res: PassResult, node: Node) -> None:
@@ -97,15 +98,16 @@ def _matmul(rw: Rewriter, res: PassResult, node: Node) -> None:
             bias = other
             nodes.append(c)
     attrs: dict = {}
+    core = len(nodes)
     _with_act(rw, nodes, attrs)
     if len(nodes) == 1:
         return
     two_d = a.fact.ndim == 2 and bm.fact.ndim == 2
     ins = [a, bm] + ([bias] if bias is not None else [])
     if two_d and (bias is None or (bias.fact.ndim is not None and bias.fact.ndim <= 2)):
-        fuse(rw, res, "FusedGemm", nodes, ins, attrs, ACT_TYPES)
+        fuse(rw, res, "FusedGemm", nodes, ins, attrs, ACT_TYPES, core)
     else:
-        fuse(rw, res, "FusedMatMul", nodes, ins, attrs, ACT_TYPES)
+        fuse(rw, res, "FusedMatMul", nodes, ins, attrs, ACT_TYPES, core)
 
 
 def gemm_fusion(rw: Rewriter) -> PassResult:

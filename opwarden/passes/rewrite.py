@@ -319,13 +319,17 @@ class Rewriter:
 
 
 def fuse(rw: Rewriter, res: PassResult, op_type: str, nodes: list[Node], inputs, attrs,
-         attr_types) -> None:
+         attr_types, act_from: int | None = None) -> None:
     """Replace `nodes` (a chain or tree, the last one writing its result) by one `op_type`
-    node of the fused domain writing that output, placed where the last one was."""
+    node of the fused domain writing that output, placed where the last one was;
+    `nodes[act_from:]` are the activation it applies (their origins are remembered apart, so
+    a pass moving the activation out again knows which model nodes go with it)."""
     out = nodes[-1].outputs[0]
     rw.remove_all(nodes)
     fused = rw.make_node(op_type, inputs, [out], attrs, name=part_name(nodes), parts=nodes,
                          attr_types=attr_types)
+    if act_from is not None and act_from < len(nodes):
+        fused.act_origin = merge_origins(nodes[act_from:])  # type: ignore[attr-defined]
     rw.place(fused, nodes[-1])
     res.details[op_type] += 1
     res.details["+".join(n.op_type for n in nodes)] += 1
@@ -353,8 +357,21 @@ def activation_node(rw: Rewriter, act: str, params: list[float], x: Value, y: Va
         else:
             attrs.update(min=lo, max=hi)
             types.update(min=onnx.AttributeProto.FLOAT, max=onnx.AttributeProto.FLOAT)
-    return rw.make_node(act, ins, [y], attrs, name=name, parts=parts, domain="", opset=opset,
+    node = rw.make_node(act, ins, [y], attrs, name=name, parts=parts, domain="", opset=opset,
                         attr_types=types)
+    _core, act_origin = split_activation(parts[0])
+    node.origin = act_origin
+    return node
+
+
+def split_activation(node: Node) -> tuple[list[str], list[str]]:
+    """(origins of what `node` computes before its fused activation, origins of that
+    activation); both all its origins when the split is not known (or it fuses none)."""
+    act = list(getattr(node, "act_origin", None) or ())
+    core = [o for o in node.origins if o not in act]
+    if not act or not core:
+        return node.origins, node.origins
+    return core, act
 
 
 def conv_copy(rw: Rewriter, conv: Node, x: Value, y: Value, keep_act: bool) -> Node:
@@ -362,8 +379,22 @@ def conv_copy(rw: Rewriter, conv: Node, x: Value, y: Value, keep_act: bool) -> N
     attrs = {k: v for k, v in conv.attrs.items()
              if keep_act or k not in ("activation", "activation_params")}
     types = {k: t for k, t in getattr(conv, "attr_types", {}).items() if k in attrs}
-    return rw.make_node(conv.op_type, [x, *conv.inputs[1:]], [y], attrs, name=conv.name,
+    name = conv.name
+    if keep_act or not conv.attrs.get("activation"):
+        node = rw.make_node(conv.op_type, [x, *conv.inputs[1:]], [y], attrs, name=name,
+                            parts=[conv], domain=conv.domain, opset=conv.opset,
+                            attr_types=types)
+        if hasattr(conv, "act_origin"):
+            node.act_origin = conv.act_origin  # type: ignore[attr-defined]
+        return node
+    core, act = split_activation(conv)
+    if core != act:  # "conv1+relu_a" without its activation is "conv1"
+        for a in reversed(act):
+            name = name[: -len(a) - 1] if name.endswith(f"+{a}") else name
+    node = rw.make_node(conv.op_type, [x, *conv.inputs[1:]], [y], attrs, name=name,
                         parts=[conv], domain=conv.domain, opset=conv.opset, attr_types=types)
+    node.origin = core
+    return node
 
 
 def pool_copy(rw: Rewriter, pool: Node, x: Value, y: Value) -> Node:

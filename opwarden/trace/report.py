@@ -1,4 +1,5 @@
-"""Reports over op records: per-op-type table, top anomalies, flame graph SVG.
+"""Reports over op records: per-op-type table, top anomalies, flame graph SVG (drawn with
+place/svg.py's helpers: titled, a time axis, labels where they fit, a legend of op types).
 
 A record's work (``estimate``: FLOPs and bytes moved, what the roofline bounds and `opwarden
 bench`'s op table read) takes its FLOPs from the operator's declared cost rule (``OpDef.flops``,
@@ -8,7 +9,6 @@ output element.
 
 from __future__ import annotations
 
-import html
 import math
 import time
 from collections import defaultdict
@@ -17,6 +17,17 @@ from typing import Any
 import numpy as np
 
 from opwarden.ops import REGISTRY
+from opwarden.place.svg import (
+    colours,
+    document,
+    esc,
+    fit,
+    heading,
+    legend,
+    nice_ticks,
+    text_colour,
+    tick_label,
+)
 from opwarden.trace.records import OpRecord
 
 _PEAKS: dict[str, float] = {}
@@ -155,48 +166,100 @@ def anomalies(records: list[OpRecord], faults: list[Any], top: int = 5) -> list[
     return [d for _, d in scored[:top]]
 
 
-def flame_svg(records: list[OpRecord], path: str, width: int = 1200) -> str:
-    """A flame graph (run ▸ op type ▸ node) of total time as an SVG file; returns path."""
-    by_type: dict[str, list[OpRecord]] = defaultdict(list)
-    for r in records:
-        by_type[r.op_type].append(r)
-    total = sum(r.exec_us for r in records) or 1.0
-    row_h, rows = 18, []
+def _ms(us: float) -> str:
+    ms = us / 1e3
+    if ms >= 100:
+        return f"{ms:.0f} ms"
+    return f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
 
-    def box(x: float, w: float, level: int, label: str, us: float, hue: int) -> str:
-        y = (2 - level) * (row_h + 2) + 4
-        title = html.escape(f"{label}: {us:.0f} µs ({100 * us / total:.1f}%)")
-        text = html.escape(label) if w > 40 else ""
+
+def _flame_rows(records: list[OpRecord]) -> tuple[int, list[tuple[str, float, list]]]:
+    """(runs, [(op type, µs per run, [(node, µs per run, origin)] largest first)] largest
+    first): the time of each op type and node, averaged over the runs the records hold."""
+    runs = max(len({r.run for r in records}), 1)
+    by_type: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    origin: dict[str, list[str]] = {}
+    for r in records:
+        by_type[r.op_type][r.node] += r.exec_us / runs
+        origin.setdefault(r.node, list(getattr(r, "origin", None) or []))
+    rows = [
+        (t, sum(nodes.values()),
+         [(n, us, origin[n]) for n, us in sorted(nodes.items(), key=lambda kv: -kv[1])])
+        for t, nodes in by_type.items()
+    ]
+    return runs, sorted(rows, key=lambda row: -row[1])
+
+
+def flame_svg(records: list[OpRecord], path: str, width: int = 1200,
+              title: str | None = None) -> str:
+    """A flame graph of kernel time per run as an SVG file; returns path.
+
+    Three rows: all operators, each op type, each node (widths in proportion to their mean
+    time per run). Boxes show their name and time where the text fits and a tooltip always
+    (a node's tooltip lists the model nodes it stands for); a time axis in ms, and a legend
+    of op types with their colours and times. `title` names the model and the run.
+    """
+    runs, types = _flame_rows(records)
+    total = sum(t[1] for t in types) or 1.0
+    left, right, row_h, top = 10, 10, 22, 52
+    span = width - left - right
+    col = colours([t[0] for t in types])
+    body = heading(left, 20, f"Flame graph: {title or 'opwarden profile'}",
+                   f"kernel time per run, mean of {runs} run(s): {_ms(total)} "
+                   "(guard checks apart); hover a box for its details")
+
+    def box(x: float, w: float, level: int, label: str, us: float, fill: str,
+            tip: str = "", cls: str = "") -> str:
+        y = top + level * (row_h + 2)
+        text = fit(label, w - 6, 11, f" {_ms(us)}")
+        tip = f"{label}: {_ms(us)} per run ({100 * us / total:.1f}%){tip}"
         return (
-            f'<g><title>{title}</title><rect x="{x:.1f}" y="{y}" width="{max(w, 0.5):.1f}" '
-            f'height="{row_h}" fill="hsl({hue},70%,60%)" stroke="white"/>'
-            f'<text x="{x + 3:.1f}" y="{y + 13}" font-size="11" font-family="monospace">'
-            f"{text[: int(w / 7)]}</text></g>"
+            f'<g class="{cls}"><title>{esc(tip)}</title><rect x="{x:.1f}" y="{y}" '
+            f'width="{max(w, 0.5):.1f}" height="{row_h}" fill="{fill}" stroke="white"/>'
+            + (f'<text class="label" x="{x + 3:.1f}" y="{y + 15}" '
+               f'fill="{text_colour(fill)}">{esc(text)}</text>' if text else "")
+            + "</g>"
         )
 
-    rows.append(box(0, width, 0, "run", total, 20))
-    x = 0.0
-    for i, (op_type, recs) in enumerate(
-        sorted(by_type.items(), key=lambda t: -sum(r.exec_us for r in t[1]))
-    ):
-        t_us = sum(r.exec_us for r in recs)
-        w = width * t_us / total
-        hue = (i * 47) % 360
-        rows.append(box(x, w, 1, op_type, t_us, hue))
+    body.append(box(left, span, 0, "all operators", total, "#dddddd", cls="root"))
+    x = float(left)
+    for op_type, t_us, nodes in types:
+        w = span * t_us / total
+        body.append(box(x, w, 1, op_type, t_us, col[op_type], cls="op-type"))
         nx = x
-        agg: dict[str, float] = defaultdict(float)
-        for r in recs:
-            agg[r.node] += r.exec_us
-        for node, us in sorted(agg.items(), key=lambda t: -t[1]):
-            nw = width * us / total
-            rows.append(box(nx, nw, 2, node, us, hue))
+        for node, us, origin in nodes:
+            nw = span * us / total
+            parts = f"; stands for {', '.join(origin)}" if origin and origin != [node] else ""
+            body.append(box(nx, nw, 2, node, us, col[op_type], f" [{op_type}]{parts}", "node"))
             nx += nw
         x += w
-    height = 3 * (row_h + 2) + 8
-    svg = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}">' + "".join(rows) + "</svg>"
-    )
+    axis_y = top + 3 * (row_h + 2) + 4
+    body += _time_axis(left, axis_y, span, total)
+    items = [(col[t], f"{t} {_ms(us)} ({100 * us / total:.0f}%)", "") for t, us, _ in types]
+    leg, leg_h = legend(items, left, axis_y + 34, span)
+    body += leg
+    return _write(path, document(width, axis_y + 40 + leg_h, f"Flame graph: {title or ''}",
+                                 body))
+
+
+def _time_axis(x0: float, y: float, span: float, total_us: float) -> list[str]:
+    """A horizontal axis under the rows: ticks in ms from 0 to the total time."""
+    total_ms = total_us / 1e3
+    out = [f'<g class="axis"><line x1="{x0}" y1="{y}" x2="{x0 + span}" y2="{y}" '
+           'stroke="#333"/>']
+    for v in nice_ticks(total_ms, 8):
+        if v > total_ms * 1.0001:
+            break
+        tx = x0 + span * v / total_ms if total_ms else x0
+        out.append(f'<line x1="{tx:.1f}" y1="{y}" x2="{tx:.1f}" y2="{y + 5}" stroke="#333"/>'
+                   f'<text class="tick" x="{tx:.1f}" y="{y + 17}" text-anchor="middle">'
+                   f"{tick_label(v)}</text>")
+    out.append(f'<text x="{x0 + span:.1f}" y="{y + 30}" text-anchor="end" fill="#444">'
+               "time per run (ms)</text></g>")
+    return out
+
+
+def _write(path: str, text: str) -> str:
     with open(path, "w", encoding="utf-8") as f:
-        f.write(svg)
+        f.write(text)
     return path
