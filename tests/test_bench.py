@@ -114,11 +114,13 @@ def test_missing_onnxruntime_is_an_options_error(model_path, capsys, monkeypatch
 
 
 def test_bad_model_and_bad_numbers(tmp_path, model_path, capsys):
-    assert bench.main([str(tmp_path / "nope.onnx")]) == 2
+    assert bench.main([str(tmp_path / "nope.onnx")]) == 3  # a model error (opwarden --help)
     err = capsys.readouterr().err
-    assert "ModelError" in err and "light-zoo name" in err
+    assert "ModelError" in err and "not found" in err
+    assert bench.main(["nope"]) == 3
+    assert "light-zoo name" in capsys.readouterr().err
     assert bench.main([model_path, "--runs", "0"]) == 2
-    assert "runs >= 1" in capsys.readouterr().err
+    assert "--runs: must be >= 1" in capsys.readouterr().err
 
 
 def test_zoo_names_resolve():

@@ -32,7 +32,7 @@ def test_run_model_with_input_file(tmp_path, capsys):
 
 
 def test_run_reports_errors_cleanly(tmp_path, capsys):
-    assert main(["run", str(tmp_path / "missing.onnx")]) == 2
+    assert main(["run", str(tmp_path / "missing.onnx")]) == 3
     assert "ModelError" in capsys.readouterr().err
 
 
@@ -155,10 +155,10 @@ def test_ops_unknown_name_is_a_clear_error(capsys):
     from opwarden.cli.op_facets import facets
     from opwarden.errors import OpwardenError
 
-    assert main(["ops", "NoSuchOp"]) == 2
+    assert main(["ops", "NoSuchOp"]) == 3
     err = capsys.readouterr().err
     assert "UnsupportedOpError" in err and "'NoSuchOp'" in err
-    assert main(["ops", "conv"]) == 2
+    assert main(["ops", "conv"]) == 3
     assert "did you mean Conv" in capsys.readouterr().err
     with pytest.raises(OpwardenError):
         facets("NoSuchOp")

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from opwarden.errors import ModelError, OptionsError
+from opwarden.cli.common import non_negative_int, positive_int, providers_list
+from opwarden.errors import OptionsError
 
 PEERS = ("onnxruntime", "reference")
 
@@ -27,30 +28,17 @@ PEERS = ("onnxruntime", "reference")
 # -- model and feeds --------------------------------------------------------------------------
 def resolve_model(spec: str) -> tuple[bytes, str]:
     """(serialized model, label) for a path or a light-zoo name such as "resnet50"."""
-    from opwarden import zoo
+    from opwarden.cli.common import model_bytes
 
-    if os.path.exists(spec):
-        try:
-            with open(spec, "rb") as f:
-                return f.read(), spec
-        except OSError as e:
-            raise ModelError(f"cannot read model {spec!r}: {e}") from None
-    name = spec[len("light_") :] if spec.startswith("light_") else spec
-    if name in zoo.LIGHT_MODELS:
-        return zoo.build(name, seed=0).SerializeToString(), f"{name} (light zoo, seeded weights)"
-    raise ModelError(
-        f"model {spec!r} is neither a file nor a light-zoo name "
-        f"(one of {', '.join(zoo.LIGHT_MODELS)})"
-    )
+    data, label, _ = model_bytes(spec)
+    return data, label
 
 
 def make_feeds(sess: Any, inputs: list[str] | None = None, seed: int = 0) -> dict[str, Any]:
     """Seeded random feeds for the session's inputs, overridden by NAME=FILE.npy items."""
-    from opwarden.cli.feeds import parse_inputs, random_feeds
+    from opwarden.cli import feeds
 
-    feeds = random_feeds(sess, seed)
-    feeds.update(parse_inputs(inputs or []))
-    return feeds
+    return feeds.make_feeds(sess, inputs, seed)
 
 
 # -- runners ----------------------------------------------------------------------------------
@@ -104,18 +92,23 @@ def peer_runner(
 
 
 def interleave(
-    runners: dict[str, Callable[[], Any]], runs: int, warmup: int
+    runners: dict[str, Callable[[], Any]], runs: int, warmup: int, bar: Any = None
 ) -> dict[str, list[float]]:
-    """Seconds per run for each runner, runs alternated (a, b, a, b, ...) after warm-up."""
+    """Seconds per run for each runner, runs alternated (a, b, a, b, ...) after warm-up;
+    `bar` (common.progress) advances once per round."""
     for _ in range(warmup):
         for f in runners.values():
             f()
+        if bar is not None:
+            bar.advance()
     times: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(runs):
         for k, f in runners.items():
             t0 = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t0)
+        if bar is not None:
+            bar.advance()
     return times
 
 
@@ -294,14 +287,21 @@ def benchmark(
     data, label = resolve_model(model)
     opts = dict(session_options or {})
     opts.setdefault("trace", False)
-    sess = ours_session(data, threads, providers, **opts)
-    # Resolve the peer before timing anything: a missing peer must fail fast.
-    peer = peer_runner(vs, data, threads) if vs else None
-    feeds = make_feeds(sess, inputs)
-    runners: dict[str, Callable[[], Any]] = {"ours": lambda: sess.run(None, feeds)}
-    if peer is not None:
-        runners["peer"] = lambda: peer(feeds)
-    times = interleave(runners, runs, warmup)
+    from opwarden.cli.common import progress
+
+    with progress("bench: loading", total=warmup + runs + (trace_runs + 1 if trace_runs else 0)
+                  ) as bar:
+        sess = ours_session(data, threads, providers, **opts)
+        # Resolve the peer before timing anything: a missing peer must fail fast.
+        peer = peer_runner(vs, data, threads) if vs else None
+        feeds = make_feeds(sess, inputs)
+        runners: dict[str, Callable[[], Any]] = {"ours": lambda: sess.run(None, feeds)}
+        if peer is not None:
+            runners["peer"] = lambda: peer(feeds)
+        bar.describe("bench: timed runs" + (f" (alternated with {vs})" if vs else ""))
+        times = interleave(runners, runs, warmup, bar)
+        bar.describe("bench: traced runs")
+        records = _traced(data, threads, providers, opts, feeds, trace_runs, bar)
     result: dict[str, Any] = {
         "model": label,
         "runs": runs,
@@ -322,17 +322,28 @@ def benchmark(
     result["faults"] = fault_summary(sess)
     result["op_types"] = []
     if trace_runs:
-        traced = ours_session(data, threads, providers, **{**opts, "trace": True})
-        traced.run(None, feeds)  # warm-up, not recorded
-        records: list[Any] = []
-        for _ in range(trace_runs):
-            traced.run(None, feeds)
-            records.extend(traced.trace)
         peaks = cached_peaks(refresh_peaks)
         result["peaks"] = {"gflops": round(peaks["gflops"], 2), "gbps": round(peaks["gbps"], 2)}
         result["trace_runs"] = trace_runs
         result["op_types"] = op_table(records, trace_runs, peaks)
     return result
+
+
+def _traced(data: bytes, threads: int, providers: list[str] | None, opts: dict[str, Any],
+            feeds: dict[str, Any], trace_runs: int, bar: Any) -> list[Any]:
+    """Records of `trace_runs` traced runs of a separate session, after one unrecorded run
+    (tracing never pollutes the timed session)."""
+    if not trace_runs:
+        return []
+    traced = ours_session(data, threads, providers, **{**opts, "trace": True})
+    traced.run(None, feeds)  # warm-up, not recorded
+    bar.advance()
+    records: list[Any] = []
+    for _ in range(trace_runs):
+        traced.run(None, feeds)
+        records.extend(traced.trace)
+        bar.advance()
+    return records
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -346,18 +357,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     b.add_argument("model", help="an .onnx path or a light-zoo name (resnet50, vgg19, ...)")
     b.add_argument("--vs", choices=PEERS, help="peer runtime to alternate with")
-    b.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
-    b.add_argument("--warmup", type=int, default=3, help="untimed runs of each first (default 3)")
-    b.add_argument("--threads", type=int, default=2, help="intra-op threads each (default 2)")
-    b.add_argument("--providers", help="comma-separated opwarden providers, e.g. torch,cpu")
-    b.add_argument(
-        "--trace-runs", type=int, default=3, help="traced runs for the op table (0: none)"
-    )
+    b.add_argument("--runs", type=positive_int, default=20,
+                   help="timed runs of each (default 20)")
+    b.add_argument("--warmup", type=non_negative_int, default=3,
+                   help="untimed runs of each first (default 3)")
+    b.add_argument("--threads", type=positive_int, default=2,
+                   help="intra-op threads each (default 2)")
+    b.add_argument("--providers", type=providers_list,
+                   help="comma-separated opwarden providers, e.g. torch,cpu")
+    b.add_argument("--trace-runs", type=non_negative_int, default=3,
+                   help="traced runs for the op table (default 3; 0: none)")
     b.add_argument("--checks", help="session checks (comma-separated, or 'none'); default: ours")
-    b.add_argument("--optimization-level", type=int, choices=range(4), metavar="{0..3}")
-    b.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    b.add_argument("--optimization-level", type=int, choices=range(4), metavar="{0..3}",
+                   help="opwarden's graph optimization level (default 3: every pass)")
+    b.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="feed this input from a .npy file (repeatable; others are random)")
     b.add_argument("--refresh-peaks", action="store_true", help="re-measure the machine peaks")
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--json", action="store_true", help="print the result as JSON")
     b.set_defaults(fn=cmd_bench)
     return b
 
@@ -379,7 +395,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         runs=args.runs,
         warmup=args.warmup,
         threads=args.threads,
-        providers=args.providers.split(",") if args.providers else None,
+        providers=args.providers,
         trace_runs=args.trace_runs,
         inputs=args.input,
         session_options=_options_from_args(args),
@@ -394,13 +410,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def print_report(result: dict[str, Any]) -> None:
     """The human report: timing summary and the per-op-type roofline table."""
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    con = Console()
-    if not con.is_terminal:
-        con = Console(width=max(con.width, 150))  # pipes and logs get the whole table
+    from opwarden.cli.common import console
+
+    con = console()
     o, p = result["ours"], result["peer"]
     if p is not None:
         how = f"alternated runs after {result['warmup']} warm-up, {result['threads']} threads each"
@@ -472,19 +487,17 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m opwarden.cli.bench ...` (the same command before it is wired into the CLI)."""
+    """`python -m opwarden.cli.bench ...`: the same as `opwarden bench ...`."""
     import sys
 
-    from opwarden.errors import OpwardenError
+    from opwarden.cli.exits import Parser, run_cli
 
-    p = argparse.ArgumentParser(prog="opwarden")
-    add_parser(p.add_subparsers(dest="cmd", required=True))
-    args = p.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.fn(args) or 0)
-    except OpwardenError as e:
-        print(f"opwarden: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+    def build() -> argparse.ArgumentParser:
+        p = Parser(prog="opwarden")
+        add_parser(p.add_subparsers(dest="cmd", required=True))
+        return p
+
+    return run_cli(build, ["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

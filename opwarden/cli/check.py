@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any
 
+from opwarden.cli.common import progress
 from opwarden.errors import OptionsError
 
 
@@ -24,7 +25,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=[],
         help="operator (Name or domain::Name) or variant name; repeatable",
     )
-    p.add_argument("--device", help="only variants of this device")
+    p.add_argument("--device", help="only variants of this device (cpu, torch, ...)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
         "--import",
@@ -34,7 +35,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="FILE_OR_MODULE",
         help="load user code that defines operators first",
     )
-    p.add_argument("--checks", help="comma-separated subset of the checks")
+    p.add_argument("--checks", help="comma-separated subset of the checks (default: all of "
+                   "numerics, boundary, nan, overflow, mutation, alias, workspace, concurrency, "
+                   "shape, grad)")
     p.add_argument(
         "--quick",
         action="store_true",
@@ -120,19 +123,23 @@ def cmd_check(args: argparse.Namespace) -> int:
             get_device(args.device)  # brings in an optional provider's variants (torch)
         except OpwardenError as e:
             print(f"opwarden check: {e}", file=sys.stderr)
-            return 2
+            return 2  # a usage error
     checks = None
     if getattr(args, "checks", None):
         checks = [c.strip() for c in args.checks.split(",") if c.strip()]
     targets = list(args.op or []) or [None]
     full = targets == [None]
     report = Report()
-    for t in targets:
-        r = check(
-            t, device=args.device, checks=checks, quick=bool(getattr(args, "quick", False)) or full
-        )
-        report.variants.extend(r.variants)
-        report.seconds += r.seconds
+    with progress("check") as bar:
+        def tick(vr: Any) -> None:
+            bar.advance()
+            bar.describe(f"check {vr.op} {vr.variant}: {len(report.variants)} done")
+
+        for t in targets:
+            r = check(t, device=args.device, checks=checks,
+                      quick=bool(getattr(args, "quick", False)) or full, progress=tick)
+            report.variants.extend(r.variants)
+            report.seconds += r.seconds
     if args.json:
         print(json.dumps(report.to_json(), indent=1, default=str))
     else:
@@ -141,18 +148,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (`python -m opwarden.cli.check`) until the CLI wires `check`."""
-    from opwarden.errors import OpwardenError
+    """`python -m opwarden.cli.check ...`: the same as `opwarden check ...`."""
+    from opwarden.cli.exits import Parser, run_cli
 
-    parser = argparse.ArgumentParser(prog="opwarden")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    add_parser(sub)
-    args = parser.parse_args(["check", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.fn(args)
-    except OpwardenError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    def build() -> argparse.ArgumentParser:
+        p = Parser(prog="opwarden")
+        add_parser(p.add_subparsers(dest="cmd", required=True))
+        return p
+
+    return run_cli(build, ["check", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

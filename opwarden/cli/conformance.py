@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
-from opwarden.cli.common import console
+from opwarden.cli.common import console, progress
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add `conformance` to the opwarden subcommands."""
     c = sub.add_parser("conformance", help="run the ONNX backend node suite")
-    c.add_argument("--filter", action="append", help="substring of test names (repeatable)")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--filter", action="append",
+                   help="only the cases whose name contains this (repeatable)")
+    c.add_argument("--json", action="store_true", help="print the summary as JSON")
     c.add_argument(
         "--update-expected",
         action="store_true",
@@ -36,7 +36,12 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
     from opwarden.verify import conformance as conf
 
-    results = conf.run_all(args.filter or (), progress=not args.json and sys.stderr.isatty())
+    cases = conf.load_cases(args.filter or ())
+    results = []
+    with progress("ONNX node suite", total=len(cases)) as bar:
+        for case in cases:
+            results.append(conf.run_case(case))
+            bar.advance()
     expected = conf.read_expected()
     passed = [r for r in results if r.status == "pass"]
     failed = [r for r in results if r.status == "fail"]

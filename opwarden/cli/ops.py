@@ -5,7 +5,7 @@ Without NAME: every registered operator version with its variants, devices and d
 (``Conv``, ``opwarden::FusedConv``): its schema, contract, reference kernel, shape rule,
 gradient, cost (FLOPs) rule, pieces (a fused operator's), decomposition, variants and how each
 device runs it, each with the file and line where it lives (gathered by op_facets.py). An
-unknown NAME is an UnsupportedOpError (exit 2).
+unknown NAME is an UnsupportedOpError (exit 3).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "name", nargs="?", metavar="NAME",
         help="one operator ([DOMAIN::]OP_TYPE): every facet, with where it lives",
     )  # fmt: skip
-    o.add_argument("--device")
-    o.add_argument("--json", action="store_true")
+    o.add_argument("--device", help="only the operators this device runs (cpu, torch, a profile)")
+    o.add_argument("--json", action="store_true", help="print the listing as JSON")
     o.set_defaults(fn=cmd_ops)
     return o
 
