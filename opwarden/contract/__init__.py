@@ -30,6 +30,7 @@ class Allowed:
     description: str = ""
 
     def accepts(self, value: Any) -> bool:
+        """Whether the attribute value is allowed (each item, for a list value)."""
         if self.predicate is not None:
             return bool(self.predicate(value))
         if isinstance(value, (list, tuple)):
@@ -37,6 +38,7 @@ class Allowed:
         return value in self.values
 
     def describe(self) -> str:
+        """What is allowed, in words (for errors and `opwarden ops`)."""
         if self.description:
             return self.description
         return "one of " + ", ".join(repr(v) for v in self.values)
@@ -165,10 +167,12 @@ class TensorFact:
 
     @property
     def ndim(self) -> int | None:
+        """The rank, None when the shape is unknown."""
         return None if self.shape is None else len(self.shape)
 
     @property
     def static(self) -> bool:
+        """Every dimension is a known int."""
         return self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
     def __str__(self) -> str:

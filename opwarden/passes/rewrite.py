@@ -110,6 +110,8 @@ class Rewriter:
 
     # -- editing --------------------------------------------------------------------------
     def set_input(self, node: Node, i: int, new: Value | None) -> None:
+        """Make `node` read `new` as input i, moving the use over (a replaced weight nothing
+        reads any more is freed now)."""
         old = node.inputs[i]
         if old is not None:
             _drop_use(old, node, i)
@@ -146,6 +148,7 @@ class Rewriter:
         return True
 
     def remove(self, node: Node) -> None:
+        """Take `node` out of the graph (at `finish`); its inputs lose their uses now."""
         for i, v in enumerate(node.inputs):
             if v is not None:
                 _drop_use(v, node, i)
@@ -204,6 +207,7 @@ class Rewriter:
         return v
 
     def new_value(self, base: str, fact: TensorFact) -> Value:
+        """A new value of the graph with `fact`, named after `base`."""
         return self.graph.add_value(self.unique(base), fact=fact)
 
     def unique(self, base: str) -> str:
@@ -447,6 +451,7 @@ def relink(model: Model) -> None:
 
 
 def static_shape(v: Value | None) -> tuple[int, ...] | None:
+    """v's shape when it is a tensor whose every dimension is a known int, else None."""
     if v is None or v.kind != "tensor" or not v.fact.static:
         return None
     return tuple(v.fact.shape)

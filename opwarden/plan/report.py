@@ -11,6 +11,8 @@ from opwarden.plan.planner import MemoryPlan
 
 
 def summary_lines(plan: MemoryPlan) -> list[str]:
+    """The plan in a few lines: arena against its lower bound and the naive size, buffers
+    and steps, what kernels write in place, Concat slices, tensors sized at run time."""
     lb = plan.lower_bound_bytes
     ratio = plan.arena_bytes / lb if lb else 1.0
     lines = [

@@ -37,6 +37,7 @@ class OpRecord:
     covers: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
+        """The record as plain data (a Chrome-trace event's ``args``)."""
         return asdict(self)
 
 
@@ -65,4 +66,5 @@ def chrome_trace(records: list[OpRecord], path: str) -> str:
 
 
 def default_trace_path(prefix: str) -> str:
+    """`prefix` + time stamp + process id + .json: a trace file name no other run takes."""
     return f"{prefix}_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}.json"

@@ -97,6 +97,8 @@ def estimate(rec: OpRecord) -> tuple[float, float]:
 
 
 def roofline_us(rec: OpRecord, peaks: dict[str, float]) -> float:
+    """The least time (µs) the record's work can take at the machine's peaks: its FLOPs at
+    peak compute or its bytes at peak bandwidth, whichever takes longer."""
     flops, size = estimate(rec)
     return max(flops / (peaks["gflops"] * 1e3), size / (peaks["gbps"] * 1e3))
 
