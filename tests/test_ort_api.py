@@ -484,3 +484,42 @@ def test_opwarden_pointer_binding_is_zero_copy_for_inputs():
         io.bind_output("y", "cuda", 0)
     with pytest.raises(ow.InputError, match="nope"):
         io.bind_output("nope")
+
+
+def test_module_functions(rt):
+    rt.set_default_logger_severity(3)
+    rt.set_default_logger_severity(2)
+    rt.set_default_logger_verbosity(0)
+    assert isinstance(rt.get_version_string(), str) and rt.get_version_string()
+    assert isinstance(rt.get_build_info(), str)
+    assert "CPUExecutionProvider" in rt.get_all_providers()
+    rt.disable_telemetry_events()
+    rt.enable_telemetry_events()
+    s = rt.InferenceSession(CNN, providers=rt.get_available_providers())
+    ref = ort.InferenceSession(CNN, providers=["CPUExecutionProvider"]).run(None, {"x": XC})
+    np.testing.assert_allclose(s.run(None, {"x": XC})[0], ref[0], rtol=1e-4, atol=1e-5)
+
+
+def test_set_seed_repeats_unseeded_random_nodes(rt):
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("RandomUniform", [], ["y"], shape=[4])], "g", [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    rt.set_seed(7)
+    a = rt.InferenceSession(m.SerializeToString()).run(None, {})[0]
+    rt.set_seed(7)
+    b = rt.InferenceSession(m.SerializeToString()).run(None, {})[0]
+    np.testing.assert_array_equal(a, b)
+
+
+def test_opwarden_logger_severity_silences_log_warnings():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ow.set_default_logger_severity(3)
+        warnings.warn("opwarden: a log line", RuntimeWarning, stacklevel=1)
+        warnings.warn("not a log line", RuntimeWarning, stacklevel=1)
+        ow.set_default_logger_severity(2)
+        warnings.warn("opwarden: shown again", RuntimeWarning, stacklevel=1)
+    assert [str(x.message) for x in w] == ["not a log line", "opwarden: shown again"]
+    with pytest.raises(ow.OptionsError):
+        ow.set_default_logger_severity(9)

@@ -17,9 +17,18 @@ from opwarden.ops.base import op
 _FLOAT_CODES = (1, 10, 11, 16)  # float, float16, double, bfloat16
 
 
+_SEEDED: list[np.random.Generator] = []  # the generator set_seed made, for unseeded nodes
+
+
+def set_seed(seed: int) -> None:
+    """Unseeded random nodes draw from one generator seeded with `seed` from now on
+    (onnxruntime.set_seed; opwarden.ort.module)."""
+    _SEEDED[:] = [np.random.default_rng(seed)]
+
+
 def _rng(seed):
     if seed is None:
-        return np.random.default_rng()
+        return _SEEDED[0] if _SEEDED else np.random.default_rng()
     # The attribute is a float: seed from its exact bit pattern so that e.g. 0.5 and 0.0 differ.
     return np.random.default_rng(struct.unpack("<Q", struct.pack("<d", float(seed)))[0])
 

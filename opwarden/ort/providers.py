@@ -57,11 +57,13 @@ def _by_ort_name() -> dict[str, Any]:
 
 
 def get_available_providers() -> list[str]:
-    """The providers this process can run on, as onnxruntime names them (CPU last, as
-    onnxruntime lists it)."""
+    """The providers this process can run on, as onnxruntime names them, CPU last as
+    onnxruntime lists it. Simulated devices (TOML profiles emulating another chip's numerics,
+    such as edge-npu's float16) are left out: code passing this whole list expects onnxruntime's
+    numbers, and a simulated device is chosen by its name."""
     from opwarden.devices import devices
 
-    names = [ort_name(d) for d in devices()]
+    names = [ort_name(d) for d in devices() if not d.simulated]
     return sorted(names, key=lambda n: n == "CPUExecutionProvider")
 
 
