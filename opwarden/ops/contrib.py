@@ -7,10 +7,14 @@ ONNX Runtime's ContribOperators.md; half-precision inputs compute in float32, as
 from __future__ import annotations
 
 import dataclasses
+import functools
+import glob
 import math
+import os
 
 import numpy as np
 
+from opwarden.blas import blas_thread_count
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
 from opwarden.ops.base import REGISTRY, OpDef, op
@@ -137,11 +141,18 @@ def FusedMatMul(A, B, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatc
 
 
 def _dynamic_quant_uint8(a: np.ndarray) -> tuple[np.ndarray, np.float32, np.int32]:
-    """Asymmetric uint8 quantization of `a` with its range widened to include 0."""
-    lo = min(float(a.min()) if a.size else 0.0, 0.0)
-    hi = max(float(a.max()) if a.size else 0.0, 0.0)
-    scale = np.float32(1.0 if hi == lo else (hi - lo) / 255.0)
-    zp = np.int32(np.rint(np.clip(0.0 - lo / scale, 0.0, 255.0)))
+    """Asymmetric uint8 quantization of `a` (float32), its range widened to include 0.
+
+    Bit for bit ORT's GetQuantizationParameter + MlasQuantizeLinear: the scale is
+    (max - min) / 255 and the zero point 0 - min / scale, both in float32, the zero point
+    clamped to [0, 255] then rounded half to even; values are a / scale (a division),
+    rounded half to even, plus the zero point, saturated to [0, 255].
+    """
+    f32 = np.float32
+    lo = min(f32(a.min()) if a.size else f32(0), f32(0))
+    hi = max(f32(a.max()) if a.size else f32(0), f32(0))
+    scale = f32(1) if hi == lo else f32(f32(hi - lo) / f32(255))
+    zp = np.int32(np.rint(min(max(f32(f32(0) - f32(lo / scale)), f32(0)), f32(255))))
     q = np.clip(np.rint(a / scale) + zp, 0, 255).astype(np.int32)
     return q, scale, zp
 
@@ -344,6 +355,18 @@ def ContribAttention(input, weights, bias=None, mask_index=None, past=None, atte
     if bias is not None:
         _check_bias(bias, qkv, "Attention bias")
         qkv = qkv + _compute(bias)
+    return attention_from_qkv(qkv, (qh, kh, vh), num_heads, mask_index, past, attention_bias,
+                              unidirectional, mask_filter_value, scale, input.dtype)
+
+
+def attention_from_qkv(qkv, sizes, num_heads, mask_index=None, past=None, attention_bias=None,
+                       unidirectional=0, mask_filter_value=-10000.0, scale=0.0, dtype=None):
+    """com.microsoft Attention after its projection: qkv (B, S, qh+kh+vh) in the compute
+    dtype, split into heads, past keys/values prepended, masked softmax, merged heads.
+    Returns (output, present) in `dtype` (QAttention shares it)."""
+    batch, seq = qkv.shape[0], qkv.shape[1]
+    qh, kh, vh = sizes
+    dtype = dtype or qkv.dtype
     head, vhead = qh // num_heads, vh // num_heads
 
     def heads(x, size):  # (B, S, N*H) -> (B, N, S, H)
@@ -376,8 +399,8 @@ def ContribAttention(input, weights, bias=None, mask_index=None, past=None, atte
     e = np.exp(scores)
     probs = e / e.sum(axis=-1, keepdims=True)
     y = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, vh)
-    present = np.stack([k, v]).astype(input.dtype) if vhead == head else None
-    return y.astype(input.dtype), present
+    present = np.stack([k, v]).astype(dtype) if vhead == head else None
+    return y.astype(dtype), present
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,6 +414,44 @@ def _quant_matmul(a: np.ndarray, qw: np.ndarray, scale: np.ndarray, zp: np.ndarr
     qa, sa, za = _dynamic_quant_uint8(a)
     acc = (qa - za).astype(np.int64) @ (qw.astype(np.int64) - zp.astype(np.int64))
     return acc.astype(np.float32) * (sa * scale)
+
+
+@functools.lru_cache(maxsize=1)
+def physical_cores() -> int:
+    """Physical CPU cores, counted as ORT's default thread pool counts them (cpuinfo: distinct
+    core ids per package); ORT's own fallback, half the logical CPUs, when sysfs is silent."""
+    cores = set()
+    for topo in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
+        try:
+            with open(f"{topo}/physical_package_id") as f1, open(f"{topo}/core_id") as f2:
+                cores.add((f1.read().strip(), f2.read().strip()))
+        except OSError:
+            continue
+    return len(cores) or max(1, (os.cpu_count() or 2) // 2)
+
+
+def ort_intra_threads() -> int:
+    """The degree of parallelism ORT's CPU kernels would see in this process: the session's
+    intra_op_num_threads (mirrored into the BLAS pool) capped at the physical cores, which is
+    ORT's default."""
+    return max(1, min(blas_thread_count(), physical_cores()))
+
+
+def lstm_batch_chunk(batch: int, hidden: int, threads: int) -> int:
+    """Rows of the batch that ORT's LSTM steps together (and so quantizes with one scale):
+    the batch is split over the threads when it has more than 4 rows, or at least 2 rows and
+    a hidden size of at most 256; otherwise the whole batch is one block."""
+    if batch > 4 or (batch >= 2 and hidden <= 256):
+        return -(-batch // max(1, threads))
+    return max(batch, 1)
+
+
+def _recurrent(prev: np.ndarray, qr, rs, rz, chunk: int) -> np.ndarray:
+    """prev @ R with each block of `chunk` batch rows quantized on its own, as ORT's threads
+    do."""
+    return np.concatenate([_quant_matmul(prev[r:r + chunk], qr, rs, rz)
+                           for r in range(0, prev.shape[0], chunk)]) if prev.shape[0] else \
+        np.zeros((0, qr.shape[1]), np.float32)
 
 
 def _per_column(v: np.ndarray, num_dir: int, cols: int, what: str) -> np.ndarray:
@@ -444,10 +505,23 @@ def DynamicQuantizeLSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, ini
     """LSTM (gates i|o|f|c) with int8/uint8 W [D, input, 4H] and R [D, H, 4H]; X and each
     step's hidden state are quantized to uint8 on the fly (com.microsoft DynamicQuantizeLSTM-1).
 
-    As in ORT (run single-threaded), the input projection quantizes X[:max(sequence_lens)]
-    with one scale and each recurrent step quantizes the whole batch's previous output.
+    As in ORT, the input projection quantizes X[:max(sequence_lens)] with one scale and each
+    recurrent step quantizes the previous output per block of batch rows that one of ORT's
+    threads steps (see lstm_batch_chunk), so results follow ORT's thread count.
     """
-    from opwarden.ops.rnn import _activation_list, _clipper, _reverse_index, _seq_lens
+    return quantized_lstm(
+        X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point, R_scale,
+        R_zero_point, activation_alpha=activation_alpha, activation_beta=activation_beta,
+        activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
+        input_forget=input_forget, threads=ort_intra_threads())
+
+
+def quantized_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point,
+                   R_scale, R_zero_point, *, activation_alpha=None, activation_beta=None,
+                   activations=None, clip=None, direction="forward", hidden_size=None,
+                   input_forget=0, threads: int = 1):
+    """DynamicQuantizeLSTM as ORT computes it with `threads` intra-op threads."""
+    from opwarden.ops.rnn import _activation_list, _clipper, _seq_lens
 
     if W_scale is None or W_zero_point is None or R_scale is None or R_zero_point is None:
         raise KernelError("DynamicQuantizeLSTM needs W_scale, W_zero_point, R_scale, R_zero_point")
@@ -455,10 +529,10 @@ def DynamicQuantizeLSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, ini
     H = _qlstm_shapes(X, W, R, num_dir, hidden_size)
     T, Bsz = X.shape[0], X.shape[1]
     lens = _seq_lens(sequence_lens, T, Bsz)
-    ws = _per_column(W_scale, num_dir, 4 * H, "W_scale").astype(np.float32)
-    wz = _per_column(W_zero_point, num_dir, 4 * H, "W_zero_point")
-    rs = _per_column(R_scale, num_dir, 4 * H, "R_scale").astype(np.float32)
-    rz = _per_column(R_zero_point, num_dir, 4 * H, "R_zero_point")
+    quant = (_per_column(W_scale, num_dir, 4 * H, "W_scale").astype(np.float32),
+             _per_column(W_zero_point, num_dir, 4 * H, "W_zero_point"),
+             _per_column(R_scale, num_dir, 4 * H, "R_scale").astype(np.float32),
+             _per_column(R_zero_point, num_dir, 4 * H, "R_zero_point"))
     b = _f32_or_zeros(B, (num_dir, 8 * H), "B")
     bias = b[:, :4 * H] + b[:, 4 * H:]
     p = _f32_or_zeros(P, (num_dir, 3 * H), "P")
@@ -466,37 +540,45 @@ def DynamicQuantizeLSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, ini
     c0 = _f32_or_zeros(initial_c, (num_dir, Bsz, H), "initial_c")
     acts = _activation_list(activations, activation_alpha, activation_beta,
                             ["Sigmoid", "Tanh", "Tanh"], num_dir)
-    cl = _clipper(clip)
-    x = X.astype(np.float32)
-    t_max = int(lens.max()) if lens.size else 0
-    bidx = np.arange(Bsz)
+    chunk = lstm_batch_chunk(Bsz, H, threads)
     Y = np.zeros((T, num_dir, Bsz, H), np.float32)
     Y_h, Y_c = h0.copy(), c0.copy()
     for d in range(num_dir):
         reverse = direction == "reverse" or d == 1
-        ridx = _reverse_index(lens, T) if reverse else None
-        xd = x[ridx, bidx] if reverse else x
-        # One quantization over every time step any sequence still uses.
-        proj = _quant_matmul(xd[:t_max].reshape(-1, x.shape[2]), W[d], ws[d], wz[d])
-        proj = proj.reshape(t_max, Bsz, 4 * H)
-        f, g, hf = acts[d]
-        pi, po, pf = p[d, :H], p[d, H:2 * H], p[d, 2 * H:]
-        h, c = h0[d], c0[d]
-        Yd = np.zeros((T, Bsz, H), np.float32)
-        for t in range(t_max):
-            active = (t < lens)[:, None]
-            # The state quantized is last step's output row, which ORT zeroes for sequences
-            # that had already ended then; it sets the range of the one quantization scale.
-            prev = h if t == 0 else np.where((t - 1 < lens)[:, None], h, 0.0)
-            rec = _quant_matmul(prev.astype(np.float32), R[d], rs[d], rz[d])
-            gates = proj[t] + rec + bias[d]
-            i = f(cl(gates[:, :H] + pi * c))
-            fg = 1 - i if input_forget else f(cl(gates[:, 2 * H:3 * H] + pf * c))
-            c_new = fg * c + i * g(cl(gates[:, 3 * H:]))
-            o = f(cl(gates[:, H:2 * H] + po * c_new))
-            h_new = o * hf(c_new)
-            h, c = np.where(active, h_new, h), np.where(active, c_new, c)
-            Yd[t] = np.where(active, h_new, 0.0)
-        Y[:, d] = Yd[ridx, bidx] if reverse else Yd
-        Y_h[d], Y_c[d] = h, c
+        Y[:, d], Y_h[d], Y_c[d] = _qlstm_direction(
+            X.astype(np.float32), W[d], R[d], [q[d] for q in quant], bias[d], p[d], h0[d], c0[d],
+            lens, acts[d], _clipper(clip), input_forget, reverse, chunk)
     return Y, Y_h.astype(np.float32), Y_c.astype(np.float32)
+
+
+def _qlstm_direction(x, w, r, quant, bias, p, h, c, lens, acts, cl, input_forget, reverse,
+                     chunk):
+    """One direction of quantized_lstm: (Y [T, B, H], final h, final c)."""
+    from opwarden.ops.rnn import _reverse_index
+
+    T, Bsz, H = x.shape[0], x.shape[1], r.shape[0]
+    ws, wz, rs, rz = quant
+    t_max = int(lens.max()) if lens.size else 0
+    bidx = np.arange(Bsz)
+    ridx = _reverse_index(lens, T) if reverse else None
+    xd = x[ridx, bidx] if reverse else x
+    # One quantization over every time step any sequence still uses.
+    proj = _quant_matmul(xd[:t_max].reshape(-1, x.shape[2]), w, ws, wz)
+    proj = proj.reshape(t_max, Bsz, 4 * H)
+    f, g, hf = acts
+    pi, po, pf = p[:H], p[H:2 * H], p[2 * H:]
+    Yd = np.zeros((T, Bsz, H), np.float32)
+    for t in range(t_max):
+        active = (t < lens)[:, None]
+        # The state quantized is last step's output row, which ORT zeroes for sequences
+        # that had already ended then; it sets the range of its block's quantization scale.
+        prev = h if t == 0 else np.where((t - 1 < lens)[:, None], h, 0.0)
+        gates = proj[t] + _recurrent(prev.astype(np.float32), r, rs, rz, chunk) + bias
+        i = f(cl(gates[:, :H] + pi * c))
+        fg = 1 - i if input_forget else f(cl(gates[:, 2 * H:3 * H] + pf * c))
+        c_new = fg * c + i * g(cl(gates[:, 3 * H:]))
+        o = f(cl(gates[:, H:2 * H] + po * c_new))
+        h_new = o * hf(c_new)
+        h, c = np.where(active, h_new, h), np.where(active, c_new, c)
+        Yd[t] = np.where(active, h_new, 0.0)
+    return (Yd[ridx, bidx] if reverse else Yd), h, c
