@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arg(p, required=True)
     p.add_argument("--devices", type=providers_list, metavar="A,B",
-                   help="devices to ask (default: every registered device)")
+                   help="devices to ask, names or .toml profiles (default: every registered "
+                   "device)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(fn=cmd_inspect)
     return p
@@ -283,13 +284,14 @@ def _weights_as_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _device_list(wanted: list[str] | None) -> list[Any]:
-    from opwarden.devices import devices, get_device
+    """The devices asked: the named ones (a .toml path loads a device profile), else all."""
+    from opwarden.devices import devices, get_device, load_profile
 
     if not wanted:
         return devices()
     out = []
     for name in wanted:
-        dev = get_device(name)
+        dev = load_profile(name) if name.lower().endswith(".toml") else get_device(name)
         if dev not in out:
             out.append(dev)
     return out
