@@ -83,7 +83,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     records, warm_faults = traced_runs(sess, feeds, args.warmup, args.runs)
     trace_path = report_chrome(records, os.path.join(out_dir, "trace.json"))
     flame_path = report.flame_svg(records, os.path.join(out_dir, "flame.svg"),
-                                  title=f"{label}, {args.runs} run(s)")
+                                  title=f"{label}, {args.runs} run(s) after {args.warmup} "
+                                  f"warm-up on {', '.join(sess.get_providers())}")
     table = report.by_op_type(records)
     top = report.anomalies(records, warm_faults)
     result = {
