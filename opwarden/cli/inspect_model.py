@@ -297,8 +297,18 @@ def _device_list(wanted: list[str] | None) -> list[Any]:
     return out
 
 
-def _one_device(dev: Any, model: Any, nodes: list[Any]) -> dict[str, Any]:
-    """Which of `nodes` `dev` alone runs, runs decomposed, or refuses (with the reason)."""
+def _refuse(refused: dict[str, dict[str, Any]], node: Any, why: str) -> None:
+    key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+    r = refused.setdefault(key, {"op": key, "count": 0, "nodes": [], "reason": why})
+    r["count"] += 1
+    if len(r["nodes"]) < NODES_PER_OP:
+        r["nodes"].append(node.name)
+
+
+def _one_device(dev: Any, model: Any, nodes: list[Any],
+                invalid: list[tuple[Any, str]]) -> dict[str, Any]:
+    """Which of `nodes` `dev` alone runs, runs decomposed, or refuses (with the reason); the
+    `invalid` nodes (no operator accepts them) are refused everywhere."""
     from opwarden.ir.graph import Graph
     from opwarden.place.partition import Partitioner
 
@@ -315,17 +325,15 @@ def _one_device(dev: Any, model: Any, nodes: list[Any]) -> dict[str, Any]:
         try:
             part.node(node, scratch, 0)  # decomposes where that lets the device run it
         except Exception:  # noqa: BLE001 - any refusal counts, UnsupportedOpError or not
-            key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
-            r = refused.setdefault(key, {"op": key, "count": 0, "nodes": [], "reason": why})
-            r["count"] += 1
-            if len(r["nodes"]) < NODES_PER_OP:
-                r["nodes"].append(node.name)
+            _refuse(refused, node, why)
             continue
         decomposed.append({"node": node.name, "op": node.op_type, "reason": why})
+    for node, why in invalid:
+        _refuse(refused, node, why)
     return {
         "device": dev.name,
         "kind": dev.kind + (" (simulated)" if dev.simulated else ""),
-        "nodes": len(nodes),
+        "nodes": len(nodes) + len(invalid),
         "runs": runs,
         "decomposed": decomposed,
         "unsupported": sorted(refused.values(), key=lambda r: -r["count"]),
@@ -344,20 +352,21 @@ def device_support(source: Any, proto: onnx.ModelProto, external: list[dict[str,
         model, notes = _ir_model(source, proto, external)
     except Exception as e:  # noqa: BLE001 - the summary above stands without this part
         return {"error": f"{type(e).__name__}: {e}", "devices": [], "invalid": [], "notes": []}
-    invalid, bad = [], set()
+    invalid, bad = [], {}
     for node in model.graph.all_nodes():
         try:
             check_node(node)
         except Exception as e:  # noqa: BLE001 - reported per node
             invalid.append({"node": node.name, "op": node.op_type, "reason": str(e)})
-            bad.add(id(node))
+            bad[id(node)] = str(e)
     nodes = [n for n in model.graph.nodes if id(n) not in bad]
+    top_bad = [(n, bad[id(n)]) for n in model.graph.nodes if id(n) in bad]
     if any(d.kind == "profile" for d in devs):
         try:
             complete_facts(model.graph, model.opsets)
         except Exception as e:  # noqa: BLE001 - profiles then judge with the facts there are
             notes.append(f"facts incomplete: {type(e).__name__}: {e}")
-    return {"devices": [_one_device(d, model, nodes) for d in devs], "invalid": invalid,
+    return {"devices": [_one_device(d, model, nodes, top_bad) for d in devs], "invalid": invalid,
             "notes": notes}
 
 

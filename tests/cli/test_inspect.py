@@ -160,3 +160,20 @@ def test_bad_files_are_model_errors(tmp_path, capsys, content):
     assert main(["inspect", str(bad)]) == 3
     err = capsys.readouterr().err
     assert "ModelError" in err and "Traceback" not in err
+
+
+def test_an_unknown_operator_is_refused_by_every_device(tmp_path, capsys):
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+         helper.make_node("Foo", ["r"], ["y"], name="foo", domain="my.ops")], "g",
+        [helper.make_tensor_value_info("x", 1, [2])], [helper.make_tensor_value_info("y", 1, [2])]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.ops", 1)])
+    path = tmp_path / "custom.onnx"
+    onnx.save(m, path)
+    d = _inspect(capsys, str(path), "--devices", "cpu,edge-npu")
+    assert d["ops"] == {"Relu": 1, "my.ops::Foo": 1} and d["opsets"]["my.ops"] == 1
+    assert [v["node"] for v in d["support"]["invalid"]] == ["foo"]
+    for dev in d["support"]["devices"]:
+        assert dev["nodes"] == 2 and dev["runs"] == 1
+        (u,) = dev["unsupported"]
+        assert u["op"] == "my.ops::Foo" and "unknown operator" in u["reason"]
