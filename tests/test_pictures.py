@@ -159,6 +159,8 @@ def test_placement_picture_colours_devices_and_marks_fallbacks():
     assert len(fills) == 2  # one colour per device
     edges = [p for p in root.iter(f"{NS}path") if p.get("marker-end")]
     assert len(edges) == len(sess.placements) - 1  # a chain
+    assert _texts(root, "graph-input") == ["input x"]
+    assert _texts(root, "graph-output") == ["output y"]
 
 
 def test_explain_svg_option_writes_the_picture(tmp_path):
@@ -171,3 +173,10 @@ def test_explain_svg_option_writes_the_picture(tmp_path):
     assert main(["explain", str(src), "--providers", "edge-npu,cpu", "--svg", str(out)]) == 0
     root = _parse(out.read_text(encoding="utf-8"))
     assert "erf_b" in _texts(root, "label")
+
+
+def test_explain_svg_option_refuses_another_suffix_before_any_work(tmp_path):
+    from opwarden.cli import main
+
+    assert main(["explain", "no_such_model.onnx", "--svg", str(tmp_path / "a.txt")]) == 2
+    assert not (tmp_path / "a.txt").exists()

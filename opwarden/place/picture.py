@@ -24,8 +24,11 @@ from opwarden.place.svg import (
     text_width,
 )
 
-DEVICE_COLOURS = {"cpu": "#56B4E9", "edge-npu": "#E69F00", "torch": "#009E73"}
+DEVICE_COLOURS = {"cpu": "#56B4E9", "edge-npu": "#E69F00", "torch": "#009E73",
+                  "openvino": "#CC79A7"}
 FALLBACK = "#D55E00"
+# What placement inserts besides the model's work: drawn as pills.
+PILLS = ("copy", "transpose", "view")
 BOX_W, BOX_H, GAP_X, ROW_H = 176, 40, 16, 78
 
 
@@ -59,7 +62,9 @@ def placement_svg(pls: list[Any], report: dict[str, Any] | None = None, title: s
     """The placement picture of the main graph's placements `pls` (see the module docstring);
     `report`: the placement report (its device order decides what is a fallback)."""
     graph = pls[0].node.graph if pls else None
-    pls = [p for p in pls if p.node.graph is graph]
+    # A compiled region is drawn as the nodes it covers (each placement says which region).
+    regions = sum(1 for p in pls if p.inserted == "region")
+    pls = [p for p in pls if p.node.graph is graph and p.inserted != "region"]
     devs = list((report or {}).get("devices") or dict.fromkeys(p.device for p in pls))
     first = devs[0] if devs else "cpu"
     col = colours(devs + sorted({p.device for p in pls} - set(devs)), DEVICE_COLOURS)
@@ -72,11 +77,12 @@ def placement_svg(pls: list[Any], report: dict[str, Any] | None = None, title: s
         x0 = (width - len(row) * (BOX_W + GAP_X) + GAP_X) / 2
         for k, i in enumerate(row):
             pos[i] = (x0 + k * (BOX_W + GAP_X), top + d * ROW_H)
-    falls = [p for p in pls if not p.inserted and p.device != first]
-    inserted = Counter(p.inserted for p in pls if p.inserted)
-    runs = sum(1 for p in pls if not p.inserted and p.device == first)
+    falls = [p for p in pls if p.inserted not in PILLS and p.device != first]
+    inserted = Counter(p.inserted for p in pls if p.inserted in PILLS)
+    runs = sum(1 for p in pls if p.inserted not in PILLS and p.device == first)
     sub = (f"{first} runs {runs} of {runs + len(falls)} nodes; {len(falls)} fall back"
            + "".join(f"; {n} {k}(s) inserted" for k, n in sorted(inserted.items()))
+           + (f"; {regions} compiled region(s)" if regions else "")
            + "; hover a node for its variant and reasons")
     body = heading(20, 22, f"Placement: {title}" if title else "Placement", sub)
     body.append('<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" '
@@ -88,8 +94,11 @@ def placement_svg(pls: list[Any], report: dict[str, Any] | None = None, title: s
     leg, _ = legend(items, 20, 58, width - 40)
     body += leg
     body += _edges(pls, pos)
+    ins = {id(v) for v in graph.inputs} if graph is not None else set()
+    outs = {id(v) for v in graph.outputs} if graph is not None else set()
     for i, p in enumerate(pls):
         body += _box(p, *pos[i], col[p.device], p in falls)
+        body += _io(p, *pos[i], ins, outs, p in falls)
     height = top + len(rows) * ROW_H + 10
     return document(width, height, f"Placement {title}".strip(), body)
 
@@ -120,12 +129,14 @@ def _box(p: Any, x: float, y: float, fill: str, fallback: bool) -> list[str]:
            f"layout {p.layout}"]
     if origin and origin != [n.name]:
         tip.append(f"stands for: {', '.join(origin)}")
+    if getattr(p, "region", None):
+        tip.append(f"compiled in region {p.region}")
     if p.reason:
         tip.append(f"{'inserted ' + p.inserted if p.inserted else 'reason'}: {p.reason}")
     ink = text_colour(fill)
     out = [f'<g class="node{" fallback" if fallback else ""}'
-           f'{" inserted" if p.inserted else ""}"><title>{esc(chr(10).join(tip))}</title>']
-    if p.inserted:
+           f'{" inserted" if p.inserted in PILLS else ""}"><title>{esc(chr(10).join(tip))}</title>']
+    if p.inserted in PILLS:
         h = 26
         out.append(f'<rect x="{x + 18:.1f}" y="{y + 7:.1f}" width="{BOX_W - 36}" height="{h}" '
                    f'rx="13" fill="{fill}" fill-opacity="0.55" stroke="#555"/>')
@@ -149,6 +160,23 @@ def _box(p: Any, x: float, y: float, fill: str, fallback: bool) -> list[str]:
             out.append(f'<text class="reason" x="{x:.1f}" y="{y + BOX_H + 11 + 10 * k:.1f}" '
                        f'font-size="9" fill="{FALLBACK}">{esc(line)}</text>')
     out.append("</g>")
+    return out
+
+
+def _io(p: Any, x: float, y: float, ins: set[int], outs: set[int], fallback: bool
+        ) -> list[str]:
+    """The graph inputs a node reads (above it) and the graph outputs it writes (below)."""
+    out = []
+    read = [v.name for v in p.node.inputs if v is not None and id(v) in ins]
+    wrote = [v.name for v in p.node.outputs if v is not None and id(v) in outs]
+    if read:
+        out.append(f'<text class="graph-input" x="{x + 2:.1f}" y="{y - 4:.1f}" font-size="9" '
+                   f'fill="#444">{esc(fit("input " + ", ".join(read), BOX_W, 9))}</text>')
+    if wrote:
+        dy = BOX_H + (33 if fallback else 12)
+        out.append(f'<text class="graph-output" x="{x + 2:.1f}" y="{y + dy:.1f}" '
+                   f'font-size="9" fill="#444">'
+                   f'{esc(fit("output " + ", ".join(wrote), BOX_W, 9))}</text>')
     return out
 
 
