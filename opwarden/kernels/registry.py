@@ -13,13 +13,14 @@ from opwarden.kernels.cpu import (
     norm,
     pool,
     quant,
+    quant_nbits,
     select,
     shape,
     shuffle,
 )
 
 for _module in (conv, pool, norm, linalg, elementwise, activation, fused, select, shape, shuffle,
-                quant):
+                quant, quant_nbits):
     _module.register()
 
 

@@ -46,6 +46,7 @@ FAMILIES = (
     "contrib_quant", "contrib_quant_nn",
     "contrib_attention",
     "contrib_embed",
+    "contrib_wq",
     "fused_elementwise",
     "fused",
 )
