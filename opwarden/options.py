@@ -185,6 +185,7 @@ class SessionOptions:
         object.__setattr__(self, "_config", {})
         object.__setattr__(self, "_dim_names", {})
         object.__setattr__(self, "_dim_denotations", {})
+        object.__setattr__(self, "_initializers", {})
         for k, v in kwargs.items():
             setattr(self, k, v)
 
@@ -241,6 +242,20 @@ class SessionOptions:
                                                   dim_value: int) -> None:
         """Fix every input dim whose denotation (e.g. "DATA_BATCH") is `dim_denotation`."""
         self._dim_denotations[_dim_key(dim_denotation)] = _dim_size(dim_denotation, dim_value)
+
+    def add_initializer(self, name: str, ortvalue: Any) -> None:
+        """Use `ortvalue` (an OrtValue or array of the initializer's type and shape) as the
+        value of the model's initializer `name`, for every session made with these options."""
+        value = ortvalue.numpy() if hasattr(ortvalue, "numpy") else ortvalue
+        if not isinstance(name, str) or not hasattr(value, "dtype"):
+            raise OptionsError(f"add_initializer takes (name, OrtValue), got ({name!r}, "
+                               f"{type(ortvalue).__name__})")
+        self._initializers[name] = value
+
+    @property
+    def initializers(self) -> dict[str, Any]:
+        """The initializer values set by add_initializer (name -> array)."""
+        return dict(self._initializers)
 
     @property
     def free_dimension_overrides(self) -> tuple[dict[str, int], dict[str, int]]:

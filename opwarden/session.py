@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from opwarden.contract import declared_value
-from opwarden.errors import MemoryLimitError, ModelError, OptionsError, OpwardenError
+from opwarden.errors import (
+    MemoryLimitError,
+    ModelError,
+    OptionsError,
+    OpwardenError,
+    RunTerminated,
+)
 from opwarden.execute.codegen import LeanFault
 from opwarden.execute.parallel import run_parallel
 from opwarden.execute.program import Deadline, Program, describe_value
@@ -36,9 +42,9 @@ from opwarden.ir.load import load, read_source
 from opwarden.ir.validate import validate
 from opwarden.memory.hugepages import move_weights
 from opwarden.options import SessionOptions
-from opwarden.ort.dims import apply_dim_overrides
+from opwarden.ort.dims import apply_dim_overrides, apply_initializers
 from opwarden.ort.feeds import convert_feeds
-from opwarden.ort.meta import model_metadata, type_string
+from opwarden.ort.meta import declared_symbols, model_metadata, type_string
 from opwarden.ort.optimized import wants_standard_ops, write_optimized
 from opwarden.ort.providers import resolve_providers
 from opwarden.ort.run_options import run_stop
@@ -98,12 +104,14 @@ class NodeArg:
     shape: list[Any] | None
 
 
-def _node_arg(v: Value) -> NodeArg:
-    # dims only the model declares are reported as declared (ORT reports the declaration)
-    shape = None if v.fact.shape is None else [declared_value(d) for d in v.fact.shape]
+def _node_arg(v: Value, symbols: set[str]) -> NodeArg:
+    """As onnxruntime reports it: dims only the model declares as declared, symbols only
+    shape inference made up (not in `symbols`, the model's own) as None, no shape as []."""
     if v.kind != "tensor":
         return NodeArg(v.name, type_string(v.type_proto) or type_str(v), [])
-    return NodeArg(v.name, type_str(v), shape)
+    dims = [declared_value(d) for d in v.fact.shape or ()]
+    return NodeArg(v.name, type_str(v),
+                   [None if isinstance(d, str) and d not in symbols else d for d in dims])
 
 
 class InferenceSession(OrtSessionMethods):
@@ -170,7 +178,9 @@ class InferenceSession(OrtSessionMethods):
         """The model with the free dimension overrides applied (metadata read first)."""
         src = read_source(source)
         self._meta = model_metadata(src.proto)
+        apply_initializers(src.proto, self.options.initializers)
         apply_dim_overrides(src.proto, *self.options.free_dimension_overrides)
+        self._symbols = declared_symbols(src.proto)
         model = load(src)
         validate(model)
         return model
@@ -213,13 +223,13 @@ class InferenceSession(OrtSessionMethods):
 
     # -- onnxruntime-compatible surface ------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
-        return [_node_arg(v) for v in self._inputs]
+        return [_node_arg(v, self._symbols) for v in self._inputs]
 
     def get_outputs(self) -> list[NodeArg]:
-        return [_node_arg(v) for v in self._outputs]
+        return [_node_arg(v, self._symbols) for v in self._outputs]
 
     def get_overridable_initializers(self) -> list[NodeArg]:
-        return [_node_arg(v) for v in self._overridable]
+        return [_node_arg(v, self._symbols) for v in self._overridable]
 
     def close(self) -> None:
         """Stop the worker process of isolated kernels (SessionOptions.isolate), if any; the
@@ -238,7 +248,8 @@ class InferenceSession(OrtSessionMethods):
         dtype, as onnxruntime does). With `run_options` (a RunOptions), setting its
         `terminate` from another thread stops the run before its next step (RunTerminated)."""
         timeout = self.options.run_timeout_ms
-        deadline = run_stop(run_options, None if timeout is None else Deadline(timeout))
+        deadline = None if timeout is None else Deadline(timeout)
+        stop = run_stop(run_options, None)
         picks = output_indices(self._outputs, output_names or None)
         feeds = check_feeds(self.model.graph.inputs, self._inputs,
                             convert_feeds(self.model.graph.inputs, input_feed))
@@ -254,15 +265,21 @@ class InferenceSession(OrtSessionMethods):
         entry, token = self.memory.lease(feeds)
         try:
             # A private arena (token None: a concurrent run) is bound for this run only, and
-            # runs the generic loop rather than compiling one.
+            # runs the generic loop rather than compiling one. A run that can be stopped
+            # (RunOptions) runs the compiled loop variant that checks before each step, or the
+            # guarded loop, which checks wherever it checks a deadline.
+            compiled = lean and not debug and token is not None
             calls, fn = self.program.calls_for(
-                entry, contract if lean and not debug and token is not None else None)
-            if debug:
+                entry, contract if compiled else None, stop is not None)
+            if stop is not None and not compiled:
+                stop.deadline = deadline
+                outs = self._run_guarded(feeds, calls, stop)
+            elif debug:
                 outs = self.program.run_debug(feeds, None, calls, entry.binding.plan)
-            elif lean and self.program.levels is not None and token is not None:
+            elif lean and self.program.levels is not None and token is not None and stop is None:
                 outs = self._run_parallel(feeds, calls, contract)
             elif fn is not None or (lean and not contract):
-                outs = self._run_lean(fn, feeds, calls, contract)
+                outs = self._run_lean(fn, feeds, calls, contract, stop)
             else:
                 outs = self._run_guarded(feeds, calls, deadline)
         finally:
@@ -289,14 +306,17 @@ class InferenceSession(OrtSessionMethods):
                 f"of {{{','.join(map(str, x.shape))}}} for output {self._outputs[k].name!r}",
                 RuntimeWarning, stacklevel=3)
 
-    def _run_lean(self, fn: Any, feeds: list[Any], calls: list, contract: bool) -> list[Any]:
+    def _run_lean(self, fn: Any, feeds: list[Any], calls: list, contract: bool,
+                  stop: Any = None) -> list[Any]:
         if fn is None:  # a private arena (concurrent run): the generic loop
             if contract:
                 return self._run_guarded(feeds, calls)
             return self.program.run(feeds, None, calls)
         try:
-            return fn(feeds, None)
+            return fn(feeds, None) if stop is None else fn(feeds, None, stop)
         except LeanFault as e:
+            if isinstance(e.error, RunTerminated):
+                raise e.error from None  # it names the step it stopped before
             # A refused allocation is refused again under the guard: no rerun for it.
             if contract and not isinstance(e.error, MemoryLimitError):
                 # Rerun under the guard: it records the fault, falls back, quarantines.

@@ -97,7 +97,7 @@ def test_ours_alone_and_options(model_path, capsys):
     )
     assert out["peer"] is None and out["ratio"] is None and out["op_types"] == []
     assert out["session_options"] == {"checks": [], "optimization_level": 0}
-    assert out["providers"] == ["cpu"]
+    assert out["providers"] == ["CPUExecutionProvider"]  # get_providers(): onnxruntime's names
 
 
 def test_human_report(model_path, capsys):

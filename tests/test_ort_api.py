@@ -322,14 +322,15 @@ def _wait_for_go(X):
     return X + np.float32(1)
 
 
-def test_opwarden_terminate_from_another_thread_stops_between_steps():
+@pytest.mark.parametrize("loop", ["lean", "guarded"])
+def test_opwarden_terminate_from_another_thread_stops_between_steps(loop):
     nodes = [helper.make_node("WaitForGo", ["x"], ["t"], domain="test.ort_api"),
              helper.make_node("Relu", ["t"], ["y"])]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [3])],
                           [helper.make_tensor_value_info("y", 1, [3])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
                                             helper.make_opsetid("test.ort_api", 1)])
-    s = ow.InferenceSession(m.SerializeToString())
+    s = ow.InferenceSession(m.SerializeToString(), ow.SessionOptions(trace=loop == "guarded"))
     ro = ow.RunOptions()
 
     def stopper():
@@ -341,7 +342,7 @@ def test_opwarden_terminate_from_another_thread_stops_between_steps():
     _GO.clear()
     t = threading.Thread(target=stopper)
     t.start()
-    with pytest.raises(ow.RunTerminated, match="Relu|n1|terminate"):
+    with pytest.raises(ow.RunTerminated, match="before node .*terminate"):
         s.run(None, {"x": np.ones(3, np.float32)}, ro)
     t.join()
     ro.terminate = False
@@ -523,3 +524,70 @@ def test_opwarden_logger_severity_silences_log_warnings():
     assert [str(x.message) for x in w] == ["not a log line", "opwarden: shown again"]
     with pytest.raises(ow.OptionsError):
         ow.set_default_logger_severity(9)
+
+
+def test_node_args_for_unnamed_dims_and_missing_shapes():
+    vi = helper.make_tensor_value_info
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", [i], [o]) for i, o in (("a", "ya"), ("b", "yb"))], "g",
+        [vi("a", TensorProto.FLOAT, [None, 3]), vi("b", TensorProto.FLOAT, None)],
+        [vi("ya", TensorProto.FLOAT, None), vi("yb", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    seq = helper.make_model(helper.make_graph(
+        [helper.make_node("SequenceLength", ["s"], ["n"])], "g",
+        [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)],
+        [vi("n", TensorProto.INT64, [])]), opset_imports=[helper.make_opsetid("", 17)])
+    for model in (m, seq.SerializeToString()):
+        a, b = session(ort, model), session(ow, model)
+        assert [str(n) for n in a.get_inputs()] == [str(n) for n in b.get_inputs()]
+        assert [str(n) for n in a.get_outputs()] == [str(n) for n in b.get_outputs()]
+
+
+def test_opwarden_add_initializer_and_dlpack():
+    w = np.full(3, 5, np.float32)
+    so = ow.SessionOptions()
+    so.add_initializer("b", ow.OrtValue.ortvalue_from_numpy(w))
+    s = ow.InferenceSession(MODEL, so)
+    np.testing.assert_allclose(s.run(["y"], {"x": X})[0], np.maximum(X, 0) + 5)
+    so.add_initializer("nope", ow.OrtValue.ortvalue_from_numpy(w))
+    with pytest.raises(ow.ModelError, match="nope"):
+        ow.InferenceSession(MODEL, so)
+    v = ow.OrtValue.from_dlpack(X)
+    assert v.data_ptr() == X.ctypes.data
+    assert np.from_dlpack(v).ctypes.data == X.ctypes.data
+
+
+_LOOP_RO: list = []
+
+
+@ow.op("StopAfterFirst", domain="test.ort_api", inputs=["X: T"], outputs=["Y: T"],
+       types={"T": ["float32"]}, contract=ow.Contract(nan="propagate"))
+def _stop_after_first(X):
+    _LOOP_RO[0].terminate = True  # as another thread would, while the Loop runs
+    _LOOP_RO.append("called")
+    return X + np.float32(1)
+
+
+@pytest.mark.parametrize("loop", ["lean", "guarded"])
+def test_opwarden_terminate_stops_a_loop_between_iterations(loop):
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [helper.make_node("StopAfterFirst", ["v_in"], ["v_out"], domain="test.ort_api"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [vi("i", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []),
+                 vi("v_in", TensorProto.FLOAT, [3])],
+        [vi("cond_out", TensorProto.BOOL, []), vi("v_out", TensorProto.FLOAT, [3])])
+    g = helper.make_graph(
+        [helper.make_node("Loop", ["n", "c", "x"], ["y"], body=body)], "g",
+        [vi("n", TensorProto.INT64, []), vi("c", TensorProto.BOOL, []),
+         vi("x", TensorProto.FLOAT, [3])], [vi("y", TensorProto.FLOAT, [3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("test.ort_api", 1)])
+    s = ow.InferenceSession(m.SerializeToString(), ow.SessionOptions(trace=loop == "guarded"))
+    ro = ow.RunOptions()
+    _LOOP_RO[:] = [ro]
+    feeds = {"n": np.array(5, np.int64), "c": np.array(True), "x": np.zeros(3, np.float32)}
+    with pytest.raises(ow.RunTerminated, match="Loop.*terminate"):
+        s.run(None, feeds, ro)
+    assert _LOOP_RO.count("called") == 1  # stopped inside the first iteration or after it
+    np.testing.assert_allclose(s.run(None, feeds)[0], [5, 5, 5])  # no RunOptions: all 5

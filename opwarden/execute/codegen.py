@@ -142,9 +142,13 @@ def _expect(v: Any, dims: dict[str, str]) -> tuple[str | None, list[str], Any] |
     return expr, tests, expected_dtype(v.fact)
 
 
-def compile_calls(program: Any, calls: list[tuple], contract: bool = False) -> Any:
-    """Python function ``run(feeds, captured) -> outputs`` equivalent to `program.run(calls)`."""
-    gen = _Source(program, contract)
+def compile_calls(program: Any, calls: list[tuple], contract: bool = False,
+                  stoppable: bool = False) -> Any:
+    """Python function ``run(feeds, captured) -> outputs`` equivalent to `program.run(calls)`.
+
+    `stoppable`: ``run(feeds, captured, stop)`` calls ``stop.check(where)`` before each step
+    (RunOptions.terminate; a separate function, so runs without one pay nothing)."""
+    gen = _Source(program, contract, stoppable)
     for i, call in enumerate(calls):
         gen.step(i, call)
     return gen.function()
@@ -159,10 +163,11 @@ class _Source:
     expected dtypes, `_d<j>` the symbolic dims bound from the feeds.
     """
 
-    def __init__(self, program: Any, contract: bool) -> None:
+    def __init__(self, program: Any, contract: bool, stoppable: bool = False) -> None:
         from opwarden.execute.bound import BoundGraph
 
         self.program = program
+        self.stoppable = stoppable
         self.contract = contract
         self.ns: dict[str, Any] = {
             "_one": _one,
@@ -177,7 +182,8 @@ class _Source:
             "_BoundGraph": BoundGraph,
             "_LeanFault": LeanFault,
         }
-        self.lines = ["def _run(feeds, captured):"]
+        self.lines = ["def _run(feeds, captured, stop):" if stoppable else
+                      "def _run(feeds, captured):"]
         add = self.lines.append
         self.dims = _dim_names(program) if contract else {}
         for j, expr in enumerate(self.dims.values()):
@@ -227,6 +233,8 @@ class _Source:
         ns, body = self.ns, self.body
         ns[f"f{i}"] = fn
         body.append(f"i = {i}")
+        if self.stoppable:
+            body.append(f"stop.check({'before node ' + st.placement.node.label!r})")
         out_buf = kw.get("out") if isinstance(kw, dict) else None
         if out_buf is not None and self.contract:
             # Later steps get the planned buffer's read-only view (r), never the buffer (o)
@@ -253,20 +261,24 @@ class _Source:
         call_kw = ""
         if st.graphs:
             parts = []
+            # a stoppable loop's Loop/Scan bodies check the stop before each iteration
+            tail = ", None, stop" if self.stoppable else ""
             for name, g in st.graphs.items():
                 if isinstance(g, list):
                     items = []
                     for j, (prog, caps) in enumerate(g):
                         ns[f"p{i}_{name}_{j}"] = prog
                         items.append(
-                            f"_BoundGraph(p{i}_{name}_{j}, [{', '.join(ref(c) for c in caps)}])"
+                            f"_BoundGraph(p{i}_{name}_{j}, [{', '.join(ref(c) for c in caps)}]"
+                            f"{tail})"
                         )
                     parts.append(f"{name!r}: [{', '.join(items)}]")
                 else:
                     prog, caps = g
                     ns[f"p{i}_{name}"] = prog
                     parts.append(
-                        f"{name!r}: _BoundGraph(p{i}_{name}, [{', '.join(ref(c) for c in caps)}])"
+                        f"{name!r}: _BoundGraph(p{i}_{name}, [{', '.join(ref(c) for c in caps)}]"
+                        f"{tail})"
                     )
             ns[f"k{i}"] = kw
             call_kw = f"**k{i}, **{{{', '.join(parts)}}}"

@@ -88,7 +88,7 @@ class Bound:
 
     def __init__(self, calls: list[tuple]) -> None:
         self.calls = calls
-        self.lean: dict[bool, Any] = {}
+        self.lean: dict[Any, Any] = {}  # contract flag (, "stop" when stoppable) -> loop
 
 
 def _as_result(x: Any) -> Any:
@@ -267,16 +267,20 @@ class Program:
             and any(o is not None and has_declared(o.fact.shape) for o in n.outputs)
             for n, _k in v.uses)
 
-    def compile(self, calls: list | None = None, contract: bool = False) -> Any:
+    def compile(self, calls: list | None = None, contract: bool = False,
+                stoppable: bool = False) -> Any:
         """The lean run function for a call list (see codegen.py)."""
         from opwarden.execute.codegen import compile_calls
 
-        return compile_calls(self, calls if calls is not None else self.calls, contract)
+        return compile_calls(self, calls if calls is not None else self.calls, contract,
+                             stoppable)
 
-    def calls_for(self, entry: PlanEntry, lean: bool | None = None) -> tuple[list[tuple], Any]:
+    def calls_for(self, entry: PlanEntry, lean: bool | None = None,
+                  stoppable: bool = False) -> tuple[list[tuple], Any]:
         """(the call list bound to a leased plan's arena, its compiled lean loop or None).
 
-        `lean` asks for the compiled loop (True: with the contract check, False: without).
+        `lean` asks for the compiled loop (True: with the contract check, False: without);
+        `stoppable` for its variant that checks a stop (RunOptions.terminate) before each step.
         Both are kept on the entry (`entry.bound`), so a signature binds and compiles once per
         arena; the memory manager drops them when it replaces the arena or evicts the plan.
         """
@@ -285,9 +289,10 @@ class Program:
             bound = entry.bound = Bound(self.bind(entry.binding, entry.arena))
         if lean is None:
             return bound.calls, None
-        fn = bound.lean.get(lean)
+        key: Any = (lean, "stop") if stoppable else lean
+        fn = bound.lean.get(key)
         if fn is None:
-            fn = bound.lean[lean] = self.compile(bound.calls, contract=lean)
+            fn = bound.lean[key] = self.compile(bound.calls, contract=lean, stoppable=stoppable)
         return bound.calls, fn
 
     def run(

@@ -18,6 +18,31 @@ def _dims(vi: Any) -> list[Any]:
     return list(t.tensor_type.shape.dim)
 
 
+def apply_initializers(proto: Any, values: dict[str, Any]) -> None:
+    """Replace the named initializers of `proto`'s main graph by `values` (name -> array),
+    as SessionOptions.add_initializer asks; ModelError for a name that is no initializer or a
+    value of another type or shape."""
+    if not values:
+        return
+    from onnx import numpy_helper
+
+    from opwarden.dtypes import np_dtype
+    from opwarden.errors import ModelError
+
+    by_name = {t.name: t for t in proto.graph.initializer}
+    for name, value in values.items():
+        t = by_name.get(name)
+        if t is None:
+            raise ModelError(f"SessionOptions.add_initializer: the model has no initializer "
+                             f"{name!r}")
+        want = (np_dtype(t.data_type), tuple(t.dims))
+        if (value.dtype, value.shape) != want:
+            raise ModelError(f"SessionOptions.add_initializer({name!r}): the value is "
+                             f"{value.dtype}{list(value.shape)}, the initializer "
+                             f"{want[0]}{list(want[1])}")
+        t.CopyFrom(numpy_helper.from_array(value, name))
+
+
 def apply_dim_overrides(proto: Any, by_name: dict[str, int], by_denotation: dict[str, int]) -> int:
     """Fix the overridden dims of `proto`'s main graph in place; returns how many changed."""
     if not by_name and not by_denotation:

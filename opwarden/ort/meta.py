@@ -40,6 +40,18 @@ def model_metadata(proto: Any) -> ModelMetadata:
     )
 
 
+def declared_symbols(proto: Any) -> set[str]:
+    """Every dim_param the main graph's inputs, outputs and value_info declare (onnxruntime
+    reports those by name, and the dims only inference names as None)."""
+    out: set[str] = set()
+    g = proto.graph
+    for vi in [*g.input, *g.output, *g.value_info]:
+        t = vi.type
+        if t.WhichOneof("value") == "tensor_type" and t.tensor_type.HasField("shape"):
+            out.update(d.dim_param for d in t.tensor_type.shape.dim if d.dim_param)
+    return out
+
+
 def _elem(code: int) -> str:
     return onnx_type_name(code) if code else "undefined"
 

@@ -1,9 +1,11 @@
 """RunOptions: per-run settings, as onnxruntime's, and the stop check `terminate` drives.
 
-`terminate = True`, set from any thread, stops the run before its next step (and before the
-next iteration of a Loop/Scan) with `RunTerminated`, as onnxruntime raises Fail. A run given
-RunOptions takes the guarded loop, which checks between steps; runs without RunOptions keep
-the compiled lean loop, which has no check to pay for.
+`terminate = True`, set from any thread, stops the run before its next step with
+`RunTerminated`, as onnxruntime raises Fail. A run given RunOptions runs the compiled lean
+loop's variant that checks the flag before each step (one attribute read per step); runs
+without RunOptions keep the plain loop, which has nothing to pay. Where the guarded loop runs
+(tracing, checks, a run deadline) it checks between steps and before each Loop/Scan
+iteration too.
 """
 
 from __future__ import annotations

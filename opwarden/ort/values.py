@@ -126,6 +126,23 @@ class OrtValue:
             return np.array(a, dtype=dtype, copy=True)
         return a if dtype is None else np.asarray(a, dtype=dtype)
 
+    def __dlpack__(self, *, stream: Any = None) -> Any:
+        """A DLPack capsule over the tensor's memory (no copy)."""
+        return self._tensor("__dlpack__()").__dlpack__(stream=stream)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU, device 0
+
+    @classmethod
+    def from_dlpack(cls, data: Any) -> OrtValue:
+        """An OrtValue sharing the memory of a DLPack producer on the CPU (a NumPy array, a
+        CPU torch tensor)."""
+        try:
+            return cls(np.from_dlpack(data))
+        except (TypeError, ValueError, RuntimeError, BufferError) as e:
+            raise InputError(f"from_dlpack: {type(data).__name__} is not a CPU DLPack "
+                             f"tensor NumPy can read: {e}") from None
+
     def value(self) -> Any:
         """What a run gave or a feed will be: an array, a list (sequence) or a dict (map)."""
         return self._value
