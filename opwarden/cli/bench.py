@@ -88,7 +88,7 @@ def peer_runner(
     from onnx.reference import ReferenceEvaluator
 
     ev = ReferenceEvaluator(onnx.load_from_string(data))
-    return lambda feeds: ev.run(None, feeds)
+    return lambda feeds: list(ev.run(None, feeds))
 
 
 def interleave(

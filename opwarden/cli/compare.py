@@ -165,7 +165,8 @@ def toposort(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 
 def nodes_of(graph: onnx.GraphProto) -> list[NodeInfo]:
     """NodeInfo per node in topological order, random ops and their dependents marked."""
-    infos, tainted = [], {}
+    infos: list[NodeInfo] = []
+    tainted: dict[str, str] = {}
     for i, n in enumerate(toposort(graph)):
         info = NodeInfo(i, n.name or f"{n.op_type}#{i}", n.op_type, n.domain, list(n.input),
                         [o for o in n.output], {a.name: attr_json(a) for a in n.attribute})
@@ -320,7 +321,7 @@ def judge(infos: list[NodeInfo], ours: dict[str, Any], theirs: dict[str, Any],
 def _input_rows(info: NodeInfo, by_value: dict[str, str], values: dict[str, Any],
                 graph: onnx.GraphProto) -> list[dict[str, Any]]:
     weights = {t.name: t for t in graph.initializer}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for x in info.inputs:
         if not x:
             rows.append({"name": "", "status": "absent (optional)"})

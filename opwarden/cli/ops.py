@@ -40,7 +40,7 @@ def _list_ops(args: argparse.Namespace) -> int:
     """The table of every operator version (the profile matrix with --device PROFILE)."""
     from opwarden.ops import REGISTRY
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for o in REGISTRY.all():
         rows.append(
             {

@@ -117,7 +117,7 @@ def _summary(name: str, x: Any) -> dict[str, Any]:
     if not isinstance(x, np.ndarray):
         return {"name": name, "dtype": type(x).__name__, "shape": [], "values": str(x)[:80]}
     flat = x.reshape(-1)
-    out = {
+    out: dict[str, Any] = {
         "name": name,
         "dtype": str(x.dtype),
         "shape": list(x.shape),
