@@ -45,7 +45,7 @@ from opwarden.options import SessionOptions
 from opwarden.ort.dims import apply_dim_overrides, apply_initializers
 from opwarden.ort.feeds import convert_feeds
 from opwarden.ort.meta import declared_symbols, model_metadata, type_string
-from opwarden.ort.optimized import wants_standard_ops, write_optimized
+from opwarden.ort.optimized import write_optimized
 from opwarden.ort.providers import resolve_providers
 from opwarden.ort.run_options import run_stop
 from opwarden.ort.surface import OrtSessionMethods
@@ -210,16 +210,16 @@ class InferenceSession(OrtSessionMethods):
         self.memory.static_plan()  # refuses memory bombs before anything is allocated
 
     def _write_optimized(self, source: Any) -> None:
-        """SessionOptions.optimized_model_filepath (ort.optimized): the graph as optimized, or
-        with standard ops only, optimized at the basic level at most, when asked to."""
-        model = self.model
-        if wants_standard_ops(self.options) and any(
-                n.domain not in ("", "ai.onnx", "ai.onnx.ml") for n in model.graph.nodes):
+        """SessionOptions.optimized_model_filepath (ort.optimized)."""
+
+        def basic() -> Model:  # the graph with standard ops only, for onnxruntime
             model = self._load(source)
-            basic = SessionOptions(optimization_level=min(self.options.optimization_level, 1),
-                                   disabled_passes=self.options.disabled_passes)
-            optimize(model, basic)
-        write_optimized(model, self.options, self._meta)
+            optimize(model, SessionOptions(
+                optimization_level=min(self.options.optimization_level, 1),
+                disabled_passes=self.options.disabled_passes))
+            return model
+
+        write_optimized(self.model, self.options, self._meta, basic)
 
     # -- onnxruntime-compatible surface ------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:

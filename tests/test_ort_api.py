@@ -591,3 +591,109 @@ def test_opwarden_terminate_stops_a_loop_between_iterations(loop):
         s.run(None, feeds, ro)
     assert _LOOP_RO.count("called") == 1  # stopped inside the first iteration or after it
     np.testing.assert_allclose(s.run(None, feeds)[0], [5, 5, 5])  # no RunOptions: all 5
+
+
+# -- fused nodes written back as standard operators -------------------------------------------
+_R = np.random.default_rng(1)
+
+
+def _init(name, *shape):
+    return numpy_helper.from_array(_R.standard_normal(shape).astype(np.float32), name)
+
+
+def _scalar(name, v):
+    return numpy_helper.from_array(np.array(v, np.float32), name)
+
+
+def _model(nodes, inits, ins, outs, opset):
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(nodes, "g", [vi(n, TensorProto.FLOAT, s) for n, s in ins],
+                          [vi(n, TensorProto.FLOAT, s) for n, s in outs], initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _conv_then(act, opset, residual=False, **attrs):
+    """Conv (+ x) -> act, which the passes fuse into one FusedConv."""
+    mk = helper.make_node
+    nodes = [mk("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
+    src = "c"
+    if residual:
+        nodes.append(mk("Add", ["c", "x"], ["a"]))
+        src = "a"
+    if act == "Gelu":  # as exporters spell the exact Gelu
+        nodes += [mk("Div", [src, "sq2"], ["d"]), mk("Erf", ["d"], ["e"]),
+                  mk("Add", ["e", "one"], ["f"]), mk("Mul", [src, "f"], ["g"]),
+                  mk("Mul", ["g", "half"], ["y"])]
+    elif act == "Clip":
+        nodes.append(mk("Clip", [src, "lo", "hi"], ["y"]))
+    else:
+        nodes.append(mk(act, [src], ["y"], **attrs))
+    inits = [_init("w", 4, 4, 3, 3), _init("b", 4), _scalar("sq2", np.sqrt(2)),
+             _scalar("one", 1), _scalar("half", 0.5), _scalar("lo", 0), _scalar("hi", 6)]
+    used = {i for n in nodes for i in n.input}
+    return _model(nodes, [t for t in inits if t.name in used], [("x", [1, 4, 6, 6])],
+                  [("y", [1, 4, 6, 6])], opset)
+
+
+FUSIONS = {
+    "conv_relu": lambda: _conv_then("Relu", 13),
+    "conv_residual_clip": lambda: _conv_then("Clip", 13, residual=True),
+    "conv_leakyrelu": lambda: _conv_then("LeakyRelu", 13, alpha=0.1),
+    "conv_hardswish": lambda: _conv_then("HardSwish", 14),
+    "conv_gelu_erf": lambda: _conv_then("Gelu", 13),
+    "conv_gelu_op": lambda: _conv_then("Gelu", 20),
+    "conv_tanh": lambda: _conv_then("Tanh", 13),
+    "gemm_sigmoid": lambda: _model(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["g"], transB=1),
+         helper.make_node("Sigmoid", ["g"], ["y"])],
+        [_init("w", 5, 4), _init("b", 5)], [("x", [3, 4])], [("y", [3, 5])], 17),
+    "matmul_add_leakyrelu": lambda: _model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+         helper.make_node("LeakyRelu", ["a"], ["y"], alpha=0.2)],
+        [_init("w", 4, 5), _init("b", 5)], [("x", [2, 3, 4])], [("y", [2, 3, 5])], 17),
+}
+
+
+def _feeds(sess):
+    rng = np.random.default_rng(0)
+    return {i.name: rng.standard_normal(i.shape).astype(np.float32) for i in sess.get_inputs()}
+
+
+@pytest.mark.parametrize("case", list(FUSIONS))
+def test_fused_nodes_expand_to_standard_ops_onnxruntime_reads(case, tmp_path):
+    m = FUSIONS[case]().SerializeToString()
+    fused = ow.InferenceSession(m)
+    assert any(e["domain"] == "opwarden" for e in fused.explain()), "the passes fuse it"
+    path = str(tmp_path / "opt.onnx")
+    so = ow.SessionOptions(optimized_model_filepath=path)
+    so.add_session_config_entry("opwarden.optimized_model_standard_ops", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ow.OpwardenWarning)  # expanded, no fallback
+        ow.InferenceSession(m, so)
+    written = onnx.load(path)
+    onnx.checker.check_model(written, full_check=True)
+    assert all(n.domain in ("", "ai.onnx") for n in written.graph.node)
+    feeds = _feeds(fused)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    for rt in (ort, ow):
+        got = rt.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+        np.testing.assert_allclose(got[0], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_node_without_expansion_writes_the_basic_graph(tmp_path):
+    mk = helper.make_node
+    m = _model([mk("Mul", ["x", "k"], ["m"]), mk("Add", ["m", "k"], ["a"]),
+                mk("Sigmoid", ["a"], ["s"]), mk("Mul", ["s", "a"], ["y"])],
+               [_init("k", 4)], [("x", [3, 4])], [("y", [3, 4])], 17).SerializeToString()
+    assert any(e["op_type"] == "FusedElementwise" for e in ow.InferenceSession(m).explain())
+    path = str(tmp_path / "opt.onnx")
+    so = ow.SessionOptions(optimized_model_filepath=path)
+    so.add_session_config_entry("opwarden.optimized_model_standard_ops", "1")
+    with pytest.warns(ow.OpwardenWarning, match="FusedElementwise"):
+        ow.InferenceSession(m, so)
+    feeds = {"x": np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)}
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    with pytest.raises(ow.OptionsError, match="cannot be written"):
+        ow.InferenceSession(m, ow.SessionOptions(optimized_model_filepath=str(tmp_path)))
