@@ -19,7 +19,7 @@ from typing import Any
 
 import onnx
 
-from opwarden.cli.common import add_model_arg, console, model_source, providers_list
+from opwarden.cli.common import add_model_arg, console, model_source, progress, providers_list
 
 # Largest initializers listed.
 TOP_INITIALIZERS = 5
@@ -306,7 +306,7 @@ def _refuse(refused: dict[str, dict[str, Any]], node: Any, why: str) -> None:
 
 
 def _one_device(dev: Any, model: Any, nodes: list[Any],
-                invalid: list[tuple[Any, str]]) -> dict[str, Any]:
+                invalid: list[tuple[Any, str]], bar: Any) -> dict[str, Any]:
     """Which of `nodes` `dev` alone runs, runs decomposed, or refuses (with the reason); the
     `invalid` nodes (no operator accepts them) are refused everywhere."""
     from opwarden.ir.graph import Graph
@@ -316,7 +316,9 @@ def _one_device(dev: Any, model: Any, nodes: list[Any],
     part = Partitioner([dev], model.opsets, None)
     runs, decomposed = 0, []
     refused: dict[str, dict[str, Any]] = {}
+    bar.describe(f"inspect: asking {dev.name}")
     for node in nodes:
+        bar.advance()
         ok, why = dev.accepts(node)
         if ok:
             runs += 1
@@ -366,8 +368,9 @@ def device_support(source: Any, proto: onnx.ModelProto, external: list[dict[str,
             complete_facts(model.graph, model.opsets)
         except Exception as e:  # noqa: BLE001 - profiles then judge with the facts there are
             notes.append(f"facts incomplete: {type(e).__name__}: {e}")
-    return {"devices": [_one_device(d, model, nodes, top_bad) for d in devs], "invalid": invalid,
-            "notes": notes}
+    with progress("inspect", total=len(devs) * len(nodes)) as bar:
+        rows = [_one_device(d, model, nodes, top_bad, bar) for d in devs]
+    return {"devices": rows, "invalid": invalid, "notes": notes}
 
 
 def summarize_model(arg: str, wanted: list[str] | None = None) -> dict[str, Any]:
