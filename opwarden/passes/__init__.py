@@ -35,6 +35,7 @@ from opwarden.passes.conv_branches import concat_conv_merge
 from opwarden.passes.dead_code import dead_code_elimination
 from opwarden.passes.elementwise_chain import elementwise_fusion
 from opwarden.passes.fold_bn import bn_to_affine, conv_bn_folding
+from opwarden.passes.fp16_islands import fp16_islands
 from opwarden.passes.fusion import conv_fusion, gemm_fusion
 from opwarden.passes.identity import identity_elimination
 from opwarden.passes.pool_activation import activation_after_maxpool
@@ -57,6 +58,7 @@ class Pass(NamedTuple):
 # In the order they run; level-1 passes run as a group until a fixed point, before and after
 # the level-2 passes.
 PASSES: list[Pass] = [
+    Pass("fp16_islands", 1, fp16_islands),
     Pass("shape_folding", 1, shape_folding),
     Pass("constant_folding", 1, constant_folding),
     Pass("identity_elimination", 1, identity_elimination),
