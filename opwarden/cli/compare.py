@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,6 +210,18 @@ def instrument(proto: onnx.ModelProto, infos: list[NodeInfo]) -> tuple[bytes, li
 
 
 # -- the runs -----------------------------------------------------------------------------------
+def named_in(message: str, names: list[str]) -> str | None:
+    """The value an error message names: quoted or bracketed first, else as a whole word
+    (the longest such name: "conv1_out" before "conv1")."""
+    quoted = [n for n in names if any(f"{a}{n}{b}" in message
+                                      for a, b in ("''", '""', "()", "[]"))]
+    if quoted:
+        return max(quoted, key=len)
+    words = [n for n in names
+             if re.search(rf"(?<![\w./:-]){re.escape(n)}(?![\w./:-])", message)]
+    return max(words, key=len) if words else None
+
+
 def _peer_session(data: bytes, original: bytes, extra: list[str]):
     """(onnxruntime session, {output: why skipped}) for the instrumented model; outputs ORT
     refuses to expose, named in its error, are dropped (and reported) one retry at a time."""
@@ -237,14 +250,14 @@ def _peer_session(data: bytes, original: bytes, extra: list[str]):
             return make(model.SerializeToString()), refused
         except Exception as e:  # noqa: BLE001 - narrowed by the names in its message
             msg = str(e).splitlines()[0][:300]
-            named = [o for o in extra if o not in refused and f"{o}" in str(e)]
-            if not named:  # unnamed: keep only the model's own outputs
+            named = named_in(str(e), [o for o in extra if o not in refused])
+            if named is None:  # unnamed: keep only the model's own outputs
                 for o in extra:
                     refused.setdefault(o, f"onnxruntime refused the instrumented model: {msg}")
                 keep = [v for v in model.graph.output if v.name not in refused]
             else:
-                refused[named[0]] = f"onnxruntime cannot expose it: {msg}"
-                keep = [v for v in model.graph.output if v.name != named[0]]
+                refused[named] = f"onnxruntime cannot expose it: {msg}"
+                keep = [v for v in model.graph.output if v.name != named]
             del model.graph.output[:]
             model.graph.output.extend(keep)
     raise ModelError("onnxruntime refuses the model with its values as outputs")

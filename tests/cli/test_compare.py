@@ -159,3 +159,26 @@ def test_value_verdicts():
     v = compare_value(near, np.array([1.0005, 0.0], np.float32), 1e-3, 1e-3)
     # the relative error ignores references below atol (1e-9 against 0 says nothing)
     assert v["status"] == "agree" and v["max_rel"] == pytest.approx(5e-4, rel=1e-3)
+
+
+def test_a_value_onnxruntime_cannot_expose_is_skipped_with_its_reason(tmp_path, capsys,
+                                                                     monkeypatch):
+    """onnxruntime refusing one of the added outputs (named in its error) drops that one only."""
+    import onnxruntime
+
+    real = onnxruntime.InferenceSession
+
+    def picky(data, *args, **kwargs):
+        outs = [o.name for o in onnx.load_from_string(data).graph.output]
+        if "b" in outs:
+            raise RuntimeError("Node (tanh_b) output arg (b) type inference failed")
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", picky)
+    rc, out = _compare(capsys, _chain(tmp_path / "m.onnx"))
+    assert rc == 0 and out["first_divergence"] is None
+    by = {n["node"]: n for n in out["nodes"]}
+    (b,) = by["tanh_b"]["outputs"]
+    assert b["status"] == "skip" and "onnxruntime cannot expose it" in b["detail"]
+    assert by["tanh_b"]["status"] == "skip"
+    assert [by[n]["status"] for n in ("relu_a", "add_c", "sig_y")] == ["agree"] * 3
