@@ -129,7 +129,8 @@ def test_folded_dead_and_bypassed_nodes_are_reported_with_their_pass():
     assert data["summary"]["removed"] == {"const_mul": "constant_folding",
                                           "ident": "identity_elimination",
                                           "dead_neg": "dead_code_elimination"}
-    assert "3 model node(s) removed" in data["summary"]["text"]
+    assert "3 model node(s) removed (" in data["summary"]["text"]
+    assert "constant_folding: const_mul" in data["summary"]["text"]  # few: named
     (y,) = sess.run(None, {"x": np.ones((3, 4), np.float32)})
     np.testing.assert_array_equal(y, np.full((3, 4), 5.0, np.float32))
 

@@ -59,9 +59,13 @@ def summarize(rows: list[dict[str, Any]], report: dict[str, Any] | None = None) 
         text += (f"; {len(fused)} node(s) stand for "
                  f"{sum(len(v) for v in fused.values())} model nodes (fused)")
     if removed:
-        why = Counter(removed.values())
-        text += (f"; {len(removed)} model node(s) removed ("
-                 + ", ".join(f"{k}: {v}" for k, v in why.most_common()) + ")")
+        by_pass: dict[str, list[str]] = {}
+        for name, step in removed.items():
+            by_pass.setdefault(step, []).append(name)
+        # names where there are few (a user looking for one finds it), counts otherwise
+        parts = [f"{k}: {', '.join(v) if len(v) <= 6 else len(v)}"
+                 for k, v in sorted(by_pass.items(), key=lambda kv: -len(kv[1]))]
+        text += f"; {len(removed)} model node(s) removed ({'; '.join(parts)})"
     sim = report.get("simulated") or []
     if sim:
         text += f". SIMULATED: {', '.join(sim)} (device profile executed on the host)"
