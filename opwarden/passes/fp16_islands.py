@@ -23,6 +23,7 @@ pass every operator rounds its result to float16, about twice ORT's error on a f
 from __future__ import annotations
 
 from functools import cache
+from typing import TypeGuard
 
 import onnx
 
@@ -78,7 +79,7 @@ def native_fp16(node: Node) -> bool:
     return any(lo <= v <= hi for lo, hi in ranges)
 
 
-def _half(v: Value | None) -> bool:
+def _half(v: Value | None) -> TypeGuard[Value]:
     return v is not None and v.kind == "tensor" and v.fact.dtype == "float16"
 
 
