@@ -48,7 +48,7 @@ from opwarden.ort.meta import declared_symbols, model_metadata, type_string
 from opwarden.ort.optimized import write_optimized
 from opwarden.ort.providers import resolve_providers
 from opwarden.ort.run_options import run_stop
-from opwarden.ort.surface import OrtSessionMethods
+from opwarden.ort.surface import OrtSessionMethods, ort_kwargs
 from opwarden.passes import optimize
 from opwarden.place import Placement, place_model
 from opwarden.place.regions import pass_options
@@ -118,7 +118,9 @@ class InferenceSession(OrtSessionMethods):
     """Run an ONNX model; drop-in for ``onnxruntime.InferenceSession`` in its common calls.
 
     `path_or_bytes`: a path, serialized bytes or an onnx.ModelProto. `providers`: names or
-    (name, options) tuples, onnxruntime's or opwarden's (`opwarden.ort.providers`).
+    (name, options) tuples, onnxruntime's or opwarden's (`opwarden.ort.providers`). Keywords
+    are session options, and onnxruntime's `enable_fallback` and `disabled_optimizers`
+    (`ort.surface.ort_kwargs`).
     """
 
     def __init__(
@@ -133,11 +135,17 @@ class InferenceSession(OrtSessionMethods):
             raise OptionsError(
                 f"sess_options must be opwarden.SessionOptions, got {type(sess_options).__name__}"
             )
+        fallback, disabled, kwargs = ort_kwargs(kwargs)
         self.options = sess_options or SessionOptions(**kwargs)
         if sess_options is not None:
             for k, v in kwargs.items():
                 setattr(self.options, k, v)
-        self._fallback = True
+        if disabled:  # for this session only: the caller's options stay as they are
+            import copy
+
+            self.options = copy.copy(self.options)
+            self.options.disabled_passes = [*self.options.disabled_passes, *disabled]
+        self._fallback = fallback
         self.providers, self._provider_options = resolve_providers(
             providers, provider_options, self.options.fallback != "forbid")
         self.source = path_or_bytes  # kept for tools that need the model as written (grad)

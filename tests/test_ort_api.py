@@ -697,3 +697,15 @@ def test_fused_node_without_expansion_writes_the_basic_graph(tmp_path):
     np.testing.assert_allclose(got, ref, rtol=1e-6)
     with pytest.raises(ow.OptionsError, match="cannot be written"):
         ow.InferenceSession(m, ow.SessionOptions(optimized_model_filepath=str(tmp_path)))
+
+
+def test_disabled_optimizers_and_enable_fallback_keywords(rt):
+    s = rt.InferenceSession(CNN, providers=["CPUExecutionProvider"],
+                            disabled_optimizers=["ConvActivationFusion"], enable_fallback=0)
+    ref = ort.InferenceSession(CNN, providers=["CPUExecutionProvider"]).run(None, {"x": XC})
+    np.testing.assert_allclose(s.run(None, {"x": XC})[0], ref[0], rtol=1e-5, atol=1e-6)
+    if rt is ow:
+        assert "FusedConv" not in [e["op_type"] for e in s.explain()]
+        assert "conv_fusion" in s.get_session_options().disabled_passes
+        with pytest.raises(ow.ProviderError):
+            s.set_providers(["CUDAExecutionProvider"])  # enable_fallback=0

@@ -59,6 +59,7 @@ class SessionIOBinding:
         """Nothing to wait for: bound inputs are host memory, read when the run reads them."""
 
     def clear_binding_inputs(self) -> None:
+        """Forget every bound input."""
         self._inputs.clear()
 
     # -- outputs ---------------------------------------------------------------------------
@@ -93,6 +94,7 @@ class SessionIOBinding:
         """Nothing to wait for: outputs are complete when the run returns."""
 
     def clear_binding_outputs(self) -> None:
+        """Forget every bound output and the last run's results."""
         self._outputs.clear()
         self._results = []
 

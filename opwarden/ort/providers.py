@@ -166,7 +166,7 @@ def resolve_providers(
         warnings.warn(
             f"opwarden: specified provider(s) {missing} not available; running on "
             f"{[ort_name(device_named(n)) for n in names]}. Available providers: {avail}",
-            ProviderFallbackWarning, stacklevel=4)
+            ProviderFallbackWarning, stacklevel=3)
     return names, opts
 
 

@@ -18,6 +18,42 @@ from opwarden.ort.meta import ModelMetadata
 from opwarden.ort.providers import provider_names, resolve_providers
 from opwarden.ort.values import OrtValue
 
+# onnxruntime's graph transformers (InferenceSession(..., disabled_optimizers=[...])) and the
+# opwarden pass doing their work; names with no counterpart here disable nothing, as there is
+# nothing of theirs to run.
+ORT_OPTIMIZERS = {
+    "ConstantFolding": "constant_folding",
+    "ShapeToInitializer": "shape_folding",
+    "EliminateIdentity": "identity_elimination",
+    "ConvBNFusion": "conv_bn_folding",
+    "ConvActivationFusion": "conv_fusion",
+    "ConvAddFusion": "conv_fusion",
+    "ConvMulFusion": "scale_into_conv",
+    "GemmActivationFusion": "gemm_fusion",
+    "MatMulAddFusion": "gemm_fusion",
+    "TransposeOptimizer": "transpose_cancellation",
+}
+
+
+def ort_kwargs(kwargs: dict[str, Any]) -> tuple[bool, list[str], dict[str, Any]]:
+    """(fallback enabled, passes to disable, the other keywords: session options) from the
+    keywords of InferenceSession: onnxruntime's `enable_fallback` (0 or 1) and
+    `disabled_optimizers` (its transformer names, or opwarden pass names) are its own."""
+    rest = dict(kwargs)
+    fallback = int(rest.pop("enable_fallback", 1)) == 1
+    disabled: list[str] = []
+    for name in rest.pop("disabled_optimizers", None) or ():
+        mapped = ORT_OPTIMIZERS.get(name, name if name in _pass_names() else None)
+        if mapped is not None and mapped not in disabled:
+            disabled.append(mapped)
+    return fallback, disabled, rest
+
+
+def _pass_names() -> tuple[str, ...]:
+    from opwarden.passes import PASS_NAMES
+
+    return PASS_NAMES
+
 
 class OrtSessionMethods:
     """The onnxruntime surface of `opwarden.InferenceSession` (see the module docstring)."""

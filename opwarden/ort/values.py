@@ -131,6 +131,7 @@ class OrtValue:
         return self._tensor("__dlpack__()").__dlpack__(stream=stream)
 
     def __dlpack_device__(self) -> tuple[int, int]:
+        """(kDLCPU, 0): host memory."""
         return (1, 0)  # kDLCPU, device 0
 
     @classmethod
@@ -148,6 +149,7 @@ class OrtValue:
         return self._value
 
     def shape(self) -> list[int]:
+        """The tensor's dims."""
         return list(self._tensor("shape()").shape)
 
     def data_type(self) -> str:
@@ -171,21 +173,27 @@ class OrtValue:
         return int(onnx_type(self._tensor("element_type()").dtype))
 
     def device_name(self) -> str:
+        """Where the memory is: always "cpu" (host memory)."""
         return "cpu"
 
     def data_ptr(self) -> int:
+        """The address of the first element."""
         return int(self._tensor("data_ptr()").__array_interface__["data"][0])
 
     def tensor_size_in_bytes(self) -> int:
+        """The tensor's size in bytes."""
         return int(self._tensor("tensor_size_in_bytes()").nbytes)
 
     def is_tensor(self) -> bool:
+        """Does it hold a tensor (not a sequence, map or empty optional)?"""
         return isinstance(self._value, np.ndarray)
 
     def is_sparse_tensor(self) -> bool:
+        """Always False: opwarden's values are dense."""
         return False
 
     def is_tensor_sequence(self) -> bool:
+        """Does it hold a sequence of tensors?"""
         return isinstance(self._value, list)
 
     def has_value(self) -> bool:
