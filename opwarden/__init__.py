@@ -46,7 +46,12 @@ from opwarden.errors import (  # noqa: E402
     UnsupportedOpError,
 )
 from opwarden.ops import Sample, kernel, op  # noqa: E402
-from opwarden.options import ExecutionMode, GraphOptimizationLevel, SessionOptions  # noqa: E402
+from opwarden.options import (  # noqa: E402
+    ExecutionMode,
+    ExecutionOrder,
+    GraphOptimizationLevel,
+    SessionOptions,
+)
 from opwarden.ort import (  # noqa: E402
     IOBinding,
     ModelMetadata,
@@ -60,6 +65,7 @@ from opwarden.ort import (  # noqa: E402
     get_build_info,
     get_device,
     get_version_string,
+    preload_dlls,
     set_default_logger_severity,
     set_default_logger_verbosity,
     set_seed,
@@ -72,6 +78,7 @@ __all__ = [
     "Contract",
     "ContractError",
     "ExecutionMode",
+    "ExecutionOrder",
     "GraphOptimizationLevel",
     "IOBinding",
     "InferenceSession",
@@ -101,6 +108,7 @@ __all__ = [
     "get_build_info",
     "get_device",
     "get_version_string",
+    "preload_dlls",
     "set_default_logger_severity",
     "set_default_logger_verbosity",
     "set_seed",

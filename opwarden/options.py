@@ -37,6 +37,27 @@ class ExecutionMode(enum.IntEnum):
     ORT_PARALLEL = 1
 
 
+class ExecutionOrder(enum.IntEnum):
+    """onnxruntime's node orders. opwarden runs nodes in the model's topological order (file
+    order where dependencies allow) or by wavefronts (ORT_PARALLEL); its memory plan already
+    minimises the arena for that order, so the choice changes nothing here."""
+
+    DEFAULT = 0
+    PRIORITY_BASED = 1
+    MEMORY_EFFICIENT = 2
+
+
+def execution_order(value: Any) -> ExecutionOrder:
+    """An ExecutionOrder from ours, onnxruntime's own enum (by name) or an int."""
+    name = getattr(value, "name", None)
+    if isinstance(name, str) and name in ExecutionOrder.__members__:
+        return ExecutionOrder[name]
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2:
+        return ExecutionOrder(value)
+    raise OptionsError(
+        f"session option 'execution_order' must be an ExecutionOrder, got {value!r}")
+
+
 _GOL_TO_LEVEL = {0: 0, 1: 1, 2: 2, 3: 3, 99: 3}
 
 
@@ -130,6 +151,7 @@ _OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "graph_optimization_level": (GraphOptimizationLevel.ORT_ENABLE_ALL,
                                  "a GraphOptimizationLevel", lambda v: True),
     "execution_mode": (ExecutionMode.ORT_SEQUENTIAL, "an ExecutionMode", lambda v: True),
+    "execution_order": (ExecutionOrder.DEFAULT, "an ExecutionOrder", lambda v: True),
     "log_severity_level": (-1, "an int", lambda v: isinstance(v, int)),
     "log_verbosity_level": (0, "an int", lambda v: isinstance(v, int)),
     "logid": ("", "a str", lambda v: isinstance(v, str)),
@@ -158,6 +180,8 @@ _NO_EFFECT = {
                                  "fixed reduction orders)",
     "use_per_session_threads": "opwarden's thread pools are the process's (BLAS, torch); "
                                "intra_op_num_threads sizes them",
+    "execution_order": "nodes run in topological order (or by wavefronts with ORT_PARALLEL), "
+                       "and the memory plan is made for that order",
 }
 
 
@@ -176,7 +200,8 @@ class SessionOptions:
     options that cannot change anything in opwarden are listed by `describe_option`:
     log_severity_level, log_verbosity_level, logid (no native log), enable_mem_pattern,
     enable_cpu_mem_arena, enable_mem_reuse (memory is always planned per shape signature),
-    use_deterministic_compute (the kernels are deterministic), use_per_session_threads.
+    use_deterministic_compute (the kernels are deterministic), use_per_session_threads,
+    execution_order (one order, planned for).
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -199,6 +224,8 @@ class SessionOptions:
             object.__setattr__(self, "optimization_level", _GOL_TO_LEVEL[int(value)])
         elif name == "execution_mode":
             value = execution_mode(value)
+        elif name == "execution_order":
+            value = execution_order(value)
         elif name == "optimization_level" and spec[2](value):
             # keep graph_optimization_level telling the truth about the level that runs
             gol = self.__dict__.get("graph_optimization_level")

@@ -361,6 +361,8 @@ def test_session_config_entries_and_memory_flags(rt):
     so.enable_mem_reuse = False
     so.log_severity_level = 3
     so.execution_mode = rt.ExecutionMode.ORT_PARALLEL
+    so.execution_order = rt.ExecutionOrder.PRIORITY_BASED
+    so.use_deterministic_compute = True
     so.inter_op_num_threads = 2
     so.intra_op_num_threads = 1
     so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_ENABLE_EXTENDED

@@ -70,6 +70,12 @@ def set_seed(seed: int) -> None:
     seed_ops(seed)
 
 
+def preload_dlls(cuda: bool = True, cudnn: bool = True, msvc: bool = True,
+                 directory: str | None = None) -> None:
+    """onnxruntime loads CUDA/cuDNN libraries here; opwarden has no native libraries of its
+    own to load (the torch device loads torch's when first used), so there is nothing to do."""
+
+
 def disable_telemetry_events() -> None:
     """opwarden sends no telemetry; there is nothing to disable."""
 
