@@ -161,8 +161,10 @@ def LayerNormalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1)
     u = _stash(stash_type)
     normalized, mean, inv = _standardize_tail(X.astype(u), ax, epsilon)
     try:
-        # Stage two in X's type; low-precision types rounded once at the end.
-        y = wide_half(normalized.astype(X.dtype)) * wide_half(Scale)
+        # Stage two in X's type; float16/bfloat16 in float32 without rounding the normalized
+        # value first (ONNX Runtime's kernel rounds once, at the end).
+        y = (normalized.astype(np.float32) if X.dtype in HALF_FLOATS
+             else normalized.astype(X.dtype)) * wide_half(Scale)
         if B is not None:
             y = y + wide_half(B)
         np.broadcast_shapes(y.shape, X.shape)
