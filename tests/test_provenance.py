@@ -149,7 +149,7 @@ def test_bn_folded_into_conv_then_fused_keeps_every_part():
     m = graph_model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, c, 8, 8])], inits)
     rows = InferenceSession(m).explain()
     assert [(r["op_type"], r["origin"]) for r in rows] == [("FusedConv", ["conv", "bn", "relu"])]
-    assert rows[0]["name"] == "conv+relu"  # the Conv (BN folded into it) and the Relu fused
+    assert rows[0]["name"] == "conv+bn+relu"  # the Conv (BN folded into it) and the Relu
 
 
 def test_long_chains_get_short_unique_names():
@@ -173,4 +173,5 @@ def test_activation_moved_after_the_pool_keeps_its_own_origin():
     # Conv+Relu fused, then the Relu moved after the MaxPool: each part names its own node
     assert by_origin[("conv",)]["name"] == "conv"
     assert by_origin[("relu",)]["op_type"] == "Relu"
+    assert by_origin[("relu",)]["name"] == "relu"
     assert by_origin[("pool",)]["op_type"] == "MaxPool"

@@ -41,9 +41,10 @@ def merge_origins(nodes: list[Node]) -> list[str]:
 
 
 def part_name(nodes: list[Node]) -> str:
-    """A readable name for a node standing for `nodes`: their names joined by '+'
-    ("conv1+relu_a"), or the first and last with the count between when that is too long."""
-    names = [n.name for n in nodes]
+    """A readable name for a node standing for `nodes`: the model nodes they stand for joined
+    by '+' ("conv1+bn1+relu_a"), or the first and last with the count between when that is
+    too long."""
+    names = merge_origins(nodes) or [n.name for n in nodes]
     joined = "+".join(names)
     if len(names) <= 2 or len(joined) <= NAME_CHARS:
         return joined
@@ -343,7 +344,8 @@ def fuse(rw: Rewriter, res: PassResult, op_type: str, nodes: list[Node], inputs,
 def activation_node(rw: Rewriter, act: str, params: list[float], x: Value, y: Value,
                     name: str, parts: list[Node]) -> Node:
     """y = act(x) as a standard node (FusedConv's activation_params conventions); `parts`:
-    the node that applied the activation before."""
+    the node that applied the activation before. It is named after the model node(s) it
+    computes where those are known, else `name`."""
     opset = rw.model.opsets.get("", 0)
     attrs: dict = {}
     types: dict = {}
@@ -361,9 +363,13 @@ def activation_node(rw: Rewriter, act: str, params: list[float], x: Value, y: Va
         else:
             attrs.update(min=lo, max=hi)
             types.update(min=onnx.AttributeProto.FLOAT, max=onnx.AttributeProto.FLOAT)
+    core, act_origin = split_activation(parts[0])
+    if parts[0].op_type == act and not parts[0].domain:
+        name = parts[0].name  # the activation node itself, moved: it keeps its name
+    elif core != act_origin:
+        name = "+".join(act_origin)  # the model node(s) it is: "relu_a"
     node = rw.make_node(act, ins, [y], attrs, name=name, parts=parts, domain="", opset=opset,
                         attr_types=types)
-    _core, act_origin = split_activation(parts[0])
     node.origin = act_origin
     return node
 
