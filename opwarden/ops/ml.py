@@ -5,13 +5,12 @@ tensors, post transforms); encoders, preprocessing and linear models live in ml_
 
 from __future__ import annotations
 
-from math import erf, pi, sqrt
-
 import numpy as np
 
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
 from opwarden.ops.base import op
+from opwarden.ops.ml_probit import probit as _probit
 
 ML = "ai.onnx.ml"
 
@@ -143,37 +142,6 @@ def _post_transform(scores: np.ndarray, kind: int) -> np.ndarray:
     raise KernelError(f"unknown post_transform {kind}")
 
 
-def _probit(p: np.ndarray) -> np.ndarray:
-    """sqrt(2) * erfinv(2p - 1), the inverse of the standard normal CDF."""
-    return np.sqrt(2.0) * _erfinv(2.0 * p - 1.0)
-
-
-def _erfinv(y: np.ndarray) -> np.ndarray:
-    """Inverse error function: Giles' single-precision approximation refined by Newton steps."""
-    y = np.asarray(y, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _erfinv_in_domain(y)
-
-
-def _erfinv_in_domain(y: np.ndarray) -> np.ndarray:
-    """erfinv for |y| < 1; |y| = 1 gives +-inf and |y| > 1 gives NaN (PROBIT can make NaN)."""
-    w = -np.log((1.0 - y) * (1.0 + y))
-    small = w < 5.0
-    ws = w - 2.5
-    wl = np.sqrt(np.where(small, 5.0, w)) - 3.0
-    ps = np.polyval([2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
-                     0.00021858087, -0.00125372503, -0.00417768164, 0.246640727,
-                     1.50140941], ws)
-    pl = np.polyval([-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
-                     0.00573950773, -0.0076224613, 0.00943887047, 1.00167406,
-                     2.83297682], wl)
-    x = np.where(small, ps, pl) * y
-    verf = np.vectorize(erf, otypes=[np.float64])
-    for _ in range(2):
-        x = x - (verf(x) - y) / (2.0 / sqrt(pi) * np.exp(-x * x))
-    return x
-
-
 @op("TreeEnsemble", since=5, domain=ML, contract=Contract(
     nan="produce",  # PROBIT of a score outside (0, 1)
     allowed={"aggregate_function": one_of(0, 1, 2, 3), "post_transform": one_of(0, 1, 2, 3, 4)}))
@@ -184,10 +152,26 @@ def TreeEnsemble(X, *, aggregate_function=1, leaf_targetids=None, leaf_weights=N
                  nodes_trueleafs=None, nodes_truenodeids=None, post_transform=0,
                  tree_roots=None):
     """Evaluate a forest; leaves add into targets (ai.onnx.ml TreeEnsemble-5)."""
-    if X.ndim == 1:
-        X = X.reshape(1, -1)
-    if X.ndim != 2:
-        raise KernelError(f"TreeEnsemble input must be [N, F], got shape {X.shape}")
+    X = _tree_input(X, "TreeEnsemble")
+    p = tree_ensemble_parts(
+        X, leaf_targetids, membership_values, n_targets, nodes_falseleafs, nodes_falsenodeids,
+        nodes_featureids, nodes_missing_value_tracks_true, nodes_modes, nodes_splits,
+        nodes_trueleafs, nodes_truenodeids, tree_roots)
+    leaves = _walk_trees(X, p["roots"], p["featureids"], p["modes"], p["splits"],
+                         p["true_ids"], p["true_leaf"], p["false_ids"], p["false_leaf"],
+                         p["missing"], p["members"])
+    weights = np.asarray(leaf_weights).reshape(-1)
+    scores = _aggregate(leaves, p["leaf_t"], weights, p["n_out"], int(aggregate_function),
+                        X.shape[0])
+    return _post_transform(scores, int(post_transform)).astype(X.dtype)
+
+
+def tree_ensemble_parts(X, leaf_targetids, membership_values, n_targets, nodes_falseleafs,
+                        nodes_falsenodeids, nodes_featureids, nodes_missing_value_tracks_true,
+                        nodes_modes, nodes_splits, nodes_trueleafs, nodes_truenodeids,
+                        tree_roots) -> dict:
+    """TreeEnsemble-5's attributes checked and as arrays (splits rounded to X's dtype, the
+    precision they compare at); shared with the compiled variant (kernels/cpu/ml.py)."""
     featureids = np.asarray(nodes_featureids, dtype=np.int64)
     if featureids.size and featureids.max() >= X.shape[1]:
         raise KernelError(f"feature id {featureids.max()} out of range for {X.shape[1]} features")
@@ -199,16 +183,17 @@ def TreeEnsemble(X, *, aggregate_function=1, leaf_targetids=None, leaf_weights=N
     n_out = int(n_targets) if n_targets else int(leaf_t.max()) + 1
     if leaf_t.size and (leaf_t.min() < 0 or leaf_t.max() >= n_out):
         raise KernelError(f"leaf_targetids out of range [0, {n_out})")
-    leaves = _walk_trees(
-        X, np.asarray(tree_roots, dtype=np.int64), featureids, modes,
-        np.asarray(nodes_splits, dtype=np.float64).reshape(-1).astype(X.dtype).astype(np.float64),
-        np.asarray(nodes_truenodeids, dtype=np.int64), np.asarray(nodes_trueleafs, dtype=bool),
-        np.asarray(nodes_falsenodeids, dtype=np.int64), np.asarray(nodes_falseleafs, dtype=bool),
-        missing, _member_sets(modes, membership_values),
-    )
-    weights = np.asarray(leaf_weights).reshape(-1)
-    scores = _aggregate(leaves, leaf_t, weights, n_out, int(aggregate_function), X.shape[0])
-    return _post_transform(scores, int(post_transform)).astype(X.dtype)
+    splits = np.asarray(nodes_splits, dtype=np.float64).reshape(-1)
+    return {
+        "roots": np.asarray(tree_roots, dtype=np.int64), "featureids": featureids,
+        "modes": modes, "missing": missing, "leaf_t": leaf_t, "n_out": n_out,
+        "splits": splits.astype(X.dtype).astype(np.float64),
+        "true_ids": np.asarray(nodes_truenodeids, dtype=np.int64),
+        "true_leaf": np.asarray(nodes_trueleafs, dtype=bool),
+        "false_ids": np.asarray(nodes_falsenodeids, dtype=np.int64),
+        "false_leaf": np.asarray(nodes_falseleafs, dtype=bool),
+        "members": _member_sets(modes, membership_values),
+    }
 
 
 
@@ -235,6 +220,26 @@ def _forest(X, treeids, nodeids, featureids, modes, values, truenodeids, falseno
 
     Returns (leaf node index per (sample, tree) [N, n_trees], node key -> index map).
     """
+    f = index_forest(X.shape[1], treeids, nodeids, featureids, modes, values, truenodeids,
+                     falsenodeids, missing_true, opname)
+    roots, is_leaf = f["roots"], f["is_leaf"]
+    # Integer inputs compare as float32 against the float thresholds, as ONNX Runtime does.
+    x = X if X.dtype.kind == "f" else X.astype(np.float32)
+    leaves = np.broadcast_to(roots, (X.shape[0], roots.size)).copy()
+    inner = ~is_leaf[roots]
+    if inner.any():
+        leaves[:, inner] = _walk_trees(
+            x, roots[inner], f["feats"], f["code"], f["values"], f["true_ids"],
+            is_leaf[f["true_ids"]], f["false_ids"], is_leaf[f["false_ids"]], f["missing"], {},
+        )
+    return leaves, f["key"]
+
+
+def index_forest(nf: int, treeids, nodeids, featureids, modes, values, truenodeids,
+                 falsenodeids, missing_true, opname: str) -> dict:
+    """The v1/v3 node lists checked and indexed: node key -> index, per tree its root (trees
+    by id), per node leaf flag, mode code, feature (0 at leaves), threshold, child indices
+    and missing flag; shared with the compiled variant (kernels/cpu/ml.py)."""
     tids = np.asarray(treeids, dtype=np.int64)
     nids = np.asarray(nodeids, dtype=np.int64)
     n = tids.size
@@ -248,7 +253,6 @@ def _forest(X, treeids, nodeids, featureids, modes, values, truenodeids, falseno
     is_leaf = np.array([m == "LEAF" for m in mode_names], dtype=bool)
     code = np.array([_MODE_NAMES.get(m, _LEQ) for m in mode_names], dtype=np.int64)
     feats = np.asarray(featureids, dtype=np.int64)
-    nf = X.shape[1]
     if (feats[~is_leaf] >= nf).any() or (feats[~is_leaf] < 0).any():
         raise KernelError(f"{opname}: feature id out of range for {nf} features")
 
@@ -276,18 +280,10 @@ def _forest(X, treeids, nodeids, featureids, modes, values, truenodeids, falseno
         if cands.size == 0:
             raise KernelError(f"{opname}: tree {t} has no root (a cycle)")
         roots.append(int(cands[np.argmin(nids[cands])]))
-    roots = np.asarray(roots, dtype=np.int64)
-    # Integer inputs compare as float32 against the float thresholds, as ONNX Runtime does.
-    x = X if X.dtype.kind == "f" else X.astype(np.float32)
-    leaves = np.broadcast_to(roots, (X.shape[0], roots.size)).copy()
-    inner = ~is_leaf[roots]
-    if inner.any():
-        leaves[:, inner] = _walk_trees(
-            x, roots[inner], np.where(is_leaf, 0, feats), code,
-            np.asarray(values).astype(np.float64), true_ids, is_leaf[true_ids],
-            false_ids, is_leaf[false_ids], missing, {},
-        )
-    return leaves, key
+    return {"key": key, "roots": np.asarray(roots, dtype=np.int64), "is_leaf": is_leaf,
+            "code": code, "feats": np.where(is_leaf, 0, feats),
+            "values": np.asarray(values).astype(np.float64), "true_ids": true_ids,
+            "false_ids": false_ids, "missing": missing}
 
 
 def _leaf_table(key, treeids, nodeids, ids, weights, n_out: int, agg: int, opname: str):
@@ -351,6 +347,12 @@ def _tree_regressor(X, *, aggregate_function, base_values, n_targets, nodes_fals
     table, has = _leaf_table(key, target_treeids, target_nodeids, target_ids, target_weights,
                              int(n_targets), agg, "TreeEnsembleRegressor")
     scores, got = _combine(leaves, table, has, agg)
+    return regressor_output(scores, got, base_values, n_targets, post_transform)
+
+
+def regressor_output(scores, got, base_values, n_targets, post_transform) -> np.ndarray:
+    """TreeEnsembleRegressor's output from the aggregated scores and which targets got any
+    leaf weight: base values and post transform as ONNX Runtime applies them."""
     base = np.asarray(base_values if base_values is not None else [], np.float64).reshape(-1)
     post = _TRANSFORMS[post_transform]
     if int(n_targets) == 1:
@@ -427,24 +429,37 @@ def _classifier_finalize(S, has, base, binary_case: bool, all_positive: bool, po
     return pick, Z
 
 
+def classifier_labels(classlabels_int64s, classlabels_strings) -> tuple[np.ndarray, bool]:
+    """The class labels as an array, and whether they are strings."""
+    if (classlabels_int64s is None) == (classlabels_strings is None):
+        raise KernelError("TreeEnsembleClassifier needs exactly one of classlabels_int64s, "
+                          "classlabels_strings")
+    if classlabels_strings is not None:
+        return _strings(classlabels_strings), True
+    return np.asarray(classlabels_int64s, np.int64), False
+
+
 def _tree_classifier(X, *, base_values, class_ids, class_nodeids, class_treeids,
                      class_weights, classlabels_int64s, classlabels_strings,
                      nodes_falsenodeids, nodes_featureids, nodes_missing_value_tracks_true,
                      nodes_modes, nodes_nodeids, nodes_treeids, nodes_truenodeids,
                      nodes_values, post_transform):
     X = _tree_input(X, "TreeEnsembleClassifier")
-    if (classlabels_int64s is None) == (classlabels_strings is None):
-        raise KernelError("TreeEnsembleClassifier needs exactly one of classlabels_int64s, "
-                          "classlabels_strings")
-    strings = classlabels_strings is not None
-    labels = _strings(classlabels_strings) if strings else np.asarray(classlabels_int64s,
-                                                                      np.int64)
+    labels, strings = classifier_labels(classlabels_int64s, classlabels_strings)
     leaves, key = _forest(X, nodes_treeids, nodes_nodeids, nodes_featureids, nodes_modes,
                           nodes_values, nodes_truenodeids, nodes_falsenodeids,
                           nodes_missing_value_tracks_true, "TreeEnsembleClassifier")
     table, has = _leaf_table(key, class_treeids, class_nodeids, class_ids, class_weights,
                              labels.size, 1, "TreeEnsembleClassifier")
     S, got = _combine(leaves, table, has, 1)
+    return classifier_output(S, got, labels, strings, class_ids, class_weights, base_values,
+                             post_transform)
+
+
+def classifier_output(S, got, labels, strings: bool, class_ids, class_weights, base_values,
+                      post_transform):
+    """TreeEnsembleClassifier's (labels, scores) from the summed class weights and which
+    classes got any: base values, the binary rules and the post transform of ONNX Runtime."""
     ids = np.asarray(class_ids, dtype=np.int64).reshape(-1)
     w = np.asarray(class_weights, dtype=np.float64).reshape(-1)
     binary_case = labels.size == 2 and np.unique(ids).size == 1
@@ -559,3 +574,8 @@ def TreeEnsembleClassifier_1(X, *, base_values=None, class_ids=None, class_nodei
         nodes_truenodeids=nodes_truenodeids, nodes_values=nodes_values,
         post_transform=post_transform,
     )
+
+
+# Public for the compiled variants (kernels/cpu/ml.py), which parse and finish the same way.
+attr_values, leaf_table, post_transform_scores, tree_input = (
+    _attr_values, _leaf_table, _post_transform, _tree_input)
