@@ -255,6 +255,12 @@ class InferenceSession(OrtSessionMethods):
         empty). Feeds are arrays, OrtValues, or lists and scalars (converted to the input's
         dtype, as onnxruntime does). With `run_options` (a RunOptions), setting its
         `terminate` from another thread stops the run before its next step (RunTerminated)."""
+        return self.run_into(output_names, input_feed, run_options, None)
+
+    def run_into(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+                 run_options: Any = None, into: Any = None) -> list[Any]:
+        """`run`, with `into` (ort.binding.BoundOutputs: an IO binding's output buffers) the
+        compiled loop's kernels writing the outputs they can straight into those buffers."""
         timeout = self.options.run_timeout_ms
         deadline = None if timeout is None else Deadline(timeout)
         stop = run_stop(run_options, None)
@@ -287,6 +293,9 @@ class InferenceSession(OrtSessionMethods):
             elif lean and self.program.levels is not None and token is not None and stop is None:
                 outs = self._run_parallel(feeds, calls, contract)
             elif fn is not None or (lean and not contract):
+                if into is not None and fn is not None:
+                    fn = into.loop(self.program, entry.bound, self.memory.signature(feeds)[1],
+                                   feeds, contract, stop is not None) or fn
                 outs = self._run_lean(fn, feeds, calls, contract, stop)
             else:
                 outs = self._run_guarded(feeds, calls, deadline)
@@ -397,6 +406,14 @@ class InferenceSession(OrtSessionMethods):
         from opwarden.place.summary import summarize
 
         return summarize(self.explain(), getattr(self.placements, "report", {}))
+
+    def calibrate(self, input_feed: Mapping[str, Any]) -> dict[str, Any]:
+        """Measure each asked-for precision degrade (SessionOptions.precision) on one feed
+        against f32; explain and explain_summary show it from then on (place/regions.py)."""
+        from opwarden.place.regions import calibrate
+
+        return calibrate(self.placements, lambda: self.run(None, input_feed),
+                         [o.name for o in self.get_outputs()])
 
 __all__ = ["InferenceSession", "NodeArg", "SessionOptions", "describe_value"]
 

@@ -711,3 +711,54 @@ def test_disabled_optimizers_and_enable_fallback_keywords(rt):
         assert "conv_fusion" in s.get_session_options().disabled_passes
         with pytest.raises(ow.ProviderError):
             s.set_providers(["CUDAExecutionProvider"])  # enable_fallback=0
+
+
+_OUT_PTRS: list = []
+
+
+@ow.op("TwiceInto", domain="test.ort_api", inputs=["X: T"], outputs=["Y: T"],
+       types={"T": ["float32"]}, contract=ow.Contract(nan="propagate"))
+def _twice_into(X):
+    return X * np.float32(2)
+
+
+@_twice_into.infer
+def _twice_into_infer(x, **_):
+    return x  # Y has X's type and shape
+
+
+@_twice_into.kernel(device="cpu", name="twiceinto.cpu.out", priority=10, accepts_out=True)
+def _twice_into_out(X, *, out=None):
+    _OUT_PTRS.append(None if out is None else out.__array_interface__["data"][0])
+    return np.multiply(X, np.float32(2), out=out)
+
+
+def test_opwarden_bound_output_buffer_is_written_by_the_kernel():
+    vi = helper.make_tensor_value_info
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]),
+         helper.make_node("TwiceInto", ["r"], ["y"], domain="test.ort_api")], "g",
+        [vi("x", TensorProto.FLOAT, ["N", 3])], [vi("y", TensorProto.FLOAT, ["N", 3])]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("test.ort_api", 1)])
+    s = ow.InferenceSession(m.SerializeToString())
+    y = np.zeros((2, 3), np.float32)
+    io = s.io_binding()
+    io.bind_cpu_input("x", X)
+    io.bind_output("y", "cpu", 0, np.float32, [2, 3], y.ctypes.data)
+    for _ in range(2):
+        _OUT_PTRS.clear()
+        s.run_with_iobinding(io)
+        assert _OUT_PTRS == [y.ctypes.data]  # the kernel wrote into the caller's memory
+        np.testing.assert_allclose(y, 2 * np.maximum(X, 0))
+        assert io.get_outputs()[0].data_ptr() == y.ctypes.data
+    # another batch size: the buffer no longer fits, a clear error names the output
+    io.bind_cpu_input("x", np.ones((4, 3), np.float32))
+    with pytest.raises(ow.InputError, match="'y'"):
+        s.run_with_iobinding(io)
+    # without a buffer, a fresh result per run (and the kernel allocates it)
+    io.clear_binding_outputs()
+    io.bind_output("y")
+    _OUT_PTRS.clear()
+    s.run_with_iobinding(io)
+    assert _OUT_PTRS == [None]
+    np.testing.assert_allclose(io.copy_outputs_to_cpu()[0], 2 * np.ones((4, 3)))

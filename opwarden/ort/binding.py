@@ -3,9 +3,16 @@
 Inputs are bound as arrays (`bind_cpu_input`), OrtValues or host pointers (`bind_input`: the
 memory is read in place through a NumPy view, no copy). Outputs are bound by name, to a fresh
 result each run, or to caller memory (a pointer with its type and shape, or an OrtValue): the
-run's result is written into that memory, which the OrtValues `get_outputs()` returns then
-view. A result whose shape or type differs from a bound buffer is an `InputError` naming the
-output. Devices other than "cpu" do not exist for bindings (values live in host memory).
+run's result lands in that memory, which the OrtValues `get_outputs()` returns then view.
+
+Zero copies where the binding allows: when the CPU kernel producing a bound output takes an
+`out=` buffer and the output's shape for this run's feeds is the buffer's, the compiled loop
+is given the caller's memory as that kernel's `out=` (`BoundOutputs`, one compiled loop per
+plan and binding), so the kernel writes the result there itself. Otherwise (another device, a
+view operator, a shape only the run tells, a kernel that returned a new array, a guarded
+run) the result is copied into the buffer once. A result whose shape or type differs from a
+bound buffer is an `InputError` naming the output. Devices other than "cpu" do not exist for
+bindings (values live in host memory).
 """
 
 from __future__ import annotations
@@ -14,9 +21,75 @@ from typing import Any
 
 import numpy as np
 
+from opwarden.contract import has_declared
 from opwarden.dtypes import dtype_name
 from opwarden.errors import InputError
 from opwarden.ort.values import OrtValue, array_at, check_host, element_dtype
+
+
+class BoundOutputs:
+    """The caller's output buffers of one binding, by the session's output index, and the
+    compiled loops that write into them (per plan, contract flag and stoppability)."""
+
+    def __init__(self, buffers: dict[int, np.ndarray]) -> None:
+        self.buffers = buffers
+        self._loops: dict[tuple, tuple[Any, Any]] = {}
+
+    def loop(self, program: Any, bound: Any, dims: dict[str, int], feeds: list[Any],
+             contract: bool, stoppable: bool) -> Any:
+        """The compiled loop for `bound` (a plan's call list bound to its arena) with the
+        buffers as out= where they fit, or None when none does."""
+        key = (id(bound), contract, stoppable, tuple(sorted(dims.items())))
+        got = self._loops.get(key)
+        if got is not None and got[0] is bound:
+            return got[1]
+        calls = zero_copy_calls(program, bound.calls, self.buffers, dims, feeds)
+        fn = None if calls is None else program.compile(calls, contract, stoppable)
+        if len(self._loops) > 8:
+            self._loops.clear()
+        self._loops[key] = (bound, fn)
+        return fn
+
+
+def _run_shape(shape: Any, dims: dict[str, int]) -> tuple[int, ...] | None:
+    """A fact's shape with this run's symbolic dims bound; None unless every dim is known."""
+    if shape is None or has_declared(shape):
+        return None
+    out = []
+    for d in shape:
+        n = d if isinstance(d, int) else dims.get(d) if isinstance(d, str) else None
+        if n is None or n < 0:
+            return None
+        out.append(n)
+    return tuple(out)
+
+
+def zero_copy_calls(program: Any, calls: list[tuple], buffers: dict[int, np.ndarray],
+                    dims: dict[str, int], feeds: list[Any]) -> list[tuple] | None:
+    """`calls` with each buffer given as `out=` to the CPU kernel that produces its output,
+    where that kernel takes one and the output's shape and dtype for these dims are the
+    buffer's; None when no buffer fits."""
+    producer = {st.outs[0]: i for i, (st, *_r) in enumerate(calls) if st.outs}
+    new = list(calls)
+    used = False
+    for k, buf in buffers.items():
+        s = program.output_slots[k]
+        i = producer.get(s)
+        if i is None or not buf.flags.c_contiguous or not buf.flags.writeable:
+            continue
+        st, fn, ins, kw, frees, hook = new[i]
+        var = st.placement.variant
+        if (not var.accepts_out or "out" in kw or st.graphs or st.placement.device != "cpu"
+                or var.op.contract.must_alias):
+            continue
+        v = program.values[s]
+        if _run_shape(v.fact.shape, dims) != buf.shape or v.fact.dtype != dtype_name(buf.dtype):
+            continue
+        if any(isinstance(f, np.ndarray) and np.may_share_memory(f, buf) for f in feeds):
+            continue  # the kernel would overwrite what it reads
+        new[i] = (st, fn, ins, {**kw, "out": buf}, frees, hook)
+        used = True
+    return new if used else None
 
 
 class SessionIOBinding:
@@ -28,6 +101,7 @@ class SessionIOBinding:
         # name -> the caller's buffer (an ndarray over its memory) or None: a fresh result
         self._outputs: dict[str, np.ndarray | None] = {}
         self._results: list[OrtValue] = []
+        self._bound: BoundOutputs | None = None  # for the current output buffers
 
     # -- inputs ----------------------------------------------------------------------------
     def _input_name(self, name: Any) -> str:
@@ -76,6 +150,7 @@ class SessionIOBinding:
         `element_type` and `shape`) to caller memory the run writes the result into."""
         check_host(device_type, device_id)
         name = self._output_name(name)
+        self._bound = None
         if buffer_ptr is None:
             self._outputs[name] = None
             return
@@ -89,6 +164,7 @@ class SessionIOBinding:
         if not isinstance(ortvalue, OrtValue) or not ortvalue.is_tensor():
             raise InputError(f"bind_ortvalue_output({name!r}) needs a tensor OrtValue")
         self._outputs[self._output_name(name)] = ortvalue.value()
+        self._bound = None
 
     def synchronize_outputs(self) -> None:
         """Nothing to wait for: outputs are complete when the run returns."""
@@ -96,6 +172,7 @@ class SessionIOBinding:
     def clear_binding_outputs(self) -> None:
         """Forget every bound output and the last run's results."""
         self._outputs.clear()
+        self._bound = None
         self._results = []
 
     # -- results ---------------------------------------------------------------------------
@@ -104,7 +181,12 @@ class SessionIOBinding:
         if not self._outputs:
             raise InputError("run_with_iobinding: at least one output must be bound")
         names = list(self._outputs)
-        results = self._session.run(names, self._inputs, run_options)
+        if self._bound is None:
+            index = {a.name: k for k, a in enumerate(self._session.get_outputs())}
+            self._bound = BoundOutputs({index[n]: b for n, b in self._outputs.items()
+                                        if b is not None})
+        into = self._bound if self._bound.buffers else None
+        results = self._session.run_into(names, self._inputs, run_options, into)
         self._results = [OrtValue(self._store(n, r)) for n, r in zip(names, results)]
 
     def _store(self, name: str, result: Any) -> Any:
@@ -119,7 +201,8 @@ class SessionIOBinding:
                              f"{buf.dtype}{list(buf.shape)}")
         if not buf.flags.writeable:
             raise InputError(f"output {name!r}: the bound buffer is read-only")
-        np.copyto(buf, result)
+        if result.__array_interface__["data"][0] != buf.__array_interface__["data"][0]:
+            np.copyto(buf, result)  # else the kernel wrote it there (zero copy)
         return buf
 
     def get_outputs(self) -> list[OrtValue]:
