@@ -43,7 +43,7 @@ def _split(rw: Rewriter, first: Node, y_all: Value, outs: list[Value], sizes: li
         split_attrs["split"] = sizes
         split_types["split"] = onnx.AttributeProto.INTS
     return rw.make_node("Split", split_ins, outs, split_attrs,
-                        name=f"{first.name}_siblings_split", parts=parts, domain="",
+                        name=f"{part_name(parts)}_split", parts=parts, domain="",
                         opset=opset, attr_types=split_types)
 
 

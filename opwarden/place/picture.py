@@ -94,7 +94,8 @@ def placement_svg(pls: list[Any], report: dict[str, Any] | None = None, title: s
     leg, _ = legend(items, 20, 58, width - 40)
     body += leg
     body += _edges(pls, pos)
-    ins = {id(v) for v in graph.inputs} if graph is not None else set()
+    # graph inputs that are data (an initializer listed as an input is a weight)
+    ins = {id(v) for v in graph.inputs if v.const is None} if graph is not None else set()
     outs = {id(v) for v in graph.outputs} if graph is not None else set()
     for i, p in enumerate(pls):
         body += _box(p, *pos[i], col[p.device], p in falls)
