@@ -70,8 +70,11 @@ def static_qdq(base: Callable[[], bytes], feeds: Callable[[int, int], Feeds],
             return f.read()
 
 
-def fp16(base: Callable[[], bytes]) -> bytes:
-    """float16.convert_float_to_float16 with float32 graph inputs and outputs. Cast joins the
+def fp16(base: Callable[[], bytes], keep_io_types: bool = True) -> bytes:
+    """float16.convert_float_to_float16, by default with float32 graph inputs and outputs
+    (`keep_io_types`: without it, float outputs become float16; BERT needs that, since the
+    converter mistypes a node that reads a kept-float32 graph output, the pooler's Gather of
+    last_hidden_state, and ORT refuses the model). Cast joins the
     op block list: the converter retypes a Cast(to=FLOAT)'s output to float16 but leaves its
     `to` attribute, which ORT then refuses (the attention mask's int->float Cast of every
     BERT export); blocked, the Cast stays float32 and the converter casts after it."""
@@ -79,8 +82,13 @@ def fp16(base: Callable[[], bytes]) -> bytes:
 
     m = onnx.load_from_string(base())
     block = [*float16.DEFAULT_OP_BLOCK_LIST, "Cast"]
-    return float16.convert_float_to_float16(m, keep_io_types=True,
+    return float16.convert_float_to_float16(m, keep_io_types=keep_io_types,
                                             op_block_list=block).SerializeToString()
+
+
+def fp16_out(base: Callable[[], bytes]) -> bytes:
+    """fp16 with float16 graph outputs (keep_io_types=False; BERT's inputs are int64)."""
+    return fp16(base, keep_io_types=False)
 
 
 def register_all() -> None:
@@ -88,11 +96,11 @@ def register_all() -> None:
     full = [("bert_base_qdyn", "quant", "bert_base", QUANT, dynamic_quant, "quantize_dynamic"),
             ("resnet50_qdq", "quant", "resnet50", QUANT, None, "quantize_static QDQ"),
             ("resnet50_fp16", "fp16", "resnet50", FP16, fp16, "float16 converter"),
-            ("bert_base_fp16", "fp16", "bert_base", FP16, fp16, "float16 converter")]
+            ("bert_base_fp16", "fp16", "bert_base", FP16, fp16_out, "float16 converter")]
     smoke = [("tiny_bert_qdyn", "quant", "tiny_bert", QUANT, dynamic_quant, "quantize_dynamic"),
              ("tiny_cnn_qdq", "quant", "tiny_cnn", QUANT, None, "quantize_static QDQ"),
              ("tiny_cnn_fp16", "fp16", "tiny_cnn", FP16, fp16, "float16 converter"),
-             ("tiny_bert_fp16", "fp16", "tiny_bert", FP16, fp16, "float16 converter")]
+             ("tiny_bert_fp16", "fp16", "tiny_bert", FP16, fp16_out, "float16 converter")]
     for rows, is_smoke in ((full, False), (smoke, True)):
         for name, family, base_name, needs, tool, note in rows:
             base = CASES[base_name]
@@ -100,6 +108,7 @@ def register_all() -> None:
             build = (lambda src=src, fe=base.feeds: static_qdq(src, fe)) if tool is None else (
                 lambda src=src, tool=tool: tool(src))
             register(Case(name, family, build, base.feeds, needs=(*base.needs, *needs),
-                          kind=family, config={"base": cache_key(base), "tool": note},
+                          kind=family,
+                          config={"base": cache_key(base), "tool": (tool or static_qdq).__name__},
                           batches=base.batches[:1], smoke=is_smoke, cache=not is_smoke,
                           note=f"{note} of {base_name}"))

@@ -31,9 +31,12 @@ def build_timm(timm_name: str, size: int = 224, seed: int = 0) -> bytes:
     torch.manual_seed(seed)
     model = timm.create_model(timm_name, pretrained=False)
     tx.lift_norm_scales(model, seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    tx.calibrate_batchnorm(model, lambda i: (torch.randn(8, 3, size, size, generator=gen),))
-    example = torch.randn(1, 3, size, size, generator=gen)
+    # Calibrate on the benchmark's own image distribution: statistics taken on white noise
+    # leave the structured benchmark images with nearly equal logits (spread 0.03 vs 0.18
+    # on ResNet-50).
+    feeds = image_feeds(size)
+    tx.calibrate_batchnorm(model, lambda i: (torch.from_numpy(feeds(8, 50 + i)["image"]),))
+    example = torch.from_numpy(feeds(1, 99)["image"])
     return tx.export(model, (example,), ["image"], ["logits"],
                      {"image": {0: "B"}, "logits": {0: "B"}})
 
@@ -42,8 +45,10 @@ def register_all() -> None:
     """The cnn family and ViT-S/16."""
     for name, timm_name, batches in CNNS:
         register(Case(name, "cnn", lambda t=timm_name: build_timm(t), image_feeds(224),
-                      needs=TIMM, config={"timm": timm_name, "size": 224}, batches=batches,
+                      needs=TIMM, config={"timm": timm_name, "size": 224, "calib": "feeds"},
+                      batches=batches,
                       note=f"timm {timm_name}"))
     register(Case("vit_small", "vit", lambda: build_timm("vit_small_patch16_224"),
-                  image_feeds(224), needs=TIMM, config={"timm": "vit_small_patch16_224"},
+                  image_feeds(224), needs=TIMM,
+                  config={"timm": "vit_small_patch16_224", "calib": "feeds"},
                   note="timm vit_small_patch16_224"))
