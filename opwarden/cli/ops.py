@@ -75,7 +75,9 @@ def _list_ops(args: argparse.Namespace) -> int:
                 table.add_row(str(r.get("op") or r.get("op_type")), json.dumps(detail, default=str))
             console().print(table)
             return 0
-        rows = [r for r in rows if any(v["device"] == dev.name for v in r["variants"])]
+        runs = {(c["domain"], c["op"], v.get("since")) for c in dev.capabilities()
+                for v in c["variants"]}  # the device's own answer (openvino asks OpenVINO)
+        rows = [r for r in rows if (r["domain"], r["op"], r["since"]) in runs]
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0

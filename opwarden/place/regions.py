@@ -11,7 +11,9 @@ same device unless a path from that region reaches it through a node outside the
 (merging would make a cycle); otherwise it starts a region. `finish` then gives each region
 placement its compiled variant (one name per region, which the guard quarantines on a fault)
 and the CPU rerun as its fallback, and lists each covered node's own placement for explain.
-`pass_options` keeps opwarden's fusions (operators of its own domain, which such a device
+A group the device fails to compile moves to the next device, the compile error as its
+reason, through the same path as a memory refusal (fit.py). `pass_options` keeps opwarden's
+fusions (operators of its own domain, which such a device
 cannot read) away from sessions that use one.
 """
 
@@ -20,8 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from opwarden.errors import KernelError
 from opwarden.ir.graph import Graph, Node, Value
 from opwarden.ops.base import Variant
+from opwarden.place.fit import _move as move_on
 from opwarden.place.partition import Assign, Partitioner, Placement
 
 
@@ -58,10 +62,13 @@ class CoveredPlacement(Placement):
     """A model node inside a region (explain's row for it)."""
 
     region: str = ""
+    note: str | None = None  # how the device's kernel departs from the node's contract
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["region"] = self.region
+        if self.note:
+            d["note"] = self.note
         return d
 
 
@@ -112,7 +119,86 @@ def _groups(graph: Graph, assign: dict[int, Assign]) -> list[list[Node]]:
             groups[joined].append(n)
             region_of[id(n)] = joined
         reach[id(n)] = into
-    return groups
+    return _merge(graph, groups, assign)
+
+
+def _merge(graph: Graph, groups: list[list[Node]], assign: dict[int, Assign]
+           ) -> list[list[Node]]:
+    """`groups` with every two that touch (an edge between them, or a value both read) merged
+    while no path between them leaves them (which would make a cycle). The greedy pass above
+    never joins two groups that exist already: the Q, K and V projections of one input each
+    start one, so an encoder's first layer would be split in four."""
+    while len(groups) > 1:
+        pair = _mergeable(graph, groups, assign)
+        if pair is None:
+            break
+        a, b = pair
+        groups[a] = groups[a] + groups[b]
+        del groups[b]
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    return [sorted(g, key=lambda n: pos[id(n)]) for g in groups]
+
+
+def _mergeable(graph: Graph, groups: list[list[Node]], assign: dict[int, Assign]
+               ) -> tuple[int, int] | None:
+    """The first pair (a < b) of groups on one device that touch and merge without a cycle."""
+    vert: dict[int, int] = {}  # id(node) -> vertex: its group, or G + its index
+    for k, g in enumerate(groups):
+        for n in g:
+            vert[id(n)] = k
+    for i, n in enumerate(graph.nodes):
+        vert.setdefault(id(n), len(groups) + i)
+    succ: dict[int, set[int]] = {}
+    readers: dict[int, set[int]] = {}  # id(value) -> groups reading it
+    for n in graph.nodes:
+        vn = vert[id(n)]
+        for v in n.inputs:
+            if v is None:
+                continue
+            if vn < len(groups) and v.const is None:
+                readers.setdefault(id(v), set()).add(vn)
+            if v.producer is not None and vert[id(v.producer)] != vn:
+                succ.setdefault(vert[id(v.producer)], set()).add(vn)
+    desc = _descendants(succ, sorted(set(vert.values())))
+    dev = [assign[id(g[0])].device for g in groups]
+    touching = {tuple(sorted((a, b))) for a in range(len(groups)) for b in succ.get(a, ())
+                if b < len(groups)}
+    for rs in readers.values():
+        rs_l = sorted(rs)
+        touching.update((x, y) for i, x in enumerate(rs_l) for y in rs_l[i + 1:])
+    for a, b in sorted(touching):
+        if dev[a] is not dev[b]:
+            continue
+        if any(desc.get(s, 0) >> b & 1 for s in succ.get(a, ()) if s != b):
+            continue
+        if any(desc.get(s, 0) >> a & 1 for s in succ.get(b, ()) if s != a):
+            continue
+        return a, b
+    return None
+
+
+def _descendants(succ: dict[int, set[int]], verts: list[int]) -> dict[int, int]:
+    """Vertex -> bitset of the vertices reachable from it, in a reverse topological order of
+    the contracted graph (a DAG: the groups were built cycle-free)."""
+    indeg = dict.fromkeys(verts, 0)
+    for v in verts:
+        for s in succ.get(v, ()):
+            indeg[s] += 1
+    order, ready = [], [v for v in verts if indeg[v] == 0]
+    while ready:
+        v = ready.pop()
+        order.append(v)
+        for s in succ.get(v, ()):
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    desc: dict[int, int] = {}
+    for v in reversed(order):
+        bits = 0
+        for s in succ.get(v, ()):
+            bits |= (1 << s) | desc[s]
+        desc[v] = bits
+    return desc
 
 
 def _boundary(members: list[Node], graph: Graph) -> tuple[list[Value], list[Value]]:
@@ -167,7 +253,13 @@ def group_regions(graph: Graph, part: Partitioner, options: Any, opsets: dict[st
         dev = part.assign[id(members[0])].device
         ins, outs = _boundary(members, graph)
         name = f"{dev.name}_region_{k}"
-        compiled = dev.make_region(name, members, ins, outs, opsets, options, part.quarantine)
+        try:
+            compiled = dev.make_region(name, members, ins, outs, opsets, options,
+                                       part.quarantine)
+        except KernelError as e:  # the device refused to compile it: the next device runs it
+            for m in members:
+                move_on(m, dev, f"{dev.name}: {e}", part)
+            continue
         node = Node(dev.region_opdef.op_type, dev.region_opdef.domain, name,
                     [v for v in ins if v.const is None], outs, {"region": compiled}, 1,
                     opdef=dev.region_opdef, schema=dev.region_opdef.custom_schema)
@@ -203,8 +295,10 @@ def finish(out: list[Placement], regions: list[Region]) -> None:
         ref = Variant(name=f"openvino.region.{c.key}.cpu", op=p.variant.op, fn=c.cpu,
                       device="cpu", reference=True)
         ref.blame = c.blame  # type: ignore[attr-defined]
+        note = getattr(r.device, "note", None)
         covers = [CoveredPlacement(m, r.device.name, var, {}, list(a.rejected),
-                                   a.decomposed_from, a.reason(), region=r.node.name)
+                                   a.decomposed_from, a.reason(), region=r.node.name,
+                                   note=note(m) if note else None)
                   for m, a in zip(r.members, r.assigns)]
         out[i] = RegionPlacement(p.node, p.device, var, {}, list(p.rejected),
                                  None, None, "region", "NCHW", False, ref, covers=covers,
@@ -216,3 +310,63 @@ def finish(out: list[Placement], regions: list[Region]) -> None:
             out[k:k] = p.covers
             k += len(p.covers)
         k += 1
+
+
+def calibrate(placements: list[Placement], run: Any, names: list[str] | None = None
+              ) -> dict[str, Any]:
+    """Measure every precision degrade on one calibration run: `run()` runs the session on
+    the calibration feed. Each degraded region's outputs are compared with an f32 compile of
+    the same region on the same inputs (kept in its `degrade`, which explain shows), and the
+    model's outputs with those of a run whose degraded regions all compute in f32 (kept in
+    the placement report, which the explain summary states); `names`: the outputs'."""
+    import numpy as np
+
+    regs = [p.node.attrs["region"] for p in placements
+            if isinstance(p, RegionPlacement) and p.precision != "f32"]
+    if not regs:
+        return {"regions": [], "outputs": []}
+    for r in regs:
+        r.calib = {"mode": "capture"}
+    try:
+        got = run()
+        for r in regs:
+            r.calib["mode"] = "f32"
+        want = run()
+    finally:
+        calibs = [r.calib for r in regs]
+        for r in regs:
+            r.calib = None
+    per_region = []
+    for r, c in zip(regs, calibs):
+        if "args" not in c:
+            continue  # not reached by this run (an If branch): nothing measured
+        f32 = c.get("f32", {}).get(tuple(np.shape(a) for a in c["args"]))
+        per_region.append({"region": r.name, "precision": r.precision,
+                           **r.measure(c["args"], f32)})
+    from opwarden.kernels.openvino.region import error_row, worst
+
+    names = names or [f"output {i}" for i in range(len(got))]
+    outs = [e for e in (error_row(n, g, w) for n, g, w in zip(names, got, want))
+            if e is not None]
+    result = {"regions": per_region, "outputs": outs, **worst(outs)}
+    report = getattr(placements, "report", None)
+    if isinstance(report, dict):
+        report["calibration"] = result
+    return result
+
+
+def degrade_text(rows: list[dict[str, Any]], report: dict[str, Any]) -> str:
+    """The explain summary's sentence on precision degrades ('' when none was asked for)."""
+    degs = [r for r in rows if r.get("degrade")]
+    if not degs:
+        return ""
+    to = sorted({r["degrade"]["to"] for r in degs})
+    text = f". PRECISION DEGRADED to {', '.join(to)} in {len(degs)} region(s) (asked for)"
+    cal = report.get("calibration")
+    if cal and cal.get("outputs"):
+        text += (f"; on the calibration feed the outputs differ from f32 by up to "
+                 f"{cal['max_abs_error']:.3g} ({cal['x_zoo_tolerance']:.3g}x the zoo "
+                 "tolerance)")
+    else:
+        text += "; not calibrated (session.calibrate(feed) measures it)"
+    return text

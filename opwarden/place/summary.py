@@ -66,6 +66,9 @@ def summarize(rows: list[dict[str, Any]], report: dict[str, Any] | None = None) 
         parts = [f"{k}: {', '.join(v) if len(v) <= 6 else len(v)}"
                  for k, v in sorted(by_pass.items(), key=lambda kv: -len(kv[1]))]
         text += f"; {len(removed)} model node(s) removed ({'; '.join(parts)})"
+    from opwarden.place.regions import degrade_text  # the openvino device's precision
+
+    text += degrade_text(rows, report)
     sim = report.get("simulated") or []
     if sim:
         text += f". SIMULATED: {', '.join(sim)} (device profile executed on the host)"

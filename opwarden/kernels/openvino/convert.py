@@ -21,11 +21,6 @@ from onnx import helper, numpy_helper
 from opwarden.ir.export import attribute_proto, value_info
 from opwarden.ir.graph import Node, Value
 
-# The tensor dtypes OpenVINO's CPU plugin computes in or passes through.
-OV_DTYPES = frozenset({
-    "float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8",
-    "bool",
-})
 _IR_VERSION = 8  # the frontend reads every IR up to the one its onnx release writes
 _CORE: list[Any] = []
 _CORE_LOCK = threading.Lock()

@@ -3,8 +3,8 @@
 `OpenVINODevice.accepts(node)` asks OpenVINO about the node as one-node ONNX model (frontend
 conversion, then `Core.query_model` on the CPU plugin; answers cached per node signature), after
 the checks opwarden needs to guard and fall back (an operator opwarden implements, so the CPU
-path can rerun it; tensors of known dtypes OpenVINO computes in; no
-subgraphs). A refusal carries OpenVINO's reason. `make_region` builds the compiled region
+path can rerun it; tensors; none of the deviations `opwarden check` measured, deviations.py;
+no subgraphs). A refusal carries OpenVINO's reason. `make_region` builds the compiled region
 (region.py) place/regions.py groups nodes into. Every standard operator also gets a single-node
 compiled variant ("<op>.openvino", `when`: OpenVINO accepts the facts), so `opwarden check
 --device openvino` validates OpenVINO's kernels against the reference and `opwarden ops
@@ -28,6 +28,8 @@ from opwarden.dtypes import onnx_type
 from opwarden.ir.export import attribute_proto
 from opwarden.ir.graph import Node, Value
 from opwarden.kernels.openvino import convert as C
+from opwarden.kernels.openvino import deviations as D
+from opwarden.kernels.openvino import probe
 from opwarden.kernels.openvino.region import LRU_SIZE, PRECISIONS, Region, ov_config, shared
 from opwarden.ops.base import REGISTRY, OpDef
 from opwarden.ops.custom import build_schema
@@ -46,7 +48,7 @@ def _region_ref(*inputs: Any, region: Region | None = None) -> Any:
 
 def _region_op() -> OpDef:
     sch = build_schema(REGION_OP, REGION_DOMAIN, 1, ["*inputs: T"], ["*outputs: T"],
-                       {"T": sorted(C.OV_DTYPES)}, None, _region_ref)
+                       {"T": sorted(D.DTYPES)}, None, _region_ref)
     opdef = OpDef(REGION_OP, REGION_DOMAIN, 1, _region_ref, Contract(), sch)
     opdef.kernel(DEVICE_NAME, name="openvino.region", specialize=lambda kw: kw["region"].run)(
         lambda *inputs, region=None: region.run(*inputs))
@@ -78,6 +80,32 @@ class OpenVINODevice(Device):
             why = f"{node.op_type}.openvino quarantined as unstable"
         return (why is None), (why or "")
 
+    def capabilities(self) -> list[dict[str, Any]]:
+        """The operator versions OpenVINO accepts (probe.py: OpenVINO asked once per version,
+        cached), each with its single-node variant and the deviations that keep nodes off."""
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for o in REGISTRY.all():
+            var = next((v for v in o.variants if v.device == self.name), None)
+            if var is None or probe.op_refusal(o) is not None:
+                continue
+            cons = [{"description": "OpenVINO's own answer on the node's facts "
+                                    "(Core.query_model)"}]
+            nan = D.nan_note(o.op_type)
+            if nan:
+                cons.append({"description": nan + "; the single-node variant is declared "
+                                                  "unsupported, regions run it and say so"})
+            row = rows.setdefault((o.domain, o.op_type), {
+                "op": o.op_type, "domain": o.domain or "ai.onnx", "variants": []})
+            row["variants"].append({"name": var.name, "since": o.since,
+                                    "dtypes": sorted(D.DTYPES), "layouts": ["NCHW"],
+                                    "constraints": cons})
+        return list(rows.values())
+
+    def note(self, node: Node) -> str | None:
+        """explain's note on a node in a region whose OpenVINO kernel departs from its
+        contract (deviations.NAN_LOST), or None."""
+        return D.nan_note(node.op_type)
+
     def layouts_for(self, node: Any, quarantine: Any = None) -> tuple[str, ...]:
         return ("NCHW",)
 
@@ -90,12 +118,11 @@ class OpenVINODevice(Device):
         for v in list(node.inputs) + list(node.outputs):
             if v is None:
                 continue
-            if v.kind != "tensor" or v.fact.dtype not in C.OV_DTYPES:
-                return f"value {v.name!r} ({v.kind} {v.fact.dtype}): openvino takes tensors of " \
-                       f"{', '.join(sorted(C.OV_DTYPES))}"
+            if v.kind != "tensor":
+                return f"value {v.name!r} is a {v.kind}: openvino takes tensors"
             if v.fact.shape is None:
                 return f"value {v.name!r} has no known rank; openvino needs one"
-        return None
+        return D.node_refusal(node)
 
     def _ask(self, node: Node) -> str | None:
         key = _signature(node)
@@ -211,7 +238,8 @@ class _OneNode:
 
 def _when(opdef: OpDef):
     def when(*facts: TensorFact, **attrs: Any) -> bool:
-        if any(f.dtype is not None and f.dtype not in C.OV_DTYPES for f in facts):
+        if D.variant_refusal(opdef.op_type, [f.dtype for f in facts],
+                             [f.shape for f in facts]) is not None:
             return False
         ins = [f"x{i}" for i in range(len(facts))]
         p = helper.make_node(opdef.op_type, ins, ["y"], name="n")
@@ -227,11 +255,20 @@ def _when(opdef: OpDef):
     return when
 
 
+def _one_node(opdef: OpDef):
+    runner = _OneNode(opdef)
+
+    def one_node_openvino(*args: Any, noutputs: int = 1, **attrs: Any) -> Any:
+        """The operator as a one-node OpenVINO model (compiled per call signature)."""
+        return runner(*args, noutputs=noutputs, **attrs)
+    return one_node_openvino
+
+
 def _register_variants() -> None:
     for o in REGISTRY.all():
         if o.domain not in ("", "ai.onnx") or any(v.device == DEVICE_NAME for v in o.variants):
             continue
-        o.kernel(DEVICE_NAME, name=f"{o.op_type}.openvino", when=_when(o))(_OneNode(o))
+        o.kernel(DEVICE_NAME, name=f"{o.op_type}.openvino", when=_when(o))(_one_node(o))
 
 
 def register() -> OpenVINODevice:

@@ -3,9 +3,10 @@
 - Compiled once per shape signature of its non-constant inputs (an LRU of `LRU_SIZE`), each
   reshaped to static shapes, which OpenVINO's CPU plugin runs faster than dynamic ones; a region
   whose inputs are static compiles when the session is created.
-- Feeds enter as shared-memory tensors and OpenVINO writes its outputs into fresh NumPy arrays
-  set as its output tensors: nothing is copied across the boundary (a read-only feed is viewed
-  writable when NumPy allows; OpenVINO never writes its inputs).
+- Feeds enter as shared-memory tensors, re-set only when their memory changes (a read-only
+  feed is viewed writable when NumPy allows; OpenVINO never writes its inputs). OpenVINO
+  writes a large output into a fresh NumPy array set as its output tensor; a small one
+  (`_COPY_BYTES`) is copied out of OpenVINO's buffer, which costs less than re-setting.
 - Precision: INFERENCE_PRECISION_HINT is always set, f32 unless the session asked for another
   (SessionOptions.precision): OpenVINO's own default on a CPU with AVX512_BF16 is bf16, a silent
   degrade. Threads: INFERENCE_NUM_THREADS from intra_op_num_threads.
@@ -29,10 +30,13 @@ import numpy as np
 from opwarden.errors import KernelError
 from opwarden.ir.graph import Node, Value
 from opwarden.kernels.openvino import convert as C
+from opwarden.kernels.openvino import deviations as D
 
 LRU_SIZE = 8
+_COPY_BYTES = 16 << 10
 PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 _POISON: set[str] = set()
+_BREAK: set[str] = set()
 
 
 @contextmanager
@@ -44,6 +48,17 @@ def inject_nan(*node_names: str):
         yield
     finally:
         _POISON.difference_update(node_names)
+
+
+@contextmanager
+def inject_compile_failure(*node_names: str):
+    """Fault injection for tests: compiling a region holding one of these nodes inside this
+    block fails in OpenVINO itself (it is handed a property value it refuses)."""
+    _BREAK.update(node_names)
+    try:
+        yield
+    finally:
+        _BREAK.difference_update(node_names)
 
 
 def ov_config(precision: str, threads: int, profile: bool) -> dict[str, Any]:
@@ -61,12 +76,14 @@ def ov_config(precision: str, threads: int, profile: bool) -> dict[str, Any]:
 def shared(x: Any) -> tuple[Any, Any]:
     """(x as an array OpenVINO may wrap without a copy: C-contiguous, writable, the array
     whose memory it uses, to keep alive meanwhile)."""
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.flags.writeable:
+        return x, None
     a = np.ascontiguousarray(x)
     if not a.flags.writeable:
         v = a.view()
         try:
             v.flags.writeable = True
-            a = v
+            return v, a
         except ValueError:  # read-only memory (frozen feeds): an alias OpenVINO only reads
             import ctypes
 
@@ -76,24 +93,43 @@ def shared(x: Any) -> tuple[Any, Any]:
     return a, None
 
 
+class _Request:
+    """One infer request and what is bound to it: per input the array it reads (kept alive,
+    so its memory is the one the request points at), per small output OpenVINO's own buffer
+    viewed as an array."""
+
+    def __init__(self, req: Any, small: list[bool]) -> None:
+        self.req = req
+        self.fed: list[Any] = []
+        self.own = [req.get_output_tensor(i).data if s else None for i, s in enumerate(small)]
+
+
 class _Compiled:
-    """One shape signature: the compiled model, idle infer requests, output specs, owners."""
+    """One shape signature: the compiled model, idle infer requests, output specs, owners.
+
+    An output of at most `_COPY_BYTES` is copied out of OpenVINO's own buffer (a copy that
+    small costs less than handing OpenVINO a fresh array each call); a larger one is written
+    straight into a fresh array set as the output tensor."""
 
     def __init__(self, compiled: Any, layers: dict[str, tuple[str, ...]]) -> None:
         self.compiled = compiled
         self.layers = layers
-        self.idle: list[Any] = []
+        self.idle: list[_Request] = []
         self.lock = threading.Lock()
         self.outs = [(tuple(o.get_shape()), o.get_element_type().to_dtype())
                      for o in compiled.outputs]
+        self.small = [int(np.prod(sh)) * np.dtype(dt).itemsize <= _COPY_BYTES
+                      for sh, dt in self.outs]
 
-    def request(self) -> Any:
+    def request(self) -> _Request:
         with self.lock:
-            return self.idle.pop() if self.idle else self.compiled.create_infer_request()
+            if self.idle:
+                return self.idle.pop()
+        return _Request(self.compiled.create_infer_request(), self.small)
 
-    def release(self, req: Any) -> None:
+    def release(self, r: _Request) -> None:
         with self.lock:
-            self.idle.append(req)
+            self.idle.append(r)
 
 
 class Region:
@@ -109,6 +145,10 @@ class Region:
         self.opsets = opsets
         self.precision, self.threads, self.profile = precision, threads, profile
         self.poison = tuple(sorted(_POISON & {n.name for n in nodes}))
+        self.broken = bool(_BREAK & {n.name for n in nodes})
+        # int64 feeds: OpenVINO computes them in int32 (deviations.py), so each call checks
+        self.wide = [i for i, v in enumerate(self.feeds) if v.fact.dtype == "int64"]
+        self.host_runs = 0  # calls run on the host kernels for an int64 feed beyond int32
         self.onnx = C.graph_model(nodes, inputs, outputs, opsets, self.poison)
         self.key = hashlib.sha1(self.onnx[:1 << 20]).hexdigest()[:12]
         self.host_kernels = host_kernels or []
@@ -118,7 +158,8 @@ class Region:
         self.last: tuple[Any, _Compiled, float] | None = None  # (request, compiled, µs) traced
         self.cpu_times: dict[str, float] = {}
         self.cpu_env: dict[str, Any] = {}
-        self.degrade: dict[str, Any] = {}
+        self.degrade: dict[str, Any] = {}  # the measured error of a precision degrade
+        self.calib: dict[str, Any] | None = None  # set only while a calibration runs
         if all(v.fact.static for v in self.feeds):
             self.compiled_for(tuple(tuple(v.fact.shape) for v in self.feeds))
 
@@ -139,6 +180,8 @@ class Region:
         if self.feeds:
             model.reshape({p.get_any_name(): list(s) for p, s in zip(model.inputs, sig)})
         cfg = ov_config(precision or self.precision, self.threads, self.profile)
+        if self.broken:
+            cfg["INFERENCE_PRECISION_HINT"] = "not-a-precision"
         try:
             compiled = C.core().compile_model(model, "CPU", cfg)
         except Exception as e:  # noqa: BLE001 - the plugin's refusal, in words
@@ -155,29 +198,80 @@ class Region:
 
     # -- running -----------------------------------------------------------------------------
     def run(self, *args: Any) -> tuple[Any, ...]:
-        """The region's outputs for its feeds, computed by OpenVINO."""
-        return self._infer(self.compiled_for(tuple(np.shape(a) for a in args)), args)
+        """The region's outputs for its feeds, computed by OpenVINO (one output: the array, as
+        any one-output kernel returns it)."""
+        if self.calib is not None:
+            return self._calibrating(args)
+        if self.wide and not all(D.int32_safe(np.asarray(args[i])) for i in self.wide):
+            self.host_runs += 1
+            return self.cpu(*args)
+        outs = self._infer(self.compiled_for(tuple(np.shape(a) for a in args)), args)
+        return outs[0] if len(outs) == 1 else outs
 
     def _infer(self, entry: _Compiled, args: tuple[Any, ...]) -> tuple[Any, ...]:
         import openvino as ov
 
-        req = entry.request()
+        r = entry.request()
+        req = r.req
         try:
-            keep = [shared(a) for a in args]  # alive until OpenVINO has read them
-            for i, (a, _owner) in enumerate(keep):
+            fed = r.fed
+            for i, x in enumerate(args):
+                a, owner = shared(x)
+                ptr = a.__array_interface__["data"][0]
+                if i < len(fed):
+                    prev = fed[i]
+                    fed[i] = (a, owner, ptr)  # keeps the memory the request reads alive
+                    if prev[2] == ptr and prev[0].shape == a.shape and prev[0].dtype == a.dtype:
+                        continue  # the same memory: the request reads it already
+                else:
+                    fed.append((a, owner, ptr))
                 req.set_input_tensor(i, ov.Tensor(a, shared_memory=True))
-            outs = []
+            outs: list[Any] = []
             for i, (shape, dt) in enumerate(entry.outs):
-                y = np.empty(shape, dt)
-                req.set_output_tensor(i, ov.Tensor(y, shared_memory=True))
-                outs.append(y)
+                if r.own[i] is None:
+                    y = np.empty(shape, dt)
+                    req.set_output_tensor(i, ov.Tensor(y, shared_memory=True))
+                    outs.append(y)
+                else:
+                    outs.append(None)
             t0 = time.perf_counter()
             req.infer()
             if self.profile:
                 self.last = (req, entry, (time.perf_counter() - t0) * 1e6)
+            for i, own in enumerate(r.own):
+                if own is not None:
+                    outs[i] = own.copy()
         finally:
-            entry.release(req)
+            entry.release(r)
         return tuple(outs)
+
+    # -- calibrating a precision degrade -----------------------------------------------------
+    def _calibrating(self, args: tuple[Any, ...]) -> Any:
+        """run() during a calibration: the f32 compile when asked for, else the region's
+        own, its inputs recorded."""
+        sig = tuple(np.shape(a) for a in args)
+        if self.calib is not None and self.calib.get("mode") == "f32":
+            entry = self.calib.setdefault("f32", {}).get(sig)
+            if entry is None:
+                entry = self.calib["f32"][sig] = self.compiled_for(sig, precision="f32")
+            outs = self._infer(entry, args)
+        else:
+            assert self.calib is not None
+            self.calib["args"] = tuple(np.array(a, copy=True) for a in args)
+            outs = self._infer(self.compiled_for(sig), args)
+        return outs[0] if len(outs) == 1 else outs
+
+    def measure(self, args: tuple[Any, ...], f32: Any = None) -> dict[str, Any]:
+        """The error of this region's outputs at its precision against an f32 compile of the
+        same region (`f32`, or one made here), on `args`: per output, and the largest (kept in
+        `degrade`)."""
+        sig = tuple(np.shape(a) for a in args)
+        got = self._infer(self.compiled_for(sig), args)
+        want = self._infer(f32 or self.compiled_for(sig, precision="f32"), args)
+        rows = [error_row(v.name, y, w) for v, y, w in zip(self.outputs, got, want)]
+        rows = [r for r in rows if r is not None]
+        self.degrade = {"calibrated": True, "outputs": rows, **worst(rows)}
+        return self.degrade
 
     def provenance(self, fallback: bool = False) -> list[dict[str, Any]]:
         """Per node of the region, its time in the last call (µs): OpenVINO's profiling info,
@@ -222,7 +316,8 @@ class Region:
                 if v is not None:
                     env[v.name] = np.asarray(r) if isinstance(r, np.generic) else r
         self.cpu_times, self.cpu_env = times, env
-        return tuple(env[v.name] for v in self.outputs)
+        outs = tuple(env[v.name] for v in self.outputs)
+        return outs[0] if len(outs) == 1 else outs
 
     def blame(self, kind: str, args: list[Any]) -> tuple[str, str, str] | None:
         """(node, op_type, what went bad) for the first node of the region whose output went
@@ -247,6 +342,28 @@ class Region:
                 return n.name, n.op_type, f"{why} (node {n.name!r} in OpenVINO region " \
                                           f"{self.name} of {len(self.nodes)} nodes)"
         return None
+
+
+def error_row(name: str, got: Any, want: Any) -> dict[str, Any] | None:
+    """Max abs and relative error of `got` against `want` (a float tensor; else None), and how
+    many times the zoo tolerance (1e-3 of the largest magnitude, + 1e-5) that is."""
+    w = np.asarray(want)
+    if w.dtype.kind != "f" or not w.size:
+        return None
+    d = np.abs(np.asarray(got, np.float64) - w.astype(np.float64))
+    scale = float(np.abs(w).max())
+    err = float(np.nanmax(d)) if np.isfinite(d).any() else float("inf")
+    return {"output": name, "max_abs_error": err,
+            "max_rel_error": err / scale if scale else err,
+            "x_zoo_tolerance": err / (1e-3 * scale + 1e-5)}
+
+
+def worst(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The largest errors over `rows` (error_row's)."""
+    if not rows:
+        return {}
+    return {k: max(r[k] for r in rows)
+            for k in ("max_abs_error", "max_rel_error", "x_zoo_tolerance")}
 
 
 def _finite(x: Any) -> bool:
