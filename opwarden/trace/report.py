@@ -103,9 +103,40 @@ def roofline_us(rec: OpRecord, peaks: dict[str, float]) -> float:
     return max(flops / (peaks["gflops"] * 1e3), size / (peaks["gbps"] * 1e3))
 
 
+def expand_regions(records: list[OpRecord]) -> list[OpRecord]:
+    """`records` with each compiled region's record (one with ``covers``: its nodes' times from
+    OpenVINO's profiling) replaced by one record per covered node, so operators show rather
+    than one region. What the per-node times leave of the region's own time stays on the
+    region's record (its boundary and dispatch); per-node times summing to more than the
+    region's (OpenVINO counts parallel layers apart) are scaled to it."""
+    import dataclasses
+
+    if not any(r.covers for r in records):
+        return records
+    out: list[OpRecord] = []
+    for r in records:
+        if not r.covers:
+            out.append(r)
+            continue
+        inner = sum(max(float(c.get("exec_us") or 0.0), 0.0) for c in r.covers)
+        scale = r.exec_us / inner if inner > r.exec_us > 0 else 1.0
+        t = r.start_us
+        for c in r.covers:
+            us = max(float(c.get("exec_us") or 0.0), 0.0) * scale
+            out.append(dataclasses.replace(
+                r, node=c["node"], op_type=c["op_type"], exec_us=us, start_us=t, guard_us=0.0,
+                origin=[c["node"]], covers=[]))
+            t += us
+        out.append(dataclasses.replace(r, exec_us=max(r.exec_us - inner * scale, 0.0),
+                                       start_us=t, covers=[]))
+    return out
+
+
 def by_op_type(records: list[OpRecord]) -> list[dict[str, Any]]:
     """count, total/mean/max µs and share of the kernels' time per op type, largest first;
-    guard_us: the guard's checks around those kernels (not in the kernel times)."""
+    guard_us: the guard's checks around those kernels (not in the kernel times); a compiled
+    region's nodes count as their operators (expand_regions)."""
+    records = expand_regions(records)
     groups: dict[str, list[float]] = defaultdict(list)
     guard: dict[str, float] = defaultdict(float)
     for r in records:
@@ -182,6 +213,7 @@ def _ms(us: float) -> str:
 def _flame_rows(records: list[OpRecord]) -> tuple[int, list[tuple[str, float, list]]]:
     """(runs, [(op type, µs per run, [(node, µs per run, origin)] largest first)] largest
     first): the time of each op type and node, averaged over the runs the records hold."""
+    records = expand_regions(records)  # a compiled region's nodes as their operators
     runs = max(len({r.run for r in records}), 1)
     by_type: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     origin: dict[str, list[str]] = {}

@@ -300,3 +300,21 @@ def test_a_region_node_whose_kernel_loses_nan_says_so(squeeze):
     # unsupported, as the nan check found
     var = next(v for v in REGISTRY.latest("Relu").variants if v.device == "openvino")
     assert not var.when(TensorFact("float32", (3, 4)))
+
+
+def test_the_op_table_and_flame_graph_show_a_regions_operators(squeeze, tmp_path):
+    from opwarden.trace.report import by_op_type, expand_regions, flame_svg
+
+    data, feeds, _ = squeeze
+    s = ow.InferenceSession(data, providers=PROVIDERS, trace=True)
+    s.run(None, feeds)
+    recs = list(s.trace)
+    (region,) = [r for r in recs if r.covers]
+    table = {r["op_type"]: r for r in by_op_type(recs)}
+    n_conv = sum(c["op_type"] == "Conv" for c in region.covers)
+    assert table["Conv"]["count"] == n_conv > 0 and table["Conv"]["total_us"] > 0
+    # the expanded records keep the region's time: its nodes' share plus its own remainder
+    assert sum(r.exec_us for r in expand_regions(recs)) == pytest.approx(
+        sum(r.exec_us for r in recs), rel=1e-6)
+    svg = open(flame_svg(recs, str(tmp_path / "flame.svg"))).read()
+    assert ">Conv" in svg or "Conv:" in svg
