@@ -295,6 +295,7 @@ class SessionOptions:
         return dict(self._config)
 
     def as_dict(self) -> dict[str, Any]:
+        """Every option with its current value."""
         return {k: getattr(self, k) for k in _OPTIONS}
 
     def __repr__(self) -> str:
