@@ -10,6 +10,7 @@ from opwarden.kernels.cpu import (
     elementwise,
     fused,
     linalg,
+    ml,
     norm,
     pool,
     quant,
@@ -20,7 +21,7 @@ from opwarden.kernels.cpu import (
 )
 
 for _module in (conv, pool, norm, linalg, elementwise, activation, fused, select, shape, shuffle,
-                quant, quant_nbits):
+                quant, quant_nbits, ml):
     _module.register()
 
 

@@ -36,7 +36,7 @@ FAMILIES = (
     "loss",
     "string",
     "transformer",
-    "ml",
+    "ml", "ml_tree_samples",
     "ml_features",
     "ml_svm",
     "training",

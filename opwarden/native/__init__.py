@@ -1,0 +1,138 @@
+"""opwarden's compiled kernels (a C extension with OpenMP, built by `pip install .`), and
+whether they are in use.
+
+The extension is optional: the NumPy kernels are the reference and the fallback. `status()`
+says which path is active and why; `OPWARDEN_NATIVE=0` in the environment turns the compiled
+path off at import (so the fallback can be tested on a machine that has the build). Kernels
+register their compiled variants only when `available()`.
+
+Tree ensembles (`Forest`): the forest is flattened once into arrays the C walk reads:
+- `nodes`: one NODE_DTYPE record per interior node; a child is a node index (>= 0) or a leaf
+  as -(leaf + 1); a BRANCH_MEMBER node's threshold slot holds the [begin, end) int32 range
+  of its set in `members`;
+- `roots`: per tree, its root in the child encoding (a one-leaf tree is a leaf);
+- per leaf, its (target, weight) entries: `leaf_off` (CSR offsets), `leaf_tgt`, `leaf_w`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from opwarden.blas import blas_thread_count
+from opwarden.errors import KernelError
+
+# Node comparison modes (ONNX TreeEnsemble-5 numbering).
+LEQ, LT, GTE, GT, EQ, NEQ, MEMBER = range(7)
+
+NODE_DTYPE = np.dtype([("thr", "<f8"), ("feat", "<i4"), ("child_false", "<i4"),
+                       ("child_true", "<i4"), ("mode", "u1"), ("miss", "u1"),
+                       ("pad", "<u2")])
+
+AGGREGATES = {"AVERAGE": 0, "SUM": 1, "MIN": 2, "MAX": 3}
+
+
+def _load() -> tuple[Any, str]:
+    """The compiled module (or None) and a sentence saying why that path is active."""
+    if os.environ.get("OPWARDEN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, "NumPy fallback: disabled by OPWARDEN_NATIVE=0"
+    try:
+        from opwarden.native import _native  # type: ignore[attr-defined]
+    except ImportError as e:
+        return None, f"NumPy fallback: the compiled extension did not import ({e})"
+    omp = _native.openmp()
+    return _native, ("native compiled: C extension " + (f"with OpenMP {omp}" if omp else
+                                                       "without OpenMP (single thread)"))
+
+
+_LIB, _REASON = _load()
+
+
+def available() -> bool:
+    """Whether the compiled kernels are in use in this process."""
+    return _LIB is not None
+
+
+def status() -> dict[str, Any]:
+    """Which kernel path is active: {"active": "native" | "numpy", "reason": str,
+    "openmp": version or 0, "module": path of the extension or None}."""
+    return {
+        "active": "native" if _LIB is not None else "numpy",
+        "reason": _REASON,
+        "openmp": int(_LIB.openmp()) if _LIB is not None else 0,
+        "module": getattr(_LIB, "__file__", None),
+    }
+
+
+def _threads(n_threads: int | None) -> int:
+    return max(1, int(n_threads) if n_threads else blas_thread_count())
+
+
+def bias_act(y: np.ndarray, bias: np.ndarray | None, act: str,
+             n_threads: int | None = None) -> np.ndarray:
+    """y = act(y + bias) in place over a C-contiguous float32 [rows, cols] array (bias [cols]
+    or None; act "none" | "relu" | "gelu", the exact erf form); returns y."""
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    if y.dtype != np.float32 or not y.flags.c_contiguous or not y.flags.writeable:
+        raise KernelError("bias_act needs a writable C-contiguous float32 array")
+    cols = y.shape[-1] if y.ndim else 1
+    rows = y.size // cols if cols else 0
+    b = np.ascontiguousarray(bias, dtype=np.float32) if bias is not None else y[:0]
+    if bias is not None and b.size != cols:
+        raise KernelError(f"bias_act: bias has {b.size} values for {cols} columns")
+    code = {"none": 0, "relu": 1, "gelu": 2}.get(act)
+    if code is None:
+        raise KernelError(f"bias_act: unknown activation {act!r}")
+    _LIB.bias_act(y, b, bias is not None, rows, cols, code, _threads(n_threads))
+    return y
+
+
+@dataclass(frozen=True)
+class Forest:
+    """A flattened forest (module docstring) ready for `eval`."""
+
+    nodes: np.ndarray
+    members: np.ndarray
+    roots: np.ndarray
+    leaf_off: np.ndarray
+    leaf_tgt: np.ndarray
+    leaf_w: np.ndarray
+    n_feat: int
+    n_targets: int
+    agg: int
+
+    @property
+    def mode_class(self) -> int:
+        """1: every node BRANCH_LEQ, 2: every node BRANCH_LT, 0: mixed (a per-node switch)."""
+        modes = self.nodes["mode"]
+        if modes.size and (modes == LEQ).all():
+            return 1
+        if modes.size and (modes == LT).all():
+            return 2
+        return 0
+
+    def eval(self, X: np.ndarray, n_threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Scores [N, n_targets] (float64: the sum, or min/max, of the leaf weights reached
+        per target; 0 where none) and `has` [N, n_targets] (whether any leaf gave a weight)."""
+        if _LIB is None:
+            raise KernelError(f"compiled kernels not available: {_REASON}")
+        if X.ndim != 2 or X.shape[1] != self.n_feat:
+            raise KernelError(f"tree ensemble: input shape {X.shape}, forest wants "
+                              f"[N, {self.n_feat}]")
+        if X.dtype != np.float64:
+            X = X.astype(np.float32, copy=False)
+        X = np.ascontiguousarray(X)
+        n = X.shape[0]
+        S = np.empty((n, self.n_targets), dtype=np.float64)
+        H = np.empty((n, self.n_targets), dtype=np.uint8)
+        _LIB.forest_eval(X, X.dtype == np.float64, n, self.n_feat, self.nodes, self.members,
+                         self.roots, self.leaf_off, self.leaf_tgt, self.leaf_w, self.n_targets,
+                         self.agg, self._mode_class, S, H, _threads(n_threads))
+        return S, H.view(bool)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_mode_class", self.mode_class)

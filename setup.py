@@ -1,0 +1,51 @@
+"""Build of opwarden's optional compiled kernels (opwarden/native); the rest is pyproject.toml.
+
+The extension is optional: where it does not compile (no C compiler, another platform),
+`pip install .` still succeeds and opwarden runs its NumPy kernels (opwarden.native.status()
+says why). OpenMP is used where the compiler accepts -fopenmp; no -march flag is passed, so
+a wheel built here runs on any CPU of the architecture.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+def _accepts(compiler, flags: list[str]) -> bool:
+    """Whether the C compiler compiles and links a tiny OpenMP program with `flags`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as fh:
+            fh.write("#include <omp.h>\nint main(void) { return omp_get_max_threads() < 1; }\n")
+        try:
+            objs = compiler.compile([src], output_dir=tmp, extra_postargs=flags)
+            compiler.link_executable(objs, os.path.join(tmp, "probe"), extra_postargs=flags)
+        except Exception:  # noqa: BLE001 - any failure means: build without OpenMP
+            return False
+    return True
+
+
+class OptionalOpenMPBuild(build_ext):
+    """build_ext adding -O3 (and -fopenmp where it works) for GCC/Clang-style compilers."""
+
+    def build_extensions(self) -> None:
+        if self.compiler.compiler_type == "unix":
+            omp = ["-fopenmp"] if _accepts(self.compiler, ["-fopenmp"]) else []
+            for ext in self.extensions:
+                ext.extra_compile_args += ["-O3", "-std=c99", *omp]
+                ext.extra_link_args += omp
+        super().build_extensions()
+
+
+NATIVE = Extension(
+    "opwarden.native._native",
+    sources=[f"opwarden/native/{f}" for f in ("module.c", "trees.c", "epilogue.c")],
+    depends=["opwarden/native/native.h"],
+    optional=True,  # a failed compile leaves the NumPy kernels, not a failed install
+)
+
+setup(ext_modules=[NATIVE], cmdclass={"build_ext": OptionalOpenMPBuild})
