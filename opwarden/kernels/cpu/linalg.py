@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu.blas_split import split_batched, split_gemm
 from opwarden.kernels.cpu.util import (
     EW_CHUNK,
     activation_workspace,
@@ -31,7 +32,8 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=1,
             f"(transA={transA}, transB={transB})"
         )
     y = output(out, (a.shape[0], b.shape[1]))
-    np.matmul(a, b, out=y)
+    if not split_gemm(a, b, y):
+        np.matmul(a, b, out=y)
     if alpha != 1.0:
         y *= np.float32(alpha)
     if C is not None and beta != 0.0:
@@ -57,9 +59,52 @@ def _gemm_kernel(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broad
                 broadcast=broadcast, out=out)
 
 
-def matmul(A, B, *, out=None):
-    """MatMul (NumPy semantics) into the planned buffer."""
+def _bias_row(C, n: int) -> np.ndarray | None:
+    """C as an (n,) float32 row when it broadcasts as one over the product's rows, else None."""
+    if C is None:
+        return None
+    c = np.asarray(C)
+    if c.dtype != np.float32 or c.size != n or (c.ndim and c.shape[-1] != n):
+        return None
+    return c.reshape(n)
+
+
+def _split_matmul(A, B, out, bias: np.ndarray | None = None) -> np.ndarray | None:
+    """MatMul by blas_split (the product shared out in chunks, `bias` added to each column
+    block of a 2-D-weight product as it is done) into the planned buffer, or None (nothing
+    written) where it does not apply: not float32 arrays of rank >= 2, shapes that do not
+    match, a small product."""
+    if (not isinstance(A, np.ndarray) or not isinstance(B, np.ndarray) or A.ndim < 2
+            or B.ndim < 2 or A.dtype != np.float32 or B.dtype != np.float32
+            or A.shape[-1] != B.shape[-2]):
+        return None
+    k, n = B.shape[-2:]
+    if B.ndim == 2 and (A.ndim == 2 or A.flags.c_contiguous):
+        y = output(out, (*A.shape[:-1], n))
+        y2 = y.reshape(-1, n)
+        a2 = A.reshape(-1, k)
+
+        def add_bias(c0: int, c1: int) -> None:
+            np.add(y2[:, c0:c1], bias[c0:c1], out=y2[:, c0:c1])
+
+        return y if split_gemm(a2, B, y2, None if bias is None else add_bias) else None
+    if bias is not None:
+        return None
     try:
+        batch = np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    except ValueError:
+        return None
+    y = output(out, (*batch, A.shape[-2], n))
+    return y if split_batched(A, B, y, batch) else None
+
+
+def matmul(A, B, *, out=None):
+    """MatMul (NumPy semantics) into the planned buffer; large float32 products shared out
+    by blas_split."""
+    try:
+        y = _split_matmul(A, B, out)
+        if y is not None:
+            return y
         if out is not None:
             return np.matmul(A, B, out=out)
         return np.asarray(np.matmul(A, B))
@@ -68,11 +113,19 @@ def matmul(A, B, *, out=None):
 
 
 def fused_matmul(A, B, C=None, *, activation="", activation_params=(), out=None):
-    """act(MatMul(A, B) + C) into the planned buffer."""
-    try:
-        y = matmul(A, B, out=out)
-    except KernelError:
-        y = matmul(A, B)  # `out` has the larger shape C broadcasts the product to
+    """act(MatMul(A, B) + C) into the planned buffer; a bias row is added by blas_split's
+    chunks as each column block of the product is done."""
+    y = None
+    if C is not None and isinstance(B, np.ndarray) and B.ndim == 2:
+        bias = _bias_row(C, B.shape[1])
+        if bias is not None:
+            y = _split_matmul(A, B, out, bias)
+            C = None if y is not None else C
+    if y is None:
+        try:
+            y = matmul(A, B, out=out)
+        except KernelError:
+            y = matmul(A, B)  # `out` has the larger shape C broadcasts the product to
     if C is not None:
         try:
             np.add(y, C, out=y)

@@ -1,0 +1,148 @@
+"""blas_split: products shared out in chunks between the caller and helper threads.
+
+Against float64 NumPy products: 2-D, transposed views, 3-D activations on a 2-D weight (with
+the bias added per column block), stacked and broadcast batches as attention's transposed
+views give them; a chunk that raises, another region running, OpenBLAS's thread count
+restored in every case.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from opwarden.blas import blas_thread_count, set_blas_threads
+from opwarden.kernels.cpu import blas_split as bs
+from opwarden.kernels.cpu import linalg
+
+
+@pytest.fixture(autouse=True)
+def two_threads(monkeypatch):
+    """OpenBLAS on two threads (the split's precondition), small thresholds so small
+    operands take the split path; the thread count restored afterwards."""
+    before = blas_thread_count()
+    set_blas_threads(2)
+    monkeypatch.setattr(bs, "SPLIT", True)
+    monkeypatch.setattr(bs, "SPLIT_MIN_MNK", 1 << 10)
+    monkeypatch.setattr(bs, "CHUNK_MIN_MNK", 1 << 8)
+    yield
+    assert blas_thread_count() == 2  # (a region always restores the count it found)
+    set_blas_threads(before)
+
+
+def _rand(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _close(got, a, b, bias=None):
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    if bias is not None:
+        want = want + bias
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(a.shape[-1]))
+
+
+def test_split_gemm_2d_and_transposed_views():
+    rng = np.random.default_rng(0)
+    for m, k, n in ((64, 48, 200), (1, 96, 130), (33, 17, 64)):
+        a, b = _rand(rng, (m, k)), _rand(rng, (k, n))
+        for aa, bb in ((a, b), (np.ascontiguousarray(a.T).T, b), (a, np.ascontiguousarray(b.T).T)):
+            y = np.full((m, n), np.nan, np.float32)
+            assert bs.split_gemm(aa, bb, y)
+            _close(y, a, b)
+
+
+def test_split_gemm_declines_what_blas_cannot_read():
+    rng = np.random.default_rng(1)
+    a, b = _rand(rng, (32, 64)), _rand(rng, (64, 128))
+    y = np.zeros((32, 128), np.float32)
+    assert not bs.split_gemm(a[:, ::2], b[::2], y)  # (no unit stride)
+    assert not bs.split_gemm(a.astype(np.float64), b, y)
+    assert not bs.split_gemm(a, b, np.zeros((32, 256), np.float32)[:, ::2])
+    assert not y.any()
+
+
+def test_matmul_3d_activation_and_fused_bias():
+    rng = np.random.default_rng(2)
+    a, b, c = _rand(rng, (2, 40, 64)), _rand(rng, (64, 96)), _rand(rng, (96,))
+    _close(linalg.matmul(a, b), a, b)
+    out = np.empty((2, 40, 96), np.float32)
+    got = linalg.fused_matmul(a, b, c, activation="Relu", out=out)
+    assert got is out
+    want = np.maximum(np.matmul(a.astype(np.float64), b) + c, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    # A bias that is not one row (per-row values) is added after the product.
+    c2 = _rand(rng, (40, 1))
+    _close(linalg.fused_matmul(a, b, c2), a, b, c2)
+
+
+def test_attention_shaped_batches():
+    rng = np.random.default_rng(3)
+    bsz, s, h, d = 2, 24, 4, 16
+    q = _rand(rng, (bsz, s, h * d)).reshape(bsz, s, h, d).transpose(0, 2, 1, 3)
+    k = _rand(rng, (bsz, s, h * d)).reshape(bsz, s, h, d).transpose(0, 2, 3, 1)
+    scores = linalg.matmul(q, k)
+    _close(scores, q, k)
+    p = _rand(rng, (bsz, h, s, s))
+    _close(linalg.matmul(p, q), p, q)
+    # Broadcast batch axes.
+    a, b = _rand(rng, (3, 1, 20, 16)), _rand(rng, (1, 4, 16, 20))
+    _close(linalg.matmul(a, b), a, b)
+
+
+def test_gemm_transposed():
+    rng = np.random.default_rng(4)
+    a, b, c = _rand(rng, (64, 48)), _rand(rng, (100, 64)), _rand(rng, (100,))
+    got = linalg.gemm(a, b, c, transA=1, transB=1, alpha=0.5)
+    want = 0.5 * (a.T.astype(np.float64) @ b.T.astype(np.float64)) + c
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_a_failing_chunk_raises_in_the_caller():
+    seen = []
+
+    def fn(i):
+        seen.append(i)
+        if i == 3:
+            raise ValueError("chunk 3")
+
+    with pytest.raises(ValueError, match="chunk 3"):
+        bs.run_chunks(fn, 8)
+    assert 3 in seen
+    # The region is free again and later jobs run every chunk.
+    done = []
+    assert bs.run_chunks(done.append, 6)
+    assert sorted(done) == list(range(6))
+
+
+def test_busy_region_and_single_thread_decline():
+    assert bs._REGION.acquire()
+    try:
+        assert not bs.run_chunks(lambda i: None, 4)
+    finally:
+        bs._REGION.release()
+    set_blas_threads(1)
+    try:
+        assert not bs.run_chunks(lambda i: None, 4)
+    finally:
+        set_blas_threads(2)
+
+
+def test_concurrent_callers_get_their_own_products():
+    rng = np.random.default_rng(5)
+    pairs = [(_rand(rng, (32, 64)), _rand(rng, (64, 160))) for _ in range(6)]
+    got: dict[int, np.ndarray] = {}
+
+    def run(i):
+        for _ in range(5):
+            got[i] = linalg.matmul(*pairs[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(pairs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, (a, b) in enumerate(pairs):
+        _close(got[i], a, b)
