@@ -88,7 +88,9 @@ def _routes_nhwc(x_shape, w_shape, group, s, d, begin, end, oh, ow, branched) ->
         return (*first, "rowtap")
     if group == 1 and kw * cg <= _stem.STEM_MAX_RUN:
         return (*first, "stem")
-    if (group == 1 and not branched and n * oh * ow <= _gemm.PATCH_T_MAX_PIXELS
+    # Per image, so that the route does not depend on the batch (static_route decides it for
+    # a symbolic batch): the transposed product also wins over whole batches of such maps.
+    if (group == 1 and not branched and oh * ow <= _gemm.PATCH_T_MAX_PIXELS
             and kh * kw * cg * m >= _gemm.PATCH_T_MIN_WEIGHTS):
         return (*first, "few_pixels")
     return (*first, "patch")
@@ -181,7 +183,11 @@ def nhwc_kernel(route: str):
 def static_route(x, w, attrs) -> str | None:
     """The route conv_nhwc takes for an NHWC X of shape `x` and W of shape `w` with these
     attributes, or None when that is not known before running (a dim not a known int) or the
-    call is malformed (the dispatcher then says why)."""
+    call is malformed (the dispatcher then says why). A symbolic batch is no obstacle: the
+    route is the same for every batch of at least one image (_routes_nhwc reads H, W and the
+    channels; an empty batch writes nothing on any route)."""
+    if len(x) == 4 and not isinstance(x[0], int) and all(isinstance(v, int) for v in x[1:]):
+        x = (1, *x[1:])
     geom = _static_geometry(x, w, x[1:3], attrs.get("strides"), attrs.get("dilations"),
                             attrs.get("pads"), attrs.get("auto_pad"))
     if geom is None:

@@ -61,8 +61,8 @@ PREFILL_MIN = 1 << 17
 # Pointwise convolutions over at most this many pixels compute the transposed product.
 PW_T_MAX_PIXELS = 64
 # ... and so do group-1 patch-matrix convolutions (k x k, or strided 1x1) over at most this many
-# output pixels whose weights hold at least PATCH_T_MIN_WEIGHTS floats (see _few_pixels_nhwc;
-# smaller weights stay in cache, where the usual orientation is faster).
+# output pixels per image whose weights hold at least PATCH_T_MIN_WEIGHTS floats (see
+# _few_pixels_nhwc; smaller weights stay in cache, where the usual orientation is faster).
 PATCH_T_MAX_PIXELS = 64
 PATCH_T_MIN_WEIGHTS = 1 << 18
 
