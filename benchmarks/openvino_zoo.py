@@ -47,16 +47,19 @@ def _runners(data: bytes, feeds: dict[str, np.ndarray]):
 
 
 def measure(data: bytes, feeds: dict[str, np.ndarray], reps: int) -> dict[str, float]:
-    """Median seconds per run of each runner, the runners alternated within a repetition."""
+    """Median seconds per run of each runner, the runners alternated within a repetition in
+    an order rotated every repetition: ORT's intra-op threads spin after a run and slow
+    whichever runner comes next, so no runner may always follow it."""
     run = _runners(data, feeds)
     for fn in run.values():  # warm: compile, plan, first-touch
         fn()
         fn()
     times: dict[str, list[float]] = {k: [] for k in run}
-    for _ in range(reps):
-        for k, fn in run.items():
+    names = list(run)
+    for i in range(reps):
+        for k in names[i % len(names):] + names[:i % len(names)]:
             t = time.perf_counter()
-            fn()
+            run[k]()
             times[k].append(time.perf_counter() - t)
     return {k: float(np.median(v)) for k, v in times.items()}
 

@@ -282,6 +282,17 @@ def test_measured_deviations_keep_their_nodes_right():
     x8 = np.array([100, -100, 7], np.int8)
     (got,) = s.run(None, {"x": x8})
     assert np.array_equal(got, (x8 * np.int8(3) + x8).astype(np.int8))
+    # signed integer Div floors in OpenVINO, truncates in ONNX
+    c = helper.make_tensor("two", TensorProto.INT32, [1], [2])
+    g = helper.make_graph([helper.make_node("Div", ["x", "two"], ["y"], name="div")], "d",
+                          [helper.make_tensor_value_info("x", TensorProto.INT32, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, [4])], [c])
+    s = ow.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+                            .SerializeToString(), providers=PROVIDERS)
+    (row,) = [r for r in s.explain() if not r.get("inserted")]
+    assert row["device"] == "cpu" and "toward zero" in row["reason"]
+    xi = np.array([-3, 3, -5, 5], np.int32)
+    assert np.array_equal(s.run(None, {"x": xi})[0], np.array([-1, 1, -2, 2], np.int32))
     # int64 runs on openvino (in int32 there): a feed beyond int32 runs the region on the host
     s = ow.InferenceSession(_int_model(TensorProto.INT64, [3]), providers=PROVIDERS)
     assert {r["device"] for r in s.explain() if not r.get("inserted")} == {"openvino"}

@@ -124,6 +124,9 @@ def refusal(data: bytes, device: str = "CPU") -> str | None:
                       if op.get_friendly_name() not in supported})
     if missing:
         return f"OpenVINO {device} plugin does not support {', '.join(missing)} (query_model)"
+    want = len(onnx.load_from_string(data).graph.output)
+    if len(model.outputs) < want:
+        return f"OpenVINO yields {len(model.outputs)} of its {want} outputs"
     return None
 
 
