@@ -50,6 +50,7 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The `opwarden` parser with every subcommand."""
     from opwarden.cli import (
+        batch,
         bench,
         compare,
         conformance,
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     check_cli.add_parser(sub)
     devices.add_parser(sub)
+    batch.add_parser(sub)
     for cmd in sub.choices.values():  # `opwarden run --debug ...` as well as before the command
         cmd.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show the full traceback of any error (for bug reports)")

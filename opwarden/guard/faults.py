@@ -328,6 +328,16 @@ class Quarantine:
             if self.path:
                 self._save()
 
+    def merge(self, entries: dict[str, str]) -> list[str]:
+        """Adopt entries found elsewhere (another process, a fleet's board); returns the names
+        new here. They protect this object from now on but are not its own findings, so they
+        are never written to its file."""
+        with self._lock:
+            new = [k for k in entries if k not in self.entries]
+            for k in new:
+                self.entries[k] = entries[k]
+            return new
+
     def _save(self) -> None:
         try:
             with self._file_lock:
