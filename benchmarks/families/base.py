@@ -61,8 +61,15 @@ def register(case: Case) -> Case:
 
 
 def missing_modules(case: Case) -> list[str]:
-    """The modules among `case.needs` that do not import here."""
-    return [m for m in case.needs if importlib.util.find_spec(m) is None]
+    """The modules among `case.needs` that are not installed here."""
+
+    def absent(m: str) -> bool:
+        try:
+            return importlib.util.find_spec(m) is None
+        except (ImportError, ValueError):  # ValueError: blocked in sys.modules (None)
+            return True
+
+    return [m for m in case.needs if absent(m)]
 
 
 def _version(module: str) -> str:
