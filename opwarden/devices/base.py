@@ -15,6 +15,7 @@ from typing import Any
 
 from opwarden.devices.constraints import Constraint
 from opwarden.errors import OptionsError
+from opwarden.native import status as _native_status
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.select import sensitive_inputs
 
@@ -373,7 +374,8 @@ register_device(
     Device(
         "cpu",
         kind="host",
-        description="NumPy on the host CPU (always present)",
+        description="NumPy on the host CPU (always present); kernel path: "
+        + _native_status()["reason"],
         aliases=("CPUExecutionProvider",),
     )
 )

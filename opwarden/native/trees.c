@@ -52,7 +52,10 @@ static inline void add_leaf(const forest_t *f, int32_t leaf, double *s, uint8_t 
 }
 
 /* One specialised walk per (input type, mode class): all-LEQ and all-LT forests (sklearn,
- * LightGBM, XGBoost) skip the mode switch; a NaN compares false, so it only needs `miss`. */
+ * LightGBM, XGBoost) skip the mode switch; a NaN compares false, so it only needs `miss`.
+ * A walk is a chain of dependent loads (node, then feature, then the next node), so LANES
+ * rows descend the same tree together: their chains are independent and overlap in memory. */
+#define LANES 8
 #define DEFINE_WALK(NAME, T, COND)                                                          \
     static void NAME(const forest_t *f, const T *X, int64_t r0, int64_t r1, double *S,      \
                      uint8_t *H) {                                                          \
@@ -61,15 +64,29 @@ static inline void add_leaf(const forest_t *f, int32_t leaf, double *s, uint8_t 
         (void)members;                                                                      \
         for (int64_t t = 0; t < f->n_trees; t++) {                                          \
             const int32_t root = f->roots[t];                                               \
-            for (int64_t r = r0; r < r1; r++) {                                             \
-                const T *x = X + r * f->n_feat;                                             \
-                int32_t i = root;                                                           \
-                while (i >= 0) {                                                            \
-                    const tree_node_t *nd = nodes + i;                                      \
-                    const double v = (double)x[nd->feat];                                   \
-                    i = (COND) ? nd->child_true : nd->child_false;                          \
+            for (int64_t r = r0; r < r1; r += LANES) {                                      \
+                const int m = r1 - r < LANES ? (int)(r1 - r) : LANES;                       \
+                int32_t id[LANES];                                                          \
+                const T *xs[LANES];                                                         \
+                for (int l = 0; l < m; l++) {                                               \
+                    id[l] = root;                                                           \
+                    xs[l] = X + (r + l) * f->n_feat;                                        \
                 }                                                                           \
-                add_leaf(f, -i - 1, S + r * f->n_targets, H + r * f->n_targets);           \
+                int active = root >= 0;                                                     \
+                while (active) {                                                            \
+                    active = 0;                                                             \
+                    for (int l = 0; l < m; l++) {                                           \
+                        const int32_t i = id[l];                                            \
+                        if (i < 0) continue;                                                \
+                        const tree_node_t *nd = nodes + i;                                  \
+                        const double v = (double)xs[l][nd->feat];                           \
+                        id[l] = (COND) ? nd->child_true : nd->child_false;                  \
+                        active |= id[l] >= 0;                                               \
+                    }                                                                       \
+                }                                                                           \
+                for (int l = 0; l < m; l++)                                                 \
+                    add_leaf(f, -id[l] - 1, S + (r + l) * f->n_targets,                     \
+                             H + (r + l) * f->n_targets);                                   \
             }                                                                               \
         }                                                                                   \
     }
