@@ -123,6 +123,8 @@ class _Progress:
 
 
 def _report(args: argparse.Namespace, result: Any, health: dict[str, Any]) -> None:
+    from rich.markup import escape
+
     rate = result.done / result.seconds if result.seconds else 0.0
     if args.json:
         print(json.dumps({"done": result.done, "total": result.total,
@@ -134,14 +136,17 @@ def _report(args: argparse.Namespace, result: Any, health: dict[str, Any]) -> No
     con.print(f"[bold]{result.done}/{result.total}[/bold] inputs done in "
               f"{result.seconds:.2f} s ({rate:.1f} items/s); outputs in {args.output}")
     for name, why in result.failed:
-        con.print(f"  [red]failed[/red] {name}: {why}", markup=True, highlight=False)
+        con.print(f"  [red]failed[/red] {escape(name)}: {escape(why)}", highlight=False)
     if result.ignored:
         con.print(f"  ignored {len(result.ignored)} file(s) that are not .npy/.npz: "
-                  f"{', '.join(result.ignored[:5])}{' ...' if len(result.ignored) > 5 else ''}")
+                  f"{escape(', '.join(result.ignored[:5]))}"
+                  f"{' ...' if len(result.ignored) > 5 else ''}", highlight=False)
     _print_health(con, health)
 
 
 def _print_health(con: Any, health: dict[str, Any]) -> None:
+    from rich.markup import escape
+
     con.print("[bold]fleet health[/bold]")
     for name, w in sorted(health.get("workers", {}).items()):
         con.print(f"  worker {name} on {w['node']}: {w['batches']} batches, {w['rows']} items")
@@ -151,11 +156,11 @@ def _print_health(con: Any, health: dict[str, Any]) -> None:
         con.print(f"  variant {name}: {v['calls']} calls, {v['fallbacks']} fallbacks, "
                   f"faults {v['faults']}", highlight=False)
     for f in health.get("faults", [])[:20]:
-        con.print(f"  fault: {f['variant']} at graph node {f['node']!r} ({f['check']}: "
-                  f"{f['detail']}) in worker {f['worker']} on {f['cluster_node']}",
+        con.print(escape(f"  fault: {f['variant']} at graph node {f['node']!r} ({f['check']}: "
+                         f"{f['detail']}) in worker {f['worker']} on {f['cluster_node']}"),
                   highlight=False)
     for name, q in sorted(health.get("quarantine", {}).items()):
-        con.print(f"  quarantined {name} (found by {q['worker']} on {q['node']}): "
-                  f"{q['reason']}", highlight=False)
+        con.print(escape(f"  quarantined {name} (found by {q['worker']} on {q['node']}): "
+                         f"{q['reason']}"), highlight=False)
     if not faulty and not health.get("faults"):
         con.print("  no faults")
