@@ -86,9 +86,9 @@ def _apply_threads(options: SessionOptions, providers: list[str]) -> None:
     n = options.intra_op_num_threads
     if n <= 0:
         return
-    from opwarden.blas import set_blas_threads
+    from opwarden.kernels.cpu.blas_split import configure
 
-    set_blas_threads(n)
+    configure(n)  # (OpenBLAS's thread count, or its product splitting's)
     if "torch" in providers:
         from opwarden.kernels.torch import provider as torch_provider
 

@@ -25,6 +25,7 @@ def two_threads(monkeypatch):
     before = blas_thread_count()
     set_blas_threads(2)
     monkeypatch.setattr(bs, "SPLIT", True)
+    monkeypatch.setattr(bs, "_THREADS", [0])  # (OpenBLAS's count, whatever sessions set)
     monkeypatch.setattr(bs, "SPLIT_MIN_MNK", 1 << 10)
     monkeypatch.setattr(bs, "CHUNK_MIN_MNK", 1 << 8)
     yield
@@ -46,12 +47,20 @@ def _close(got, a, b, bias=None):
 
 def test_split_gemm_2d_and_transposed_views():
     rng = np.random.default_rng(0)
-    for m, k, n in ((64, 48, 200), (1, 96, 130), (33, 17, 64)):
+    for m, k, n in ((64, 48, 200), (1, 96, 130), (33, 17, 64), (300, 40, 24), (90, 64, 90)):
         a, b = _rand(rng, (m, k)), _rand(rng, (k, n))
         for aa, bb in ((a, b), (np.ascontiguousarray(a.T).T, b), (a, np.ascontiguousarray(b.T).T)):
             y = np.full((m, n), np.nan, np.float32)
             assert bs.split_gemm(aa, bb, y)
             _close(y, a, b)
+
+
+def test_split_gemm_accumulates():
+    rng = np.random.default_rng(6)
+    a, b, y0 = _rand(rng, (200, 32)), _rand(rng, (32, 40)), _rand(rng, (200, 40))
+    y = y0.copy()
+    assert bs.split_gemm(a, b, y, accumulate=True)
+    _close(y - y0, a, b)
 
 
 def test_split_gemm_declines_what_blas_cannot_read():
@@ -100,6 +109,18 @@ def test_gemm_transposed():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
 
 
+def test_over_rows_covers_every_row_once():
+    hits = np.zeros(1000, np.int64)
+
+    def fn(r0, r1):
+        hits[r0:r1] += 1
+
+    bs.over_rows(1000, 1 << 24, fn)
+    assert (hits == 1).all()
+    bs.over_rows(1000, 1, fn)  # (small: one call here)
+    assert (hits == 2).all()
+
+
 def test_a_failing_chunk_raises_in_the_caller():
     seen = []
 
@@ -130,6 +151,24 @@ def test_busy_region_and_single_thread_decline():
         set_blas_threads(2)
 
 
+def test_configure_keeps_openblas_on_one_thread():
+    bs.configure(2)
+    try:
+        assert blas_thread_count() == 1 and bs.split_threads() == 2
+        rng = np.random.default_rng(8)
+        a, b = _rand(rng, (64, 64)), _rand(rng, (64, 256))
+        seen = []
+        assert bs.run_chunks(seen.append, 4)
+        assert blas_thread_count() == 1  # (no switch back to OpenBLAS's threads)
+        _close(linalg.matmul(a, b), a, b)
+        bs.configure(1)
+        assert blas_thread_count() == 1 and bs.split_threads() == 1
+        assert not bs.run_chunks(seen.append, 4)
+    finally:
+        bs.configure(0)
+        set_blas_threads(2)
+
+
 def test_concurrent_callers_get_their_own_products():
     rng = np.random.default_rng(5)
     pairs = [(_rand(rng, (32, 64)), _rand(rng, (64, 160))) for _ in range(6)]
@@ -146,3 +185,41 @@ def test_concurrent_callers_get_their_own_products():
         t.join()
     for i, (a, b) in enumerate(pairs):
         _close(got[i], a, b)
+
+
+# (route, N, H, C, M, kernel, stride): shapes that take each NHWC route, small enough that
+# the lowered thresholds split their GEMMs.
+CONV_ROUTES = [
+    ("shifted", 2, 28, 16, 24, 3, 1),
+    ("rowtap", 1, 20, 8, 16, 5, 1),
+    ("stem", 2, 20, 3, 16, 5, 2),
+    ("patch", 1, 6, 8, 16, 5, 2),
+    ("few_pixels", 2, 6, 128, 128, 5, 1),
+    ("pointwise", 2, 6, 32, 48, 1, 1),
+    ("winograd", 1, 28, 128, 256, 3, 1),
+]
+
+
+@pytest.mark.parametrize("case", CONV_ROUTES, ids=[c[0] for c in CONV_ROUTES])
+def test_conv_routes_split_match_the_reference(case, monkeypatch):
+    from opwarden.kernels.cpu import conv
+    from opwarden.memory.constants import mark
+    from opwarden.ops.base import REGISTRY
+
+    route, n, h, c, m, k, s = case
+    rng = np.random.default_rng(len(route))
+    x = _rand(rng, (n, c, h, h))
+    w = mark(_rand(rng, (m, c, k, k)) / np.float32(np.sqrt(c * k * k)))
+    b = mark(_rand(rng, (m,)))
+    z = _rand(rng, (n, m, (h + 2 * (k // 2) - k) // s + 1, (h + 2 * (k // 2) - k) // s + 1))
+    attrs = {"pads": [k // 2] * 4, "strides": [s, s]}
+    assert conv.static_route((n, h, h, c), w.shape, attrs) == route
+    regions = []
+    run = bs.run_chunks
+    monkeypatch.setattr(bs, "run_chunks", lambda fn, k: regions.append(k) or run(fn, k))
+    want = REGISTRY.latest("Conv").reference(x, w, b, **attrs)
+    xh, zh = x.transpose(0, 2, 3, 1), np.ascontiguousarray(z.transpose(0, 2, 3, 1))
+    got = conv.nhwc_kernel(route)(xh, w, b, zh, activation="Relu", **attrs)
+    assert regions  # (the split path ran)
+    np.testing.assert_allclose(got.transpose(0, 3, 1, 2), np.maximum(want + z, 0),
+                               rtol=1e-4, atol=1e-4)

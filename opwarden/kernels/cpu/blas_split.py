@@ -12,10 +12,12 @@ single-thread time, on an idle one about OpenBLAS's two-thread time. (Each outpu
 is still one BLAS K-long sum; its rounding may differ from the whole call's as any two BLAS
 blockings do.)
 
-Helpers: `threads - 1` daemon threads (threads = OpenBLAS's thread count when the region
-starts), started on first use and again after a fork. One region runs at a time in the
-process; a call that finds another region running (the parallel executor's concurrent
-kernels) computes in one BLAS call as before.
+Helpers: `threads - 1` daemon threads, started on first use and again after a fork. threads:
+the session's intra-op count where it set one (`configure`, which also keeps OpenBLAS on one
+thread: a product too small to split, or a BLAS bias add, then never waits on a sleeping
+worker either), else OpenBLAS's count, switched to one for the region's length. One region
+runs at a time in the process; a call that finds another region running (the parallel
+executor's concurrent kernels) computes in one BLAS call.
 """
 
 from __future__ import annotations
@@ -33,26 +35,53 @@ from opwarden.kernels.cpu.util import F32, sgemm
 # Off: every product is one BLAS call on OpenBLAS's threads (for measuring).
 SPLIT = os.environ.get("OPWARDEN_BLAS_SPLIT", "1").strip().lower() not in (
     "0", "false", "no", "off")
-# Products below this many multiply-adds (m*n*k) stay one call: the region's fixed cost (two
-# thread-count switches, a wake-up, the claims: ~20 us) would eat what a second thread saves.
-SPLIT_MIN_MNK = 1 << 22
+# Products below this many multiply-adds (m*n*k, ~25 us on one core) stay one call: the
+# region's fixed cost (a wake-up, the claims; without configure() two thread-count switches)
+# would eat what a second thread saves.
+SPLIT_MIN_MNK = 1 << 21
 # Chunks per thread (more: less held up by a late helper, more calls) and the fewest
 # multiply-adds a chunk gets.
 CHUNKS_PER_THREAD = 4
 CHUNK_MIN_MNK = 1 << 20
 
 _REGION = threading.Lock()
+# The threads a region uses when configure() set them (OpenBLAS then stays on one thread, so
+# that no product left whole waits on a worker either); 0: OpenBLAS's count, switched to one
+# for the region's length.
+_THREADS = [0]
+
+
+def configure(threads: int) -> None:
+    """Use `threads` threads (the session's intra-op count) for split products and keep
+    OpenBLAS on one thread, so that every BLAS call left whole (below the split threshold,
+    a bias add) runs on the calling thread rather than waiting on a worker's wake-up. With
+    splitting off, or one thread, OpenBLAS simply gets `threads`."""
+    if SPLIT and threads > 1:
+        _THREADS[0] = threads
+        set_blas_threads(1)
+    else:
+        _THREADS[0] = 0
+        set_blas_threads(max(1, threads))
+
+
+def split_threads() -> int:
+    """Threads a split product runs on now (1: none is split)."""
+    return _THREADS[0] or blas_thread_count()
 
 
 class _Job:
-    """Chunks 0..n-1 of fn, claimed in order by whichever thread asks first."""
+    """Chunks 0..n-1 of fn, claimed in order by whichever thread asks first. (Counters whose
+    next() is atomic under the GIL and one lock as the done signal: an Event and a lock per
+    chunk cost more than a small chunk's GEMM.)"""
+
+    __slots__ = ("fn", "n", "claims", "finished", "done", "error")
 
     def __init__(self, fn: Callable[[int], None], n: int) -> None:
         self.fn, self.n = fn, n
-        self.claims = itertools.count()  # (next() is atomic under the GIL)
-        self.lock = threading.Lock()
-        self.pending = n
-        self.done = threading.Event()
+        self.claims = itertools.count()
+        self.finished = itertools.count(1)
+        self.done = threading.Lock()
+        self.done.acquire()  # (released by whoever finishes the last chunk)
         self.error: BaseException | None = None
 
     def work(self) -> None:
@@ -66,40 +95,43 @@ class _Job:
             except BaseException as e:  # noqa: BLE001 - handed to the caller, re-raised there
                 self.error = self.error or e
             finally:
-                with self.lock:
-                    self.pending -= 1
-                    if not self.pending:
-                        self.done.set()
+                if next(self.finished) == self.n:
+                    self.done.release()
+
+    def wait(self) -> None:
+        self.done.acquire()
 
 
 class _Helpers:
-    """Daemon threads that join each posted job."""
+    """Daemon threads that join each posted job. Each waits on a lock of its own that a post
+    releases (cheaper than a Condition: its wait allocates a lock per call)."""
 
     def __init__(self, n: int) -> None:
         self.pid = os.getpid()
-        self.cv = threading.Condition()
         self.job: _Job | None = None
-        self.posted = 0
-        self.threads = [threading.Thread(target=self._loop, name=f"opwarden-blas-{i}",
-                                         daemon=True) for i in range(n)]
+        self.go = [threading.Lock() for _ in range(n)]
+        for g in self.go:
+            g.acquire()
+        self.threads = [threading.Thread(target=self._loop, args=(g,), daemon=True,
+                                         name=f"opwarden-blas-{i}")
+                        for i, g in enumerate(self.go)]
         for t in self.threads:
             t.start()
 
-    def _loop(self) -> None:
-        seen = 0
+    def _loop(self, go: threading.Lock) -> None:
         while True:
-            with self.cv:
-                while self.posted == seen:
-                    self.cv.wait()
-                seen, job = self.posted, self.job
+            go.acquire()
+            job = self.job
             if job is not None:
                 job.work()
 
     def post(self, job: _Job) -> None:
-        with self.cv:
-            self.job = job
-            self.posted += 1
-            self.cv.notify_all()
+        self.job = job
+        for g in self.go:
+            try:
+                g.release()
+            except RuntimeError:  # (still signalled from an earlier post: it reads this job)
+                pass
 
 
 _HELPERS: list[_Helpers] = []
@@ -121,23 +153,32 @@ def run_chunks(fn: Callable[[int], None], n: int) -> bool:
     if not SPLIT or n < 2 or not _REGION.acquire(blocking=False):
         return False
     try:
-        threads = blas_thread_count()
+        blas = blas_thread_count()
+        threads = _THREADS[0] or blas
         if threads < 2:
             return False
         job = _Job(fn, n)
         helpers = _helpers(threads - 1)
-        set_blas_threads(1)
+        if blas > 1:
+            set_blas_threads(1)
         try:
             helpers.post(job)
             job.work()
-            job.done.wait()
+            job.wait()
         finally:
-            set_blas_threads(threads)
+            if blas > 1:
+                set_blas_threads(blas)
     finally:
         _REGION.release()
     if job.error is not None:
         raise job.error
     return True
+
+
+def splits(mnk: int) -> bool:
+    """Whether a product of `mnk` multiply-adds would be shared out here (so OpenBLAS's own
+    threads did not run it and are not left awake by it)."""
+    return SPLIT and mnk >= SPLIT_MIN_MNK and split_threads() >= 2
 
 
 def _chunks(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
@@ -159,22 +200,25 @@ def _ld(a: np.ndarray) -> tuple[bool, int] | None:
 
 
 def _n_chunks(mnk: int) -> int:
-    threads = blas_thread_count()
+    threads = split_threads()
     return max(1, min(threads * CHUNKS_PER_THREAD, mnk // CHUNK_MIN_MNK))
 
 
 def split_gemm(a: np.ndarray, b: np.ndarray, y: np.ndarray,
-               epilogue: Callable[[int, int], None] | None = None) -> bool:
-    """y = a @ b for 2-D float32 operands (either may be a transposed view) into y (unit
-    inner stride), in column blocks of y claimed by this thread and the helpers; after each
-    block's product `epilogue(c0, c1)` (if given) finishes columns c0:c1 while they are in
-    cache. False (nothing written) where it does not apply: a small product, operands BLAS
-    cannot read in place, or no region (run_chunks); the caller then computes y itself."""
+               epilogue: Callable[[int, int, int, int], None] | None = None,
+               accumulate: bool = False) -> bool:
+    """y = a @ b (y += a @ b when `accumulate`) for 2-D float32 operands (either may be a
+    transposed view) into y (unit inner stride), in blocks of y claimed by this thread and
+    the helpers: blocks of rows where y has at least as many rows as columns (each block
+    packs b again: the smaller operand), else of columns. After each block's product
+    `epilogue(r0, r1, c0, c1)` (if given) finishes y[r0:r1, c0:c1] while it is in cache.
+    False (nothing written) where it does not apply: a small product, operands BLAS cannot
+    read in place, or no region (run_chunks); the caller then computes y itself."""
     if not SPLIT or a.ndim != 2 or b.ndim != 2 or y.ndim != 2:
         return False
     m, k = a.shape
     n = b.shape[1]
-    if m * n * k < SPLIT_MIN_MNK or n < 32 or b.shape[0] != k or y.shape != (m, n):
+    if m * n * k < SPLIT_MIN_MNK or b.shape[0] != k or y.shape != (m, n):
         return False
     gemm = sgemm()
     ta, tb = _ld(a), _ld(b)
@@ -184,17 +228,33 @@ def split_gemm(a: np.ndarray, b: np.ndarray, y: np.ndarray,
         return False
     ldc = y.strides[0] // 4 if m > 1 else n
     ap, bp, yp = a.ctypes.data, b.ctypes.data, y.ctypes.data
-    blocks = _chunks(n, _n_chunks(m * n * k), 16)  # (16 floats: whole 64-byte lines)
-    bs1 = b.strides[1]
+    (as0, _), (_, bs1) = a.strides, b.strides
+    parts = _n_chunks(m * n * k)
+    by_rows = m >= n
+    beta = 1.0 if accumulate else 0.0
+    # (16 floats: column blocks of whole 64-byte lines)
+    blocks = _chunks(m, parts) if by_rows else _chunks(n, parts, 16)
 
     def block(i: int) -> None:
-        c0, c1 = blocks[i]
-        gemm(m, c1 - c0, k, ap, ta[1], bp + c0 * bs1, tb[1], 0.0, yp + 4 * c0, ldc,
-             ta[0], tb[0])
+        r0, r1, c0, c1 = (*blocks[i], 0, n) if by_rows else (0, m, *blocks[i])
+        gemm(r1 - r0, c1 - c0, k, ap + r0 * as0, ta[1], bp + c0 * bs1, tb[1], beta,
+             yp + 4 * (r0 * ldc + c0), ldc, ta[0], tb[0])
         if epilogue is not None:
-            epilogue(c0, c1)
+            epilogue(r0, r1, c0, c1)
 
     return run_chunks(block, len(blocks))
+
+
+def over_rows(rows: int, mnk: int, fn: Callable[[int, int], None]) -> None:
+    """fn(r0, r1) over blocks of range(rows) shared out by run_chunks when the work (`mnk`
+    multiply-adds in all) is large enough, else fn(0, rows) here. For kernels whose GEMMs
+    accumulate into the same output rows (a convolution's taps): each block runs all of its
+    rows' GEMMs on one thread, so the accumulation order is the unsplit one."""
+    if SPLIT and rows >= 2 and mnk >= SPLIT_MIN_MNK:
+        blocks = _chunks(rows, min(rows, _n_chunks(mnk)))
+        if run_chunks(lambda i: fn(*blocks[i]), len(blocks)):
+            return
+    fn(0, rows)
 
 
 def split_batched(a: np.ndarray, b: np.ndarray, y: np.ndarray,

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu.blas_split import splits
 from opwarden.kernels.cpu.shuffle import channel_shuffle, shuffle_into
 from opwarden.kernels.cpu.util import (
     F32,
@@ -102,8 +103,9 @@ def _hot(m: int, n: int, k: int) -> bool:
     """Whether an (m x k) @ (k x n) GEMM just run leaves OpenBLAS's threads awake: OpenBLAS
     runs GEMMs of m*n*k <= 262144 on one thread (its SMP threshold), and its threads spin for
     OPENBLAS_THREAD_TIMEOUT after their last work before sleeping. Waking a sleeping one costs
-    more than the add saves, so threaded adds only follow a hot GEMM."""
-    return m * n * k >= HOT_MNK
+    more than the add saves, so threaded adds only follow a hot GEMM. A GEMM that blas_split
+    shared out ran on single-threaded calls: OpenBLAS's threads are not awake after it."""
+    return m * n * k >= HOT_MNK and not splits(m * n * k)
 
 
 def _epilogue(y: np.ndarray, bias, z, activation: str, params, hot: bool = False) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opwarden.kernels.cpu.blas_split import over_rows, split_gemm
 from opwarden.kernels.cpu.conv_common import (
     Facts,
     _band_rows,
@@ -110,6 +111,8 @@ def _gemms(a: np.ndarray, pw: np.ndarray, y2: np.ndarray, group: int, acc: bool)
         yv = y2.reshape(rows, group, mg).transpose(1, 0, 2)
         np.matmul(a.reshape(rows, group, k).transpose(1, 0, 2), pw, out=yv)
         return
+    if group == 1 and split_gemm(a, pw[0], y2, accumulate=acc):
+        return
     for g in range(group):
         if acc:
             matmul_acc(a[:, g * k:(g + 1) * k], pw[g], y2[:, g * mg:(g + 1) * mg], True)
@@ -132,7 +135,8 @@ def nhwc_pointwise(x, W, B, s, d, begin, end, y, bias, z, activation, params, sh
         # transposing copy back is small and takes the bias along.
         zz = _own(zz, y2)
         yt = scratch("conv.yt", (m, y2.shape[0]))
-        np.matmul(W.reshape(m, c), a.T, out=yt)
+        if not split_gemm(W.reshape(m, c), a.T, yt):
+            np.matmul(W.reshape(m, c), a.T, out=yt)
         if bias is not None:
             np.add(yt.T, bias, out=y2)
         else:
@@ -247,7 +251,7 @@ def nhwc_im2col(x, W, B, s, d, begin, end, y, bias, z, activation, params, shuff
                 cols[:, k] = 1
                 if bplan is not None and sgemm() is not None:
                     _branch_gemms(cols, wb, W, bias, bplan, cg, y2)
-                else:
+                elif not split_gemm(cols, wb, y2):
                     np.matmul(cols, wb, out=y2)
                 _epilogue(y2, None, zz, activation, params, _hot(rr * ow, m, kb))
                 continue
@@ -289,12 +293,17 @@ def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params
             yb = y[i, r0:r1]
             yw = yb if direct else scratch("conv.wide", (rr, wq, m))
             ywp = yw.ctypes.data
-            for g in range(group):
-                bptr = pwp + g * pw.strides[0]
-                for t, off in enumerate(taps):
-                    gemm(rr * wq, mg, cg, base + (off + r0 * wq * c + g * cg) * e, c,
-                         bptr + t * cg * mg * e, mg, 0.0 if t == 0 else 1.0,
-                         ywp + g * mg * e, m)
+
+            def wide_rows(a: int, b: int, ywp=ywp, rb=r0 * wq, base=base, taps=taps) -> None:
+                # Rows a:b of the band's wide output, all taps: one thread accumulates them.
+                for g in range(group):
+                    bptr = pwp + g * pw.strides[0]
+                    for t, off in enumerate(taps):
+                        gemm(b - a, mg, cg, base + (off + (rb + a) * c + g * cg) * e, c,
+                             bptr + t * cg * mg * e, mg, 0.0 if t == 0 else 1.0,
+                             ywp + (a * m + g * mg) * e, m)
+
+            over_rows(rr * wq, rr * wq * m * cg * len(taps), wide_rows)
             hot = group == 1 and _hot(rr * wq, mg, cg)
             if not direct:
                 if bias is not None:
@@ -323,7 +332,8 @@ def _few_pixels_nhwc(view, W, B, bias, y, z, activation, params) -> None:
     if kb > k:
         cols[:, k] = 1
     yt = scratch("conv.yt", (m, rows))
-    np.matmul(wt, cols.T, out=yt)
+    if not split_gemm(wt, cols.T, yt):
+        np.matmul(wt, cols.T, out=yt)
     y2 = y.reshape(rows, m)
     np.copyto(y2, yt.T)
     _epilogue(y2, bias if kb == k else None, None if z is None else z.reshape(y2.shape),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opwarden.kernels.cpu.blas_split import over_rows
 from opwarden.kernels.cpu.conv_common import (
     Facts,
     _band_rows,
@@ -83,14 +84,20 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
             acc = _prefill(y2, bias, None if z is None else z[i, r0:r1].reshape(y2.shape),
                            1, always=True, hot=hot)
             base, yb = rt.ctypes.data, y2.ctypes.data
-            for m0, mb in wholes:
-                for a in range(kh):
-                    gemm(rr * ow, mb, kc, base + a * d[0] * ow * kc * e, kc,
-                         pwp + (a * kc * m + m0) * e, m,
-                         1.0 if acc or a else 0.0, yb + m0 * e, m)
-            for (m0, mb, tap), w1 in zip(ones, w1s):
-                a, b = divmod(tap, kw)
-                gemm(rr * ow, mb, c, base + (a * d[0] * ow * kc + b * c) * e, kc,
-                     w1, mb, 1.0 if acc else 0.0, yb + m0 * e, m)
+
+            def pixels(p0: int, p1: int, base=base, yb=yb, acc=acc) -> None:
+                # Output pixels p0:p1 of the band, every kernel row: one thread accumulates.
+                a0, y0 = base + p0 * kc * e, yb + p0 * m * e
+                for m0, mb in wholes:
+                    for a in range(kh):
+                        gemm(p1 - p0, mb, kc, a0 + a * d[0] * ow * kc * e, kc,
+                             pwp + (a * kc * m + m0) * e, m,
+                             1.0 if acc or a else 0.0, y0 + m0 * e, m)
+                for (m0, mb, tap), w1 in zip(ones, w1s):
+                    a, b = divmod(tap, kw)
+                    gemm(p1 - p0, mb, c, a0 + (a * d[0] * ow * kc + b * c) * e, kc,
+                         w1, mb, 1.0 if acc else 0.0, y0 + m0 * e, m)
+
+            over_rows(rr * ow, rr * ow * m * kc * kh, pixels)
             _epilogue(y2, None if acc else bias, None if acc or z is None
                       else z[i, r0:r1].reshape(y2.shape), activation, params, hot)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opwarden.kernels.cpu.blas_split import split_gemm
 from opwarden.kernels.cpu.conv_common import (
     Facts,
     _band_rows,
@@ -93,7 +94,8 @@ def _stem_nhwc(x, W, B, s, d, begin, end, khw, y, bias, z, activation, params) -
             if bias is not None:
                 cols[k] = 1
             y2 = y[i, r0:r1].reshape(rr * ow, m)
-            np.matmul(cols.T, wb, out=y2)
+            if not split_gemm(cols.T, wb, y2):
+                np.matmul(cols.T, wb, out=y2)
             _epilogue(y2, None, None if z is None else z[i, r0:r1].reshape(y2.shape),
                       activation, params, _hot(rr * ow, m, kb))
 

@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from opwarden.kernels.cpu.blas_split import split_batched, split_gemm
 from opwarden.kernels.cpu.conv_common import Facts, _band_rows, _finite, _hot
 from opwarden.kernels.cpu.util import F32, add_rows, apply_activation, packed, scratch
 from opwarden.memory.constants import is_constant
@@ -165,13 +166,16 @@ def _winograd_nhwc(x, u, t, begin, y, bias, z, activation, params) -> None:
                 (a, a, nb, tw, c), F32, xp, t0 * t * wp * c * e,
                 (wp * c * e, c * e, t * wp * c * e, t * c * e, e)))
             v = scratch("conv.wv", (a2, tiles, c))
-            np.matmul(bb, d, out=v.reshape(a2, tiles * c))
+            if not split_gemm(bb, d, v.reshape(a2, tiles * c)):
+                np.matmul(bb, d, out=v.reshape(a2, tiles * c))
             prod = scratch("conv.wm", (a2, tiles, m))
-            np.matmul(v, u, out=prod)
+            if not split_batched(v, u, prod, (a2,)):
+                np.matmul(v, u, out=prod)
             if bias is not None:
                 add_rows(prod[bidx], bias, _hot(tiles, m, c))
             o = scratch("conv.wo", (t * t, tiles * m))
-            np.matmul(aa, prod.reshape(a2, tiles * m), out=o)
+            if not split_gemm(aa, prod.reshape(a2, tiles * m), o):
+                np.matmul(aa, prod.reshape(a2, tiles * m), out=o)
             r0, r1 = t0 * t, min(oh, t1 * t)
             yb = y[i, r0:r1]
             zb = None if z is None else z[i, r0:r1]

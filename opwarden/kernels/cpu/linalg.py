@@ -84,8 +84,8 @@ def _split_matmul(A, B, out, bias: np.ndarray | None = None) -> np.ndarray | Non
         y2 = y.reshape(-1, n)
         a2 = A.reshape(-1, k)
 
-        def add_bias(c0: int, c1: int) -> None:
-            np.add(y2[:, c0:c1], bias[c0:c1], out=y2[:, c0:c1])
+        def add_bias(r0: int, r1: int, c0: int, c1: int) -> None:
+            np.add(y2[r0:r1, c0:c1], bias[c0:c1], out=y2[r0:r1, c0:c1])
 
         return y if split_gemm(a2, B, y2, None if bias is None else add_bias) else None
     if bias is not None:
