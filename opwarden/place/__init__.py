@@ -29,7 +29,6 @@ from opwarden.place.copies import insert_copies
 from opwarden.place.facts import complete_facts
 from opwarden.place.fit import fit_memory
 from opwarden.place.layout import unify
-from opwarden.place.regions import compiles_regions, finish, group_regions
 from opwarden.place.partition import (
     Partitioner,
     Placement,
@@ -38,6 +37,7 @@ from opwarden.place.partition import (
     place_graph,
     placements,
 )
+from opwarden.place.regions import compiles_regions, finish, group_regions
 
 __all__ = ["Placement", "Placements", "place_graph", "place_model"]
 
