@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from opwarden.cli.common import providers_list
 from opwarden.place.summary import summarize
 
 
@@ -35,10 +36,11 @@ def render_explain(sess: Any, as_json: bool = False, out: Any = None) -> int:
     if as_json:
         print(json.dumps(data, indent=1, default=str), file=out)
         return 0
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(file=out)
+    from opwarden.cli.common import console
+
+    con = console(file=out)
     table = Table(title="placement")
     for col in ("node", "op", "device", "variant", "layout", "reason"):
         table.add_column(col, overflow="fold")
@@ -58,12 +60,16 @@ def render_explain(sess: Any, as_json: bool = False, out: Any = None) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """`opwarden explain [MODEL] [--providers edge-npu,cpu] [--json]`."""
-    from opwarden.cli.common import model_source
+    from opwarden.cli.common import model_source, writable_file
+    from opwarden.place.picture import save_placement_svg
     from opwarden.session import InferenceSession
 
-    source, _ = model_source(args.model)  # a path, a light-zoo name, or the default
-    providers = args.providers.split(",") if getattr(args, "providers", None) else None
-    sess = InferenceSession(source, providers=providers)
+    if args.svg:
+        writable_file(args.svg, "--svg", (".svg",))
+    source, label = model_source(args.model)  # a path, a light-zoo name, or the default
+    sess = InferenceSession(source, providers=args.providers)
+    if args.svg:
+        save_placement_svg(sess.placements, args.svg, sess.placements.report, label)
     return render_explain(sess, args.json)
 
 
@@ -71,8 +77,11 @@ def add_explain_parser(sub: Any) -> argparse.ArgumentParser:
     """Add `explain` to the opwarden subcommands."""
     e = sub.add_parser("explain", help="device and kernel variant per node, with reasons")
     e.add_argument("model", nargs="?", help="model path or light-zoo name (default ResNet-50)")
-    e.add_argument("--providers")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--providers", type=providers_list,
+                   help="comma-separated devices in priority order, e.g. edge-npu,cpu")
+    e.add_argument("--json", action="store_true", help="print the explanation as JSON")
+    e.add_argument("--svg", metavar="FILE.svg",
+                   help="also write the placement picture: the graph coloured by device")
     e.set_defaults(fn=cmd_explain)
     return e
 
@@ -103,8 +112,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from opwarden.cli.common import console
 
     t = Table(title=f"{len(rows)} devices")
     for col in ("name", "kind", "layout", "memory", "concurrent", "ops", "description"):
@@ -116,13 +126,14 @@ def cmd_devices(args: argparse.Namespace) -> int:
             r["name"], kind, r["preferred_layout"], mem, "yes" if r["concurrent"] else "no",
             str(r["op_count"]), r["description"],
         )
-    Console().print(t)
+    console().print(t)
     return 0
 
 
 def _print_matrix(dev: Any, ops: list[dict[str, Any]]) -> int:
-    from rich.console import Console
     from rich.table import Table
+
+    from opwarden.cli.common import console
 
     t = Table(title=f"{dev.name}: {len(ops)} operators")
     for col in ("op", "variant", "dtypes", "layouts", "constraints"):
@@ -132,7 +143,7 @@ def _print_matrix(dev: Any, ops: list[dict[str, Any]]) -> int:
             dts = v["dtypes"] if isinstance(v["dtypes"], str) else ", ".join(v["dtypes"])
             cons = "; ".join(c["description"] for c in v["constraints"])
             t.add_row(o["op"], v["name"], dts, ", ".join(v["layouts"]), cons)
-    Console().print(t)
+    console().print(t)
     return 0
 
 
@@ -143,6 +154,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--profile", action="append", metavar="FILE.toml", help="load a device profile first"
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the devices as JSON")
     p.set_defaults(fn=cmd_devices)
     return p
