@@ -38,6 +38,7 @@ NAN_LOST = {
     "Relu": "maps NaN to 0", "Max": "drops NaN", "Min": "drops NaN", "MaxPool": "drops NaN",
     "GlobalMaxPool": "drops NaN", "ReduceMax": "drops NaN", "ReduceMin": "drops NaN",
     "HardSigmoid": "maps NaN to 1", "Exp": "maps NaN to Inf",
+    "Clip": "maps NaN to its min",
     "Softmax": "puts NaN elsewhere than the reference (opset 13, one axis)",
 }
 
