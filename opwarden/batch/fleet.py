@@ -132,7 +132,10 @@ class HealthBoard:
         return meta + events
 
 
-def run_setup(setup: str | Callable[[], Any] | None, _done: set[str] = set()) -> None:  # noqa: B006
+_SETUP_DONE: set[str] = set()  # setups this process has run (a kernel registers once)
+
+
+def run_setup(setup: str | Callable[[], Any] | None) -> None:
     """Run a worker's setup once per process: a callable, an importable "module:function",
     or a module path (imported for what it registers)."""
     if setup is None:
@@ -143,7 +146,7 @@ def run_setup(setup: str | Callable[[], Any] | None, _done: set[str] = set()) ->
     if not isinstance(setup, str) or not setup.strip():
         raise OptionsError(f"setup must be 'module:function', a module path or a callable, got "
                            f"{setup!r}")
-    if setup in _done:
+    if setup in _SETUP_DONE:
         return
     mod_name, _, fn_name = setup.partition(":")
     try:
@@ -157,7 +160,7 @@ def run_setup(setup: str | Callable[[], Any] | None, _done: set[str] = set()) ->
             raise OptionsError(f"setup {setup!r}: module {mod_name!r} has no function "
                                f"{fn_name!r}")
         fn()
-    _done.add(setup)
+    _SETUP_DONE.add(setup)
 
 
 def worker_options(sess_options: SessionOptions | None, threads: int | None, guarded: bool,
