@@ -40,6 +40,7 @@ from opwarden.passes.fusion import conv_fusion, gemm_fusion
 from opwarden.passes.identity import identity_elimination
 from opwarden.passes.pool_activation import activation_after_maxpool
 from opwarden.passes.pool_swap import avgpool_conv_reorder
+from opwarden.passes.qdq_fusion import qdq_fusion
 from opwarden.passes.rewrite import PassResult, Rewriter, relink
 from opwarden.passes.scale_into_conv import scale_into_conv
 from opwarden.passes.sibling_convs import sibling_conv_merge
@@ -59,6 +60,7 @@ class Pass(NamedTuple):
 # the level-2 passes.
 PASSES: list[Pass] = [
     Pass("fp16_islands", 1, fp16_islands),
+    Pass("qdq_fusion", 1, qdq_fusion),
     Pass("shape_folding", 1, shape_folding),
     Pass("constant_folding", 1, constant_folding),
     Pass("identity_elimination", 1, identity_elimination),

@@ -1,11 +1,15 @@
 """Integer GEMM and convolution for QGemm, QLinearMatMul and QLinearConv through float BLAS.
 
-The operands, less their zero points, are integers of at most 9 bits (|v| <= 255). A float
-GEMM of such integers is exact while every partial sum is an integer the float type holds
-exactly: |sum| <= K * 255 * 255, so float32 (24-bit mantissa) is exact for K <= 258 and
-float64 (53 bits) for K < 1.3e11. These kernels pick float32 up to that bound and float64
-beyond, so the int32 accumulator they produce equals the reference's exact integer one; the
-requantization that follows is the reference's own float32 arithmetic.
+The operands, less their zero points, are integers of at most 9 bits (|v| <= 255). A float32
+GEMM of such integers is exact while every partial sum is an integer below 2**24, so the
+inner dimension is cut into chunks short enough for that bound (computed from the operand
+types and zero points: |a - za| * |b - zb| * chunk <= 2**24, e.g. 514 for uint8 activations
+with zero point 0 times int8 weights), each chunk a float32 GEMM, the chunks summed in
+float64. The accumulator equals the reference's exact integer one at float32 GEMM speed,
+half the memory traffic of one float64 GEMM; the requantization that follows is the
+reference's own float32 arithmetic. Constant weights are converted and centered once
+(`util.packed`). Quantize/Dequantize/DynamicQuantizeLinear and MatMulInteger live in
+`quant_linear`.
 """
 
 from __future__ import annotations
@@ -14,8 +18,18 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu import quant_linear
+from opwarden.kernels.cpu.quant_linear import (
+    F32,
+    centered_f32,
+    exact_matmul,
+    is_int8,
+    latest,
+    requantize_into,
+    span,
+)
+from opwarden.kernels.cpu.util import packed
 from opwarden.ops.base import REGISTRY
-from opwarden.ops.cast import int_range
 from opwarden.ops.contrib_quant_nn import qgemm_finish
 from opwarden.ops.conv import conv_pads
 
@@ -24,29 +38,24 @@ F32_EXACT_K = (1 << 24) // (255 * 255)
 
 
 def exact_float(k: int) -> type:
-    """The narrowest float type whose GEMM over an inner dimension `k` is exact."""
+    """The narrowest float type whose GEMM over an inner dimension `k` of any 8-bit operands
+    is exact in one call (the kernels here chunk instead; kept for callers sizing buffers)."""
     return np.float32 if k <= F32_EXACT_K else np.float64
 
 
-def _centered(x: np.ndarray, zp, ft) -> np.ndarray:
-    c = x.astype(ft)
-    if zp is not None:
-        z = np.asarray(zp)
-        if z.size == 1:
-            c -= ft(int(z.reshape(-1)[0]))
-        else:
-            c -= z.astype(ft)
-    return c
+def _weight_f32(w: np.ndarray, zp, shaped, tag: str, shape_fn=None) -> tuple[np.ndarray, int]:
+    """A weight as float32 less its zero point `zp` (`shaped` to broadcast against it),
+    cached when both are constants, and the bound on its |values|."""
+    zarr = None if shaped is None else np.asarray(shaped)
 
+    def pack(a):
+        c = centered_f32(a, zarr)
+        return c if shape_fn is None else np.ascontiguousarray(shape_fn(c))
 
-def _int_acc(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Exact int64 a @ b of float-held integers."""
-    return np.matmul(a, b).astype(np.int64)
-
-
-def _saturate(v: np.ndarray, dtype) -> np.ndarray:
-    lo, hi = int_range(dtype)
-    return np.clip(np.nan_to_num(v, nan=float(lo)), lo, hi).astype(np.int64).astype(dtype)
+    deps = (zp,) if isinstance(zp, np.ndarray) else ()
+    if zp is not None and not deps:
+        return pack(w), span(w.dtype, zarr)
+    return packed(w, ("quant", tag), pack, deps), span(w.dtype, zarr)
 
 
 def qgemm_blas(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None,
@@ -55,64 +64,69 @@ def qgemm_blas(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_sca
     if A.ndim != 2 or B.ndim != 2:
         raise KernelError(f"QGemm: A and B must be 2-D, got shapes {A.shape} and {B.shape}")
     a = A.T if transA else A
-    b = B.T if transB else B
-    if a.shape[1] != b.shape[0]:
-        raise KernelError(f"QGemm: inner dimensions differ: A' is {a.shape}, B' is {b.shape}")
+    kb, nb = (B.shape[1], B.shape[0]) if transB else B.shape
+    if a.shape[1] != kb:
+        raise KernelError(f"QGemm: inner dimensions differ: A' is {a.shape}, B' is "
+                          f"{(kb, nb)}")
     zb = np.asarray(b_zero_point)
-    if zb.size not in (1, b.shape[1]):
-        raise KernelError(f"QGemm: b_zero_point must be a scalar or have {b.shape[1]} entries, "
+    if zb.size not in (1, nb):
+        raise KernelError(f"QGemm: b_zero_point must be a scalar or have {nb} entries, "
                           f"got shape {zb.shape}")
-    ft = exact_float(a.shape[1])
-    acc = _int_acc(_centered(a, a_zero_point, ft), _centered(b, zb.reshape(-1), ft))
-    return qgemm_finish(acc, C, a_scale, b_scale, y_scale, y_zero_point, alpha)
+    za = None if a_zero_point is None else np.asarray(a_zero_point)
+    bt = (lambda c: c.T) if transB else None
+    bzp = zb.reshape(-1) if not transB or zb.size == 1 else zb.reshape(-1, 1)
+    bf, bound_b = _weight_f32(B, b_zero_point, bzp, f"qgemm{transB}", bt)
+    acc = exact_matmul(centered_f32(a, za), bf, span(a.dtype, za), bound_b)
+    return qgemm_finish(acc.astype(np.int64), C, a_scale, b_scale, y_scale, y_zero_point,
+                        alpha)
 
 
-def _per_row_or_tensor(p, rows: int, what: str) -> np.ndarray:
+def _scalar(p, what: str, name: str) -> np.ndarray:
     p = np.asarray(p)
-    if p.size == 1 and p.ndim <= 1:
-        return p.reshape(())
-    if p.ndim == 1 and p.shape[0] == rows:
-        return p.reshape(-1, 1)
-    raise KernelError(f"{what}: parameter of shape {p.shape} is neither per tensor nor per row")
+    if p.size != 1:
+        raise KernelError(f"{what}: {name} must be a scalar (per-tensor), got shape {p.shape}")
+    return p.reshape(())
 
 
 def qlinear_matmul_blas(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
-                        y_zero_point):
-    """QLinearMatMul (2-D operands) with the integer product on float BLAS."""
+                        y_zero_point, out=None):
+    """QLinearMatMul (2-D or batched, numpy broadcasting; per-tensor a, per-tensor or
+    per-column b) with the integer product on float BLAS."""
     what = "QLinearMatMul"
-    if a.shape[1] != b.shape[0]:
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
         raise KernelError(f"{what}: inner dimensions differ: {a.shape} @ {b.shape}")
-    ft = exact_float(a.shape[1])
-    za = _per_row_or_tensor(a_zero_point, a.shape[0], what)
+    za = np.asarray(a_zero_point)
     zb = np.asarray(b_zero_point)
-    acc = _int_acc(a.astype(ft) - za.astype(ft), b.astype(ft) - zb.astype(ft).reshape(
-        zb.shape if zb.size > 1 else ()))
-    sa = _per_row_or_tensor(a_scale, a.shape[0], what).astype(np.float32)
-    sb = np.asarray(b_scale, np.float32)
-    sb = sb.reshape(()) if sb.size == 1 else sb
-    sy = np.asarray(y_scale, np.float32).reshape(())
+    n = b.shape[-1]
+    if za.size != 1 and not (a.ndim == 2 and za.shape == (a.shape[0],)):
+        raise KernelError(f"{what}: a_zero_point of shape {za.shape} is neither per tensor "
+                          f"nor per row")
+    if zb.size != 1 and zb.shape != (n,):
+        raise KernelError(f"{what}: b_zero_point of shape {zb.shape} is neither per tensor "
+                          f"nor per column of {n}")
+    zar = za.reshape(()) if za.size == 1 else za.reshape(-1, 1)
+    zbr = zb.reshape(()) if zb.size == 1 else zb
+    bf, bound_b = _weight_f32(b, b_zero_point, zbr, "qlmm")
+    acc = exact_matmul(centered_f32(a, zar), bf, span(a.dtype, zar), bound_b)
+    sa = np.asarray(a_scale, F32)
+    sa = sa.reshape(()) if sa.size == 1 else sa.reshape(-1, 1)
+    sb = np.asarray(b_scale, F32)
+    sb = sb.reshape(()) if sb.size == 1 else sb.reshape(-1)
+    sy = _scalar(y_scale, what, "y_scale").astype(F32)
     with np.errstate(all="ignore"):
-        y = np.rint(acc.astype(np.float32) * ((sa * sb) / sy)).astype(np.float64)
-    zy = np.asarray(y_zero_point)
-    return _saturate(y + float(zy.reshape(-1)[0]), zy.dtype)
+        mult = ((sa * sb) / sy).astype(F32)
+    zy = _scalar(y_zero_point, what, "y_zero_point")
+    return requantize_into(acc, mult, zy, out)
 
 
-def _is_2d(a, *rest, **attrs) -> bool:
-    return a.shape is not None and len(a.shape) == 2
+def _matmul_ok(a, sa, za, b, sb, zb, *rest, **attrs) -> bool:
+    if a.shape is None or b.shape is None or len(a.shape) < 2 or len(b.shape) < 2:
+        return False
+    return all(f is None or f.dtype in (None, "float32") for f in (sa, sb)) and is_int8(
+        a.dtype, b.dtype)
 
 
-def _matmul_2d(a, sa, za, b, *rest, **attrs) -> bool:
-    return (a.shape is not None and b.shape is not None and len(a.shape) == 2
-            and len(b.shape) == 2)
-
-
-def qlinear_conv_im2col(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
-                        y_zero_point, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
-                        kernel_shape=None, pads=None, strides=None):
-    """2-D QLinearConv as im2col windows times the weights on float BLAS (exact)."""
-    what = "QLinearConv"
-    if x.ndim != 4 or w.ndim != 4:
-        raise KernelError(f"{what}: this variant runs 2-D convolutions, got {x.shape}, {w.shape}")
+def _conv_geometry(x, w, auto_pad, dilations, kernel_shape, pads, strides, group, what):
     n, c = x.shape[:2]
     m, cg, kh, kw = w.shape
     if group < 1 or c % group or m % group or cg != c // group:
@@ -124,66 +138,147 @@ def qlinear_conv_im2col(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
     s = [int(v) for v in strides] if strides else [1, 1]
     d = [int(v) for v in dilations] if dilations else [1, 1]
     begin, end = conv_pads(x.shape[2:], [kh, kw], s, d, pads, auto_pad)
-    ft = exact_float(cg * kh * kw)
-    xz = np.asarray(x_zero_point).reshape(-1)[0] if x_zero_point is not None else 0
-    xc = x.astype(ft) - ft(int(xz))
-    xp = np.pad(xc, [(0, 0), (0, 0), (begin[0], end[0]), (begin[1], end[1])])
     ext = [d[0] * (kh - 1) + 1, d[1] * (kw - 1) + 1]
-    if xp.shape[2] < ext[0] or xp.shape[3] < ext[1]:
-        raise KernelError(f"{what}: dilated kernel {ext} exceeds the padded input {xp.shape[2:]}")
-    win = sliding_window_view(xp, ext, axis=(2, 3))[:, :, ::s[0], ::s[1], ::d[0], ::d[1]]
-    oh, ow = win.shape[2:4]
-    wc = w.astype(ft)
-    if w_zero_point is not None:
-        wz = np.asarray(w_zero_point)
-        wc -= wz.astype(ft).reshape(-1, 1, 1, 1) if wz.size > 1 else ft(int(wz.reshape(-1)[0]))
+    hp, wp = x.shape[2] + begin[0] + end[0], x.shape[3] + begin[1] + end[1]
+    if hp < ext[0] or wp < ext[1]:
+        raise KernelError(f"{what}: dilated kernel {ext} exceeds the padded input {[hp, wp]}")
+    oh, ow = (hp - ext[0]) // s[0] + 1, (wp - ext[1]) // s[1] + 1
+    return s, d, begin, end, ext, oh, ow
+
+
+def _depthwise(xp, wc, s, d, oh, ow, kh, kw):
+    """Channel-wise convolution (group == C, one output per channel) as a loop over the
+    kernel's taps, each a float32 multiply-add over the whole tensor (exact: K = kh * kw is
+    tiny). xp: (N, C, Hp, Wp) centered float32; wc: (C, kh, kw)."""
+    n, c = xp.shape[:2]
+    acc = np.zeros((n, c, oh, ow), F32)
+    tmp = np.empty_like(acc)
+    for i in range(kh):
+        for j in range(kw):
+            r0, c0 = i * d[0], j * d[1]
+            tap = xp[:, :, r0:r0 + s[0] * (oh - 1) + 1:s[0], c0:c0 + s[1] * (ow - 1) + 1:s[1]]
+            np.multiply(tap, wc[:, i, j].reshape(1, c, 1, 1), out=tmp)
+            acc += tmp
+    return acc
+
+
+def _unit(v):
+    """A 1-D convolution's attribute as the 2-D one of a unit height."""
+    return None if v is None else [1, *v]
+
+
+def qlinear_conv_im2col(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
+                        y_zero_point, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                        kernel_shape=None, pads=None, strides=None, out=None):
+    """1-D or 2-D QLinearConv: im2col windows times the weights on float32 BLAS (exact), a
+    tap loop for depthwise convolutions; a 1-D one runs as 2-D with a unit height."""
+    what = "QLinearConv"
+    if x.ndim == 3 and w.ndim == 3:
+        p1 = None if pads is None else [0, pads[0], 0, pads[1]]
+        y = qlinear_conv_im2col(
+            x[:, :, None], x_scale, x_zero_point, w[:, :, None], w_scale, w_zero_point,
+            y_scale, y_zero_point, B, auto_pad=auto_pad, dilations=_unit(dilations),
+            group=group, kernel_shape=_unit(kernel_shape), pads=p1, strides=_unit(strides))
+        return y[:, :, 0]
+    if x.ndim != 4 or w.ndim != 4:
+        raise KernelError(f"{what}: this variant runs 1-D and 2-D convolutions, got {x.shape}, "
+                          f"{w.shape}")
+    m, cg, kh, kw = w.shape
+    s, d, begin, end, ext, oh, ow = _conv_geometry(x, w, auto_pad, dilations, kernel_shape,
+                                                   pads, strides, group, what)
+    xz = _scalar(x_zero_point, what, "x_zero_point") if x_zero_point is not None else None
+    wz = None if w_zero_point is None else np.asarray(w_zero_point)
+    if wz is not None and wz.size not in (1, m):
+        raise KernelError(f"{what}: w_zero_point of shape {wz.shape} does not match {m} "
+                          f"output channels")
+    wzr = None if wz is None else (wz.reshape(()) if wz.size == 1 else wz.reshape(-1, 1, 1, 1))
+    wc, bound_w = _weight_f32(w, w_zero_point, wzr, "qconv")
+    xc = centered_f32(x, xz)
+    if any(begin) or any(end):
+        xc = np.pad(xc, [(0, 0), (0, 0), (begin[0], end[0]), (begin[1], end[1])])
+    bound_x = span(x.dtype, xz)
+    if cg == 1 and m == group and kh * kw * bound_x * bound_w < 1 << 24:
+        acc = _depthwise(xc, wc.reshape(m, kh, kw), s, d, oh, ow, kh, kw)
+    else:
+        acc = _grouped_gemm(xc, wc, group, s, d, ext, oh, ow, bound_x, bound_w)
+    return _conv_finish(acc, B, x_scale, w_scale, y_scale, y_zero_point, m, out, what)
+
+
+def _grouped_gemm(xc, wc, group, s, d, ext, oh, ow, bound_x, bound_w):
+    """Per image and group: weights (M/g, K) @ windows (K, OH*OW), giving NCHW directly."""
+    n = xc.shape[0]
+    m, cg, kh, kw = wc.shape
     mg = m // group
-    acc = np.empty((n, oh, ow, m), np.int64)
-    for g in range(group):
-        cols = win[:, g * cg:(g + 1) * cg].transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, -1)
-        wg = wc[g * mg:(g + 1) * mg].reshape(mg, -1)
-        acc[..., g * mg:(g + 1) * mg] = _int_acc(cols, wg.T).reshape(n, oh, ow, mg)
-    acc = acc.transpose(0, 3, 1, 2)
+    acc = np.empty((n, m, oh * ow), np.float64 if cg * kh * kw * bound_x * bound_w >= 1 << 24
+                   else F32)
+    pointwise = kh == kw == 1 and s == [1, 1]
+    if not pointwise:
+        win = sliding_window_view(xc, ext, axis=(2, 3))[:, :, ::s[0], ::s[1], ::d[0], ::d[1]]
+    for b in range(n):
+        for g in range(group):
+            wg = wc[g * mg:(g + 1) * mg].reshape(mg, -1)
+            if pointwise:
+                cols = xc[b, g * cg:(g + 1) * cg].reshape(cg, -1)
+            else:  # (cg, OH, OW, kh, kw) -> (cg, kh, kw, OH, OW): K rows of OH*OW pixels
+                cols = win[b, g * cg:(g + 1) * cg].transpose(0, 3, 4, 1, 2).reshape(
+                    cg * kh * kw, oh * ow)
+            acc[b, g * mg:(g + 1) * mg] = exact_matmul(wg, cols, bound_w, bound_x)
+    return acc.reshape(n, m, oh, ow)
+
+
+def _conv_finish(acc, B, x_scale, w_scale, y_scale, y_zero_point, m, out, what):
     if B is not None:
         bias = np.asarray(B)
         if bias.shape != (m,):
             raise KernelError(f"{what}: bias B must have shape ({m},), got {bias.shape}")
-        acc = acc + bias.astype(np.int64).reshape(m, 1, 1)
-    sx = np.asarray(x_scale, np.float32).reshape(())
-    sw = np.asarray(w_scale, np.float32)
+        if acc.dtype != np.float64:
+            acc = acc.astype(np.float64)
+        acc += bias.astype(np.float64).reshape(m, 1, 1)  # exact: |acc + B| < 2**53
+    sx = _scalar(x_scale, what, "x_scale").astype(F32)
+    sw = np.asarray(w_scale, F32)
+    if sw.size not in (1, m):
+        raise KernelError(f"{what}: w_scale of shape {sw.shape} does not match {m} output "
+                          f"channels")
     sw = sw.reshape(-1, 1, 1) if sw.size > 1 else sw.reshape(())
-    sy = np.asarray(y_scale, np.float32).reshape(())
-    zy = np.asarray(y_zero_point)
+    sy = _scalar(y_scale, what, "y_scale").astype(F32)
     with np.errstate(all="ignore"):
-        y = np.rint(acc.astype(np.float32) * ((sx * sw) / sy)).astype(np.float64)
-    return _saturate(y + float(zy.reshape(-1)[0]), zy.dtype)
+        mult = ((sx * sw) / sy).astype(F32)
+    return requantize_into(acc, mult, _scalar(y_zero_point, what, "y_zero_point"), out)
 
 
-def _conv_2d(x, *rest, **attrs) -> bool:
-    w = rest[2] if len(rest) > 2 else None
-    return (x.shape is not None and len(x.shape) == 4 and w is not None
-            and w.shape is not None and len(w.shape) == 4)
+def _conv_ok(x, xs, xz, w, ws, wz, ys, yz, *rest, **attrs) -> bool:
+    if x.shape is None or w.shape is None or len(x.shape) != len(w.shape):
+        return False
+    return len(x.shape) in (3, 4) and is_int8(x.dtype, w.dtype) and all(
+        f is None or f.dtype in (None, "float32") for f in (xs, ws, ys))
 
 
 def _im2col_workspace(x_shape, xs=None, xz=None, w_shape=None, *rest, **attrs) -> int:
-    """The float64 padded input and windows, the float64 weights, the int64 accumulator
-    (twice: computed, then biased) per output element (upper bound: stride 1)."""
-    if x_shape is None or w_shape is None or len(x_shape) != 4 or len(w_shape) != 4:
+    """The float32 padded input and windows, the float32 weights, the float64 accumulator
+    (upper bound: stride 1, padding of a kernel's size on each side)."""
+    if x_shape is None or w_shape is None or len(x_shape) != len(w_shape):
+        return 0
+    if len(x_shape) == 3:
+        x_shape, w_shape = (x_shape[0], x_shape[1], 1, x_shape[2]), (*w_shape[:2], 1, w_shape[2])
+    if len(x_shape) != 4:
         return 0
     n, c, h, w = x_shape
     m, cg, kh, kw = w_shape
     pad_h, pad_w = h + 2 * kh, w + 2 * kw
-    cols = n * pad_h * pad_w * cg * kh * kw
-    return 8 * (n * c * pad_h * pad_w + cols + m * cg * kh * kw + 3 * n * m * pad_h * pad_w)
+    cols = pad_h * pad_w * cg * kh * kw
+    return 4 * (2 * n * c * pad_h * pad_w + cols + m * cg * kh * kw) + 16 * n * m * pad_h * pad_w
 
 
 def register() -> None:
-    """Register the BLAS variants of QGemm, QLinearMatMul and QLinearConv."""
-    REGISTRY.latest("QGemm", "com.microsoft").kernel(
-        "cpu", priority=10, name="qgemm.cpu.blas", when=_is_2d)(qgemm_blas)
+    """Register the BLAS variants of QGemm, QLinearMatMul and QLinearConv, and those of
+    `quant_linear`."""
+    latest("QGemm", "com.microsoft").kernel(
+        "cpu", priority=10, name="qgemm.cpu.blas",
+        when=lambda a, *r, **k: a.shape is not None and len(a.shape) == 2)(qgemm_blas)
     for opdef in REGISTRY.versions("QLinearMatMul"):
-        opdef.kernel("cpu", priority=10, name="qlinearmatmul.cpu.blas",
-                     when=_matmul_2d)(qlinear_matmul_blas)
+        opdef.kernel("cpu", priority=10, name="qlinearmatmul.cpu.blas", when=_matmul_ok,
+                     accepts_out=True)(qlinear_matmul_blas)
     for opdef in REGISTRY.versions("QLinearConv"):
-        opdef.kernel("cpu", priority=10, name="qlinearconv.cpu.im2col", when=_conv_2d,
-                     workspace_bytes=_im2col_workspace)(qlinear_conv_im2col)
+        opdef.kernel("cpu", priority=10, name="qlinearconv.cpu.im2col", when=_conv_ok,
+                     workspace_bytes=_im2col_workspace, accepts_out=True)(qlinear_conv_im2col)
+    quant_linear.register()

@@ -1,0 +1,215 @@
+"""The fast quantized variants (kernels/cpu/quant.py, quant_linear.py) against the reference
+kernels bit for bit, and against onnxruntime on single-node models.
+
+The integer products run on float32 BLAS in chunks of the inner dimension short enough to
+stay exact; the cases here cross those bounds (K well past 514 for uint8 x int8) with zero
+points at the ends of their ranges, so a chunking or centering slip shows as a wrong integer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from opwarden.kernels.cpu.quant import qgemm_blas, qlinear_conv_im2col, qlinear_matmul_blas
+from opwarden.kernels.cpu.quant_linear import (
+    dequantize_fast,
+    dynamic_quantize_fast,
+    exact_matmul,
+    matmul_integer_blas,
+    quantize_fast,
+)
+from opwarden.ops.base import REGISTRY
+
+F32 = np.float32
+
+
+def ref(op: str, domain: str = ""):
+    return REGISTRY.latest(op, domain).reference
+
+
+def q8(rng, dtype, shape):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, int(info.max) + 1, size=shape).astype(dtype)
+
+
+def test_exact_matmul_is_exact_past_the_float32_bound():
+    rng = np.random.default_rng(0)
+    k = 3000
+    a = np.full((4, k), 255, F32)
+    b = np.full((k, 3), -128, F32)
+    a[1] = rng.integers(0, 256, k)
+    b[:, 1] = rng.integers(-128, 128, k)
+    got = exact_matmul(a, b, 255, 128)
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    assert np.array_equal(got.astype(np.int64), want)
+    # One float32 GEMM of the same operands is not exact: the chunks are what makes it so.
+    assert abs(float(want[0, 0])) > 1 << 24
+
+
+CONV_CASES = [
+    # (x shape, w shape, attrs)
+    ((2, 4, 9, 8), (6, 2, 3, 3), {"group": 2, "pads": [1, 0, 2, 1], "strides": [2, 1]}),
+    ((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}),  # depthwise
+    ((2, 6, 10, 10), (6, 1, 5, 5), {"group": 6, "strides": [2, 2], "dilations": [1, 2],
+                                     "pads": [2, 3, 2, 3]}),  # depthwise, strided, dilated
+    ((1, 64, 6, 6), (16, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # K = 576: two chunks
+    ((1, 300, 4, 4), (5, 300, 1, 1), {}),  # pointwise, K = 300
+    ((2, 3, 11), (4, 3, 3), {"pads": [1, 2], "strides": [2]}),  # 1-D
+    ((1, 6, 12), (6, 1, 3), {"group": 6, "dilations": [2], "auto_pad": "SAME_UPPER"}),
+]
+
+
+@pytest.mark.parametrize("types", [(np.uint8, np.int8), (np.uint8, np.uint8),
+                                   (np.int8, np.int8)])
+@pytest.mark.parametrize("xs,ws,attrs", CONV_CASES)
+def test_qlinear_conv_matches_reference(xs, ws, attrs, types):
+    xt, wt = types
+    rng = np.random.default_rng(len(xs) * 100 + ws[0])
+    x, w = q8(rng, xt, xs), q8(rng, wt, ws)
+    m = ws[0]
+    lo = int(np.iinfo(xt).min)
+    args = [x, np.asarray(0.02, F32), np.asarray(lo, xt), w,
+            rng.uniform(0.001, 0.01, m).astype(F32), np.asarray(np.iinfo(wt).max, wt),
+            np.asarray(0.2, F32), np.asarray(lo + 7, xt),
+            rng.integers(-5000, 5000, m).astype(np.int32)]
+    want = ref("QLinearConv")(*args, **attrs)
+    got = qlinear_conv_im2col(*args, **attrs)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    # into a caller's buffer, without a bias
+    out = np.empty(want.shape, want.dtype)
+    got = qlinear_conv_im2col(*args[:8], **attrs, out=out)
+    assert np.array_equal(got, ref("QLinearConv")(*args[:8], **attrs))
+
+
+@pytest.mark.parametrize("ashape,bshape", [((5, 700), (700, 9)), ((2, 3, 8, 40), (40, 6)),
+                                           ((2, 1, 8, 33), (3, 33, 7)), ((0, 4), (4, 3))])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qlinear_matmul_batched_matches_reference(ashape, bshape, per_column):
+    rng = np.random.default_rng(sum(ashape))
+    a, b = q8(rng, np.uint8, ashape), q8(rng, np.int8, bshape)
+    n = bshape[-1]
+    if per_column and len(bshape) != 2:
+        pytest.skip("per-column b is 2-D")
+    bs = rng.uniform(0.01, 0.02, n).astype(F32) if per_column else np.asarray(0.015, F32)
+    bz = rng.integers(-128, 128, n).astype(np.int8) if per_column else np.asarray(-128, np.int8)
+    args = [a, np.asarray(0.03, F32), np.asarray(255, np.uint8), b, bs, bz,
+            np.asarray(0.5, F32), np.asarray(3, np.uint8)]
+    want = ref("QLinearMatMul")(*args)
+    got = qlinear_matmul_blas(*args)
+    assert got.shape == want.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_qgemm_per_column_large_k(trans_b):
+    rng = np.random.default_rng(trans_b)
+    k, n = 1100, 6
+    a = q8(rng, np.uint8, (3, k))
+    b = q8(rng, np.int8, (n, k) if trans_b else (k, n))
+    args = [a, np.asarray(0.01, F32), np.asarray(7, np.uint8), b,
+            rng.uniform(0.001, 0.002, n).astype(F32), rng.integers(-3, 3, n).astype(np.int8),
+            rng.integers(-100, 100, n).astype(np.int32), np.asarray(0.4, F32),
+            np.asarray(100, np.uint8)]
+    for cut in (9, 7):  # requantized, and float output
+        want = ref("QGemm", "com.microsoft")(*args[:cut], alpha=0.5, transB=trans_b)
+        got = qgemm_blas(*args[:cut], alpha=0.5, transB=trans_b)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("ashape,bshape", [((7, 3072), (3072, 5)), ((2, 6, 768), (768, 4)),
+                                           ((2, 3, 40), (2, 40, 8))])
+def test_matmul_integer_matches_reference(ashape, bshape):
+    rng = np.random.default_rng(ashape[-1])
+    a, b = q8(rng, np.uint8, ashape), q8(rng, np.int8, bshape)
+    cases = [(None, None), (np.asarray(131, np.uint8), np.asarray(-128, np.int8)),
+             (np.asarray(0, np.uint8), rng.integers(-128, 128, bshape[-1]).astype(np.int8))]
+    if len(ashape) == 2:
+        cases.append((rng.integers(0, 256, ashape[0]).astype(np.uint8), None))
+    for za, zb in cases:
+        want = ref("MatMulInteger")(a, b, za, zb)
+        got = matmul_integer_blas(a, b, za, zb)
+        assert got.dtype == np.int32 and np.array_equal(got, want)
+
+
+def test_matmul_integer_rejects_a_mismatched_zero_point():
+    from opwarden.errors import KernelError
+
+    a, b = np.zeros((3, 4), np.uint8), np.zeros((4, 2), np.int8)
+    with pytest.raises(KernelError, match="b_zero_point"):
+        matmul_integer_blas(a, b, None, np.zeros(3, np.int8))
+
+
+def dql_inputs():
+    rng = np.random.default_rng(3)
+    yield rng.standard_normal((4, 33)).astype(F32) * 3
+    yield np.abs(rng.standard_normal(50)).astype(F32)  # positive only: zero point 0
+    yield -np.abs(rng.standard_normal(50)).astype(F32)  # negative only: zero point 255
+    yield np.zeros((3, 3), F32)
+    yield np.array([1.0, np.nan, -2.0], F32)
+    yield np.array([np.inf, 1.0, -1.0], F32)
+    yield np.asarray(-0.7, F32)
+    yield np.zeros((0, 4), F32)
+
+
+@pytest.mark.parametrize("x", list(dql_inputs()), ids=lambda x: f"{x.shape}")
+def test_dynamic_quantize_linear_matches_reference(x):
+    want = ref("DynamicQuantizeLinear")(x)
+    got = dynamic_quantize_fast(x)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert np.array_equal(g, w, equal_nan=True)
+
+
+@pytest.mark.parametrize("zt", [np.uint8, np.int8])
+@pytest.mark.parametrize("axis", [None, 0, -1])
+def test_quantize_dequantize_match_reference(zt, axis):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 4, 5)) * 40).astype(F32)
+    x[0, 0, :3] = [np.nan, np.inf, -np.inf]
+    n = x.shape[axis] if axis is not None else 1
+    scale = rng.uniform(0.05, 0.5, n).astype(F32) if axis is not None else np.asarray(0.2, F32)
+    info = np.iinfo(zt)
+    zp = rng.integers(info.min, int(info.max) + 1, n).astype(zt) if axis is not None \
+        else np.asarray(info.max - 3, zt)
+    kw = {"axis": axis} if axis is not None else {}
+    want = ref("QuantizeLinear")(x, scale, zp, **kw)
+    got = quantize_fast(x, scale, zp, **kw)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    back = ref("DequantizeLinear")(want, scale, zp, **kw)
+    assert np.array_equal(dequantize_fast(want, scale, zp, **kw), back)
+    # a variant handed a case it does not compute (uint16) gives the reference's answer
+    z16 = np.asarray(7, np.uint16)
+    assert np.array_equal(quantize_fast(x, np.asarray(0.2, F32), z16),
+                          ref("QuantizeLinear")(x, np.asarray(0.2, F32), z16))
+
+
+def _single(op, inputs, outputs, inits, domain=""):
+    g = helper.make_graph([helper.make_node(op, [i[0] for i in inputs] + [n for n, _ in inits],
+                                            [o[0] for o in outputs], domain=domain)], "g",
+                          [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+                          [numpy_helper.from_array(a, n) for n, a in inits])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+def test_dynamic_quantize_and_matmul_integer_match_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    import opwarden
+
+    rng = np.random.default_rng(9)
+    b = q8(rng, np.int8, (1024, 16))
+    dql = _single("DynamicQuantizeLinear", [("x", TensorProto.FLOAT, [6, 1024])],
+                  [("y", TensorProto.UINT8, None), ("s", TensorProto.FLOAT, None),
+                   ("z", TensorProto.UINT8, None)], [])
+    mmi = _single("MatMulInteger", [("a", TensorProto.UINT8, [6, 1024])],
+                  [("y", TensorProto.INT32, None)], [("b", b)])
+    x = (rng.standard_normal((6, 1024)) * 2).astype(F32)
+    for data, feed in ((dql, {"x": x}), (mmi, {"a": q8(rng, np.uint8, (6, 1024))})):
+        ours = opwarden.InferenceSession(data)
+        theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        assert any(p.variant.name.endswith((".f32", ".blas")) for p in ours.placements)
+        for g, w in zip(ours.run(None, feed), theirs.run(None, feed), strict=True):
+            assert g.dtype == w.dtype and np.array_equal(g, w)

@@ -1,0 +1,310 @@
+"""qdq_fusion: QDQ groups around Conv/MatMul/Gemm become QLinearConv/QLinearMatMul/QGemm where
+ONNX Runtime's CPU optimizer fuses them, with ORT's numerics.
+
+The models are small seeded float models quantized by onnxruntime.quantization (quantize_static
+in QDQ format, quantize_dynamic). A chain of only fusable groups (and Q/DQ pairs ORT drops
+exactly) must equal ORT bit for bit; whole models (Add, Softmax, LayerNormalization, pools,
+which ORT turns into its own QLinear* contrib kernels) agree within the quantized tolerance.
+Each test checks what the pass rewrote, and that with the pass disabled the answer is the same.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import opwarden
+
+ort = pytest.importorskip("onnxruntime")
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+F32 = np.float32
+# The zoo's tolerance for quantized models, relative to the output's scale, and never below
+# 1.5x ORT's own gap between all optimizations and none (benchmarks/families/runner.py: a
+# float difference before a QuantizeLinear moves a value by a whole step, and ORT's QLinear*
+# contrib kernels, its QLinearSoftmax's table among them, round differently from the chain).
+QTOL = 1e-2
+GAP_SLACK = 1.5
+
+
+def _init(name, rng, *shape, scale=0.3):
+    return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(F32), name)
+
+
+def _model(nodes, x_shape, y_name, y_shape, inits, opset=17) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info(y_name, TensorProto.FLOAT, y_shape)],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _chain() -> onnx.ModelProto:
+    """Only groups ORT fuses, and Q/DQ pairs around MaxPool/Flatten it drops exactly."""
+    rng = np.random.default_rng(5)
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"]),
+             n("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             n("Relu", ["c2"], ["r2"]),
+             n("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("Conv", ["p", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1], group=16),
+             n("Relu", ["c3"], ["r3"]), n("Conv", ["r3", "w4", "b4"], ["c4"], group=4),
+             n("Flatten", ["c4"], ["f"]), n("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
+    inits = [_init("w1", rng, 16, 3, 3, 3), _init("b1", rng, 16),
+             _init("w2", rng, 16, 16, 3, 3, scale=0.1), _init("b2", rng, 16),
+             _init("w3", rng, 16, 1, 3, 3), _init("b3", rng, 16),
+             _init("w4", rng, 8, 4, 1, 1), _init("b4", rng, 8),
+             _init("wf", rng, 10, 8 * 4 * 4, scale=0.05), _init("bf", rng, 10)]
+    return _model(nodes, [2, 3, 16, 16], "y", [2, 10], inits)
+
+
+def _cnn() -> onnx.ModelProto:
+    rng = np.random.default_rng(7)
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"]),
+             n("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             n("Add", ["c2", "r1"], ["a1"]), n("Relu", ["a1"], ["r2"]),
+             n("MaxPool", ["r2"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("Conv", ["p1", "w3", "b3"], ["c3"]), n("GlobalAveragePool", ["c3"], ["gap"]),
+             n("Flatten", ["gap"], ["flat"]), n("Gemm", ["flat", "wf", "bf"], ["y"], transB=1)]
+    inits = [_init("w1", rng, 8, 3, 3, 3), _init("b1", rng, 8), _init("w2", rng, 8, 8, 3, 3),
+             _init("b2", rng, 8), _init("w3", rng, 16, 8, 1, 1), _init("b3", rng, 16),
+             _init("wf", rng, 10, 16), _init("bf", rng, 10)]
+    return _model(nodes, [1, 3, 16, 16], "y", [1, 10], inits)
+
+
+def _bert() -> onnx.ModelProto:
+    rng = np.random.default_rng(11)
+    n = helper.make_node
+    h = 32
+    nodes = [
+        n("MatMul", ["x", "wq"], ["q0"]), n("Add", ["q0", "bq"], ["q"]),
+        n("MatMul", ["x", "wk"], ["k0"]), n("Add", ["k0", "bk"], ["k"]),
+        n("MatMul", ["x", "wv"], ["v0"]), n("Add", ["v0", "bv"], ["v"]),
+        n("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), n("MatMul", ["q", "kt"], ["s"]),
+        n("Mul", ["s", "scale"], ["ss"]), n("Softmax", ["ss"], ["p"], axis=-1),
+        n("MatMul", ["p", "v"], ["ctx"]), n("Add", ["ctx", "x"], ["res"]),
+        n("LayerNormalization", ["res", "g", "beta"], ["ln"], axis=-1),
+        n("MatMul", ["ln", "wo"], ["o0"]), n("Add", ["o0", "bo"], ["y"]),
+    ]
+    inits = [_init(nm, rng, h, h) for nm in ("wq", "wk", "wv", "wo")]
+    inits += [_init(nm, rng, h, scale=0.1) for nm in ("bq", "bk", "bv", "bo", "beta")]
+    inits += [numpy_helper.from_array(np.asarray(0.2, F32), "scale"),
+              numpy_helper.from_array(np.ones(h, F32), "g")]
+    return _model(nodes, [2, 8, h], "y", [2, 8, h], inits)
+
+
+class _Reader(quantization.CalibrationDataReader):
+    def __init__(self, shape, seed):
+        rng = np.random.default_rng(seed)
+        self._feeds = iter([{"x": rng.standard_normal(shape).astype(F32)} for _ in range(6)])
+
+    def get_next(self):
+        return next(self._feeds, None)
+
+
+MODELS = {"chain": (_chain, (2, 3, 16, 16)), "cnn": (_cnn, (1, 3, 16, 16)),
+          "bert": (_bert, (2, 8, 32))}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Each model quantized once: (name, activation type) -> path; ("bert", "dyn")."""
+    root = tmp_path_factory.mktemp("qdq")
+    out = {}
+    for name, (build, shape) in MODELS.items():
+        src = root / f"{name}.onnx"
+        onnx.save(build(), src)
+        for act, qt in (("u8", quantization.QuantType.QUInt8),
+                        ("s8", quantization.QuantType.QInt8)):
+            dst = root / f"{name}_{act}.onnx"
+            quantization.quantize_static(
+                str(src), str(dst), _Reader(shape, 3), quant_format=quantization.QuantFormat.QDQ,
+                activation_type=qt, weight_type=quantization.QuantType.QInt8,
+                per_channel=name != "bert")
+            out[(name, act)] = dst
+    dst = root / "bert_dyn.onnx"
+    quantization.quantize_dynamic(str(root / "bert.onnx"), str(dst),
+                                  weight_type=quantization.QuantType.QInt8)
+    out[("bert", "dyn")] = dst
+    return out
+
+
+def _ort(path, optimize=True):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _ort_fused(data_or_path, tmp_path) -> dict[str, int]:
+    """The QLinearConv/QLinearMatMul/QGemm counts of ORT's own optimized graph."""
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "ort_optimized.onnx")
+    so.log_severity_level = 3
+    src = data_or_path if isinstance(data_or_path, bytes) else str(data_or_path)
+    ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+    return {t: ops.count(t) for t in ("QLinearConv", "QLinearMatMul", "QGemm") if t in ops}
+
+
+def _ours(path, disabled=()):
+    return opwarden.InferenceSession(str(path), opwarden.SessionOptions(
+        disabled_passes=list(disabled)))
+
+
+def _fused(sess) -> dict[str, int]:
+    e = next(e for e in sess.pass_report if e["pass"] == "qdq_fusion")
+    return dict(e["details"])
+
+
+def _feeds(name, n=3):
+    rng = np.random.default_rng(42)
+    return [{"x": rng.standard_normal(MODELS[name][1]).astype(F32)} for _ in range(n)]
+
+
+def _close(got, want, gap=0.0):
+    """got agrees with ORT's `want` (`gap`: ORT's own distance between its levels)."""
+    scale = float(np.abs(want).max())
+    err = float(np.abs(got.astype(np.float64) - want).max())
+    tol = max(QTOL * scale + 1e-5, GAP_SLACK * gap)
+    assert err <= tol, f"max err {err:.3g}, scale {scale:.3g}, ORT's own gap {gap:.3g}"
+
+
+def _gap(other, feed, want) -> float:
+    return float(np.abs(other.run(None, feed)[0].astype(np.float64) - want).max())
+
+
+def test_fusable_chain_is_bit_exact_with_onnxruntime(models, tmp_path):
+    path = models[("chain", "u8")]
+    ours, plain, theirs = _ours(path), _ours(path, ["qdq_fusion"]), _ort(path)
+    assert _fused(ours) == {"QLinearConv": 4, "QGemm": 1} == _ort_fused(path, tmp_path)
+    assert "QLinearConv" not in {n.op_type for n in plain.model.graph.nodes}
+    variants = {p.variant.name for p in ours.placements if p.node.op_type in ("QLinearConv",
+                                                                              "QGemm")}
+    assert variants == {"qlinearconv.cpu.im2col", "qgemm.cpu.blas"}
+    for feed in _feeds("chain"):
+        (want,) = theirs.run(None, feed)
+        (got,) = ours.run(None, feed)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+        _close(plain.run(None, feed)[0], want)
+
+
+@pytest.mark.parametrize("name,expect", [("cnn", {"QLinearConv": 3, "QGemm": 1}),
+                                         ("bert", {"QLinearMatMul": 6})])
+def test_quantized_models_match_onnxruntime(models, name, expect, tmp_path):
+    path = models[(name, "u8")]
+    ours, plain, theirs = _ours(path), _ours(path, ["qdq_fusion"]), _ort(path)
+    unopt = _ort(path, optimize=False)
+    assert _fused(ours) == expect == _ort_fused(path, tmp_path)
+    for feed in _feeds(name):
+        (want,) = theirs.run(None, feed)
+        (got,) = ours.run(None, feed)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        gap = _gap(unopt, feed, want)
+        _close(got, want, gap)
+        _close(plain.run(None, feed)[0], want, gap)
+
+
+@pytest.mark.parametrize("name", ["chain", "bert"])
+def test_int8_activations_stay_float_as_in_onnxruntime(models, name):
+    """ORT on x86 fuses no int8-activation Conv/MatMul (MLAS has no fast signed kernels
+    there); a Gemm of int8 A and B it does fuse, into QGemm."""
+    path = models[(name, "s8")]
+    ours, theirs, unopt = _ours(path), _ort(path), _ort(path, optimize=False)
+    fused = _fused(ours)
+    assert "QLinearConv" not in fused and "QLinearMatMul" not in fused
+    assert fused == ({"QGemm": 1} if name == "chain" else {})
+    for feed in _feeds(name, 2):
+        (want,) = theirs.run(None, feed)
+        _close(ours.run(None, feed)[0], want, _gap(unopt, feed, want))
+
+
+def test_dynamic_quantized_bert_matches_onnxruntime(models):
+    path = models[("bert", "dyn")]
+    ours, theirs, unopt = _ours(path), _ort(path), _ort(path, optimize=False)
+    names = {p.node.op_type: p.variant.name for p in ours.placements}
+    assert names["MatMulInteger"] == "matmulinteger.cpu.blas"
+    assert names["DynamicQuantizeLinear"] == "dynamicquantizelinear.cpu.f32"
+    for feed in _feeds("bert"):
+        (want,) = theirs.run(None, feed)
+        _close(ours.run(None, feed)[0], want, _gap(unopt, feed, want))
+
+
+def test_fused_node_carries_its_model_nodes(models):
+    ours = _ours(models[("chain", "u8")])
+    conv = next(n for n in ours.model.graph.nodes if n.op_type == "QLinearConv")
+    assert conv.name.startswith("Conv_")
+    kinds = {o.rsplit("_", 1)[-1] if "Linear" in o else "op" for o in conv.origin}
+    assert kinds == {"DequantizeLinear", "QuantizeLinear", "op"}
+    removed = ours.model.graph.removed
+    assert not any(o in removed for o in conv.origin)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-built groups: which ones fuse
+
+
+def _qdq_conv(act=None, zp=0, clip=(0.0, 6.0), extra_reader=False) -> bytes:
+    """x -> Q -> DQ -> Conv(DQ(w)) [-> act] -> Q(zp) -> DQ -> y."""
+    rng = np.random.default_rng(1)
+    n = helper.make_node
+    c = lambda nm, a: numpy_helper.from_array(np.asarray(a), nm)  # noqa: E731
+    inits = [c("xs", F32(0.05)), c("xz", np.uint8(128)), c("w", rng.integers(
+        -127, 128, (4, 3, 3, 3)).astype(np.int8)), c("ws", np.full(4, 0.01, F32)),
+        c("wz", np.zeros(4, np.int8)), c("ys", F32(0.02)), c("yz", np.uint8(zp)),
+        c("lo", F32(clip[0])), c("hi", F32(clip[1]))]
+    nodes = [n("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             n("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             n("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             n("Conv", ["xd", "wd"], ["cv"], pads=[1, 1, 1, 1])]
+    last = "cv"
+    if act == "Relu":
+        nodes.append(n("Relu", ["cv"], ["a"]))
+        last = "a"
+    elif act == "Clip":
+        nodes.append(n("Clip", ["cv", "lo", "hi"], ["a"]))
+        last = "a"
+    nodes += [n("QuantizeLinear", [last, "ys", "yz"], ["yq"]),
+              n("DequantizeLinear", ["yq", "ys", "yz"], ["y0"])]
+    outs = [helper.make_tensor_value_info("y0", TensorProto.FLOAT, [1, 4, 6, 6])]
+    if extra_reader:
+        nodes.append(n("Neg", ["cv"], ["y1"]))
+        outs.append(helper.make_tensor_value_info("y1", TensorProto.FLOAT, [1, 4, 6, 6]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, 6, 6])], outs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("kw,fuses", [
+    ({}, True),
+    ({"act": "Relu", "zp": 0}, True),  # the zero point at uint8's minimum: Relu is redundant
+    ({"act": "Relu", "zp": 10}, False),
+    ({"act": "Clip", "zp": 0, "clip": (0.0, 6.0)}, True),  # 6 / 0.02 + 0 > 255
+    ({"act": "Clip", "zp": 0, "clip": (0.0, 1.0)}, False),  # Clip cuts inside the range
+    ({"extra_reader": True}, False),  # the Conv's output has another reader
+])
+def test_which_groups_fuse(kw, fuses, tmp_path):
+    data = _qdq_conv(**kw)
+    assert ("QLinearConv" in _ort_fused(data, tmp_path)) == fuses  # ORT decides alike
+    ours = opwarden.InferenceSession(data)
+    plain = opwarden.InferenceSession(data, opwarden.SessionOptions(
+        disabled_passes=["qdq_fusion"]))
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    types = [nd.op_type for nd in ours.model.graph.nodes]
+    assert ("QLinearConv" in types) == fuses
+    if fuses and kw.get("act"):
+        assert kw["act"] not in types
+    feed = {"x": np.random.default_rng(2).standard_normal((1, 3, 6, 6)).astype(F32) * 3}
+    for g, p, w in zip(ours.run(None, feed), plain.run(None, feed), theirs.run(None, feed),
+                       strict=True):
+        assert np.array_equal(g, w) if fuses else True
+        _close(g, w)
+        _close(p, w)
