@@ -38,6 +38,7 @@ def serve() -> None:
     # concurrent requests are batched by @serve.batch into one run of the model
     futures = [handle.remote({"data_0": image}) for _ in range(8)]
     print("served top-1:", {int(np.argmax(f.result()["softmaxout_1"])) for f in futures})
+    print("replica batches:", [w["batches"] for w in owr.health()["workers"].values()])
     ray_serve.shutdown()
 
 

@@ -49,13 +49,14 @@ def board(name: str = BOARD_NAME) -> Any:
     return handle
 
 
-def existing_board(name: str = BOARD_NAME) -> Any | None:
-    """The named board's handle, or None when no one created it (or Ray is not running)."""
+def existing_board(name: str = BOARD_NAME, namespace: str | None = None) -> Any | None:
+    """The named board's handle (in `namespace`; None: the caller's job's), or None when no
+    one created it (or Ray is not running)."""
     ray = ray_module()
     if not ray.is_initialized():
         return None
     try:
-        return ray.get_actor(name)
+        return ray.get_actor(name, namespace=namespace)
     except ValueError:
         return None
 
@@ -63,9 +64,9 @@ def existing_board(name: str = BOARD_NAME) -> Any | None:
 class RayLink:
     """A worker's way to the board (FleetWorker's `link`)."""
 
-    def __init__(self, name: str = BOARD_NAME) -> None:
+    def __init__(self, name: str = BOARD_NAME, namespace: str | None = None) -> None:
         self.ray = ray_module()
-        actor = existing_board(name)
+        actor = existing_board(name, namespace)
         if actor is None:
             warnings.warn(f"no opwarden health board {name!r} in this job: this worker makes one, "
                           "which lives only as long as the worker; call opwarden.ray.board() in "

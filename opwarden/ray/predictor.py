@@ -65,12 +65,14 @@ class Predictor:
     session is made, to register custom ops and kernels. `guarded` (default) keeps the worker
     on the guarded loop (the `shape` and `dtype` output checks), which counts calls per variant
     and catches a kernel that fails only once; `board` names the fleet's health board (None:
-    no fleet). Other keywords are SessionOptions.
+    no fleet; looked up in `board_namespace`, by default the job's own: a Serve replica runs
+    in Serve's namespace and is given the driver's). Other keywords are SessionOptions.
     """
 
     def __init__(self, model: Any, *, providers: Any = None, sess_options: Any = None,
                  setup: Any = None, output_names: Any = None, guarded: bool = True,
-                 board: str | None = BOARD_NAME, **session_kw: Any) -> None:
+                 board: str | None = BOARD_NAME, board_namespace: str | None = None,
+                 **session_kw: Any) -> None:
         ray = ray_module()
         if isinstance(model, ModelRef):
             model = ray.get(model.ref)
@@ -78,7 +80,7 @@ class Predictor:
         actor = ctx.get_actor_id() if ray.is_initialized() else None
         self.worker = f"{(actor or 'driver')[:8]}:{os.getpid()}"
         self.node = ray.util.get_node_ip_address() if ray.is_initialized() else ""
-        link = RayLink(board) if board else None
+        link = RayLink(board, board_namespace) if board else None
         self.fleet = FleetWorker(model, providers=providers, sess_options=sess_options,
                                  setup=setup, output_names=output_names, link=link,
                                  worker=self.worker, node=self.node,

@@ -41,6 +41,12 @@ def serve_deployment(model: Any, *, max_batch_size: int = 8, batch_wait_timeout_
     if not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise OptionsError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
     ref = model_ref(model)
+    import ray
+
+    from opwarden.ray.board import board
+
+    board()  # the driver's board; replicas (in Serve's namespace) are told where it is
+    predictor_kw.setdefault("board_namespace", ray.get_runtime_context().namespace)
 
     @serve.deployment(name=name, num_replicas=num_replicas,
                       ray_actor_options=ray_actor_options or {"num_cpus": 1})
