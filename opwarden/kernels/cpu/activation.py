@@ -1,5 +1,6 @@
 """Float32 activations (Elu, Selu, Celu, Softplus, Mish, Softsign, ThresholdedRelu, HardSigmoid,
-HardSwish, Sigmoid) as chunked passes into the planned buffer.
+HardSwish, Sigmoid, Swish; com.microsoft Gelu, BiasGelu, FastGelu, QuickGelu) as chunked passes
+into the planned buffer.
 
 The reference kernels compute on whole tensors with masked selects (np.where) and, for Softplus
 and Mish, NumPy's scalar logaddexp loop: 3-18 ns an element on 128x3072 floats, 3-7x ONNX
@@ -31,8 +32,12 @@ from opwarden.kernels.cpu.util import (
     CHUNK_TEMPS,
     _hardswish_chunk,
     _sigmoid_chunk,
+    chunked,
     chunked_into,
+    chunked_workspace,
+    gelu_chunk,
     one_chunk,
+    output,
     zero_chunk,
 )
 from opwarden.ops import activation as _reference
@@ -201,6 +206,81 @@ def sigmoid(X, *, out=None):
     return chunked_into(_sigmoid_chunk, X, out, 0)
 
 
+def _swish_chunk(alpha: np.float32):
+    """Chunk function: y = x sigmoid(alpha x) (y may be x: x is read last)."""
+
+    def run(x, y, t):
+        np.multiply(x, alpha, out=t)
+        _sigmoid_chunk(t, t)
+        np.multiply(x, t, out=y)
+
+    return run
+
+
+def swish(X, *, alpha=1.0, out=None):
+    """X sigmoid(alpha X) (Swish-24, SiLU for alpha 1), chunked: one scratch chunk, x read
+    twice from cache."""
+    return chunked_into(_swish_chunk(np.float32(alpha)), X, out, 1)
+
+
+def quick_gelu(X, *, alpha=1.702, out=None):
+    """X sigmoid(alpha X) (com.microsoft QuickGelu-1), Swish's passes."""
+    return chunked_into(_swish_chunk(np.float32(alpha)), X, out, 1)
+
+
+# -- com.microsoft Gelu, BiasGelu, FastGelu ----------------------------------------------------
+
+
+def ms_gelu(X, *, out=None):
+    """x/2 (1 + erf(x / sqrt 2)) in float32 (util's erf, within 8 ulp), chunked."""
+    fn, ntemps = gelu_chunk(False)
+    return chunked_into(fn, X, out, ntemps)
+
+
+def _bias_gelu(X, bias, out, tanh: bool):
+    """Gelu(X + bias) for a bias row over X's last axis: the sum written once into the
+    output, then Gelu in place chunk by chunk; None where the bias is not such a row (the
+    reference says why)."""
+    x = np.asarray(X)
+    b = np.asarray(bias)
+    if b.ndim != 1 or x.ndim == 0 or b.shape[0] != x.shape[-1] or b.dtype != x.dtype:
+        return None
+    y = output(out, x.shape, x.dtype, strided_ok=True)
+    fn, ntemps = gelu_chunk(tanh)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        np.add(x, b, out=y)
+        return chunked(fn, y, y, ntemps)
+
+
+def bias_gelu(A, B, *, out=None):
+    """Gelu(A + B), B a bias over A's last axis (com.microsoft BiasGelu-1): see _bias_gelu."""
+    y = _bias_gelu(A, B, out, False)
+    return y if y is not None else _reference_into(_MS["BiasGelu"], A, out, B=B)
+
+
+def fast_gelu(X, bias=None, *, out=None):
+    """The tanh form of Gelu of X (+ bias) (com.microsoft FastGelu-1), chunked."""
+    if bias is None:
+        fn, ntemps = gelu_chunk(True)
+        return chunked_into(fn, X, out, ntemps)
+    y = _bias_gelu(X, bias, out, True)
+    return y if y is not None else _reference_into(_MS["FastGelu"], X, out, bias=bias)
+
+
+_MS: dict = {}
+
+
+def _chunked_rule(ntemps: int):
+    """Workspace of a chunked kernel with `ntemps` float32 temporaries over X's elements."""
+
+    def rule(x, *_, **__) -> int:
+        if not all(isinstance(d, int) for d in x):
+            return 0
+        return chunked_workspace(ntemps, int(np.prod(x, dtype=np.int64)))
+
+    return rule
+
+
 # -- registration ----------------------------------------------------------------------------
 
 # op type -> (kernel, float32 temporaries of one chunk each)
@@ -208,7 +288,13 @@ KERNELS = {
     "Elu": (elu, 1), "Selu": (selu, 1), "Celu": (celu, 1), "Softplus": (softplus, 3),
     "Mish": (mish, 3), "Softsign": (softsign, 1), "ThresholdedRelu": (thresholded_relu, 1),
     "HardSigmoid": (hard_sigmoid, 0), "HardSwish": (hard_swish, CHUNK_TEMPS["HardSwish"]),
-    "Sigmoid": (sigmoid, CHUNK_TEMPS["Sigmoid"]),
+    "Sigmoid": (sigmoid, CHUNK_TEMPS["Sigmoid"]), "Swish": (swish, 1),
+}
+MS = "com.microsoft"
+# com.microsoft op type -> (kernel, float32 temporaries of one chunk each)
+MS_KERNELS = {
+    "Gelu": (ms_gelu, gelu_chunk(False)[1]), "BiasGelu": (bias_gelu, gelu_chunk(False)[1]),
+    "FastGelu": (fast_gelu, gelu_chunk(True)[1]), "QuickGelu": (quick_gelu, 1),
 }
 
 
@@ -221,3 +307,8 @@ def register() -> None:
         for opdef in REGISTRY.versions(op_type):
             opdef.kernel(name=f"{op_type.lower()}.cpu.out",
                          workspace_bytes=_chunk_workspace(ntemps), **kw)(fn)
+    for op_type, (fn, ntemps) in MS_KERNELS.items():
+        for opdef in REGISTRY.versions(op_type, MS):
+            _MS[op_type] = opdef.reference
+            opdef.kernel(name=f"{op_type.lower()}.ms.cpu.out",
+                         workspace_bytes=_chunked_rule(ntemps), **kw)(fn)
