@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import opwarden
-from opwarden.ops.contrib import quantized_lstm
+from opwarden.ops.contrib_dynq import quantized_lstm
 
 ort = pytest.importorskip("onnxruntime")
 quantization = pytest.importorskip("onnxruntime.quantization")

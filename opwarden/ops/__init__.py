@@ -42,7 +42,7 @@ FAMILIES = (
     "training",
     "control",
     "sequence",
-    "contrib",
+    "contrib", "contrib_dynq",
     "contrib_quant", "contrib_quant_nn",
     "contrib_attention",
     "contrib_embed",

@@ -7,18 +7,14 @@ ONNX Runtime's ContribOperators.md; half-precision inputs compute in float32, as
 from __future__ import annotations
 
 import dataclasses
-import functools
-import glob
 import math
-import os
 
 import numpy as np
 
-from opwarden.blas import blas_thread_count
-from opwarden.contract import Contract, one_of
+from opwarden.contract import Contract, TensorFact, one_of
 from opwarden.errors import KernelError
-from opwarden.ops.base import REGISTRY, OpDef, op
-from opwarden.ops.common import work_float
+from opwarden.ops.base import REGISTRY, OpDef, Sample, op
+from opwarden.ops.common import broadcast_shapes, work_float
 from opwarden.ops.elementwise import erf
 
 MS = "com.microsoft"
@@ -138,45 +134,6 @@ def FusedMatMul(A, B, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatc
     except ValueError as e:
         raise KernelError(f"FusedMatMul shapes {a.shape} and {b.shape} do not match: {e}") from e
     return np.asarray(alpha * y).astype(A.dtype)
-
-
-def _dynamic_quant_uint8(a: np.ndarray) -> tuple[np.ndarray, np.float32, np.int32]:
-    """Asymmetric uint8 quantization of `a` (float32), its range widened to include 0.
-
-    Bit for bit ORT's GetQuantizationParameter + MlasQuantizeLinear: the scale is
-    (max - min) / 255 and the zero point 0 - min / scale, both in float32, the zero point
-    clamped to [0, 255] then rounded half to even; values are a / scale (a division),
-    rounded half to even, plus the zero point, saturated to [0, 255].
-    """
-    f32 = np.float32
-    lo = min(f32(a.min()) if a.size else f32(0), f32(0))
-    hi = max(f32(a.max()) if a.size else f32(0), f32(0))
-    scale = f32(1) if hi == lo else f32(f32(hi - lo) / f32(255))
-    zp = np.int32(np.rint(min(max(f32(f32(0) - f32(lo / scale)), f32(0)), f32(255))))
-    q = np.clip(np.rint(a / scale) + zp, 0, 255).astype(np.int32)
-    return q, scale, zp
-
-
-@op("DynamicQuantizeMatMul", domain=MS, since=1,
-    inputs=["A: T1", "B: T2", "b_scale: T1", "b_zero_point?: T2", "bias?: T1"],
-    outputs=["Y: T1"], types={"T1": ["float32"], "T2": ["int8", "uint8"]},
-    contract=Contract(nan="propagate"))
-def DynamicQuantizeMatMul(A, B, b_scale, b_zero_point=None, bias=None):
-    """A quantized to uint8 on the fly, integer MatMul with B, then rescale
-    (com.microsoft DynamicQuantizeMatMul-1)."""
-    qa, sa, za = _dynamic_quant_uint8(A.astype(np.float32))
-    n = B.shape[-1]
-    bs = np.asarray(b_scale, dtype=np.float32)
-    if bs.size not in (1, n):
-        raise KernelError(f"b_scale must be a scalar or have {n} entries, got shape {bs.shape}")
-    zb = np.zeros((), np.int32) if b_zero_point is None else b_zero_point.astype(np.int32)
-    if zb.size not in (1, n):
-        raise KernelError(f"b_zero_point must be a scalar or have {n} entries, got {zb.shape}")
-    acc = np.matmul((qa - za).astype(np.int64), (B.astype(np.int32) - zb).astype(np.int64))
-    y = acc.astype(np.float32) * (sa * bs)
-    if bias is not None:
-        y = y + bias.astype(np.float32)
-    return y.astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -404,181 +361,177 @@ def attention_from_qkv(qkv, sizes, num_heads, mask_index=None, past=None, attent
 
 
 # --------------------------------------------------------------------------------------------
-# Dynamically quantized LSTM
+# Shape rules and boundary samples (`opwarden check` runs every check on these)
 # --------------------------------------------------------------------------------------------
 
 
-def _quant_matmul(a: np.ndarray, qw: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> np.ndarray:
-    """a @ dequantize(qw) as ORT computes it: all of `a` quantized to uint8 with one scale,
-    an exact integer product, then rescaled per column of qw (float32)."""
-    qa, sa, za = _dynamic_quant_uint8(a)
-    acc = (qa - za).astype(np.int64) @ (qw.astype(np.int64) - zp.astype(np.int64))
-    return acc.astype(np.float32) * (sa * scale)
+def _same_as_first(x, *_, **__):
+    return TensorFact(x.dtype, x.shape)
 
 
-@functools.lru_cache(maxsize=1)
-def physical_cores() -> int:
-    """Physical CPU cores, counted as ORT's default thread pool counts them (cpuinfo: distinct
-    core ids per package); ORT's own fallback, half the logical CPUs, when sysfs is silent."""
-    cores = set()
-    for topo in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
-        try:
-            with open(f"{topo}/physical_package_id") as f1, open(f"{topo}/core_id") as f2:
-                cores.add((f1.read().strip(), f2.read().strip()))
-        except OSError:
-            continue
-    return len(cores) or max(1, (os.cpu_count() or 2) // 2)
+for _elementwise in (Gelu, BiasGelu, FastGelu, QuickGelu, BiasAdd):
+    _elementwise.infer(_same_as_first)
 
 
-def ort_intra_threads() -> int:
-    """The degree of parallelism ORT's CPU kernels would see in this process: the session's
-    intra_op_num_threads (mirrored into the BLAS pool) capped at the physical cores, which is
-    ORT's default."""
-    return max(1, min(blas_thread_count(), physical_cores()))
+def _fused_fact(shape, trans: int, trans_batch: int):
+    """_fused_operand's layout flags applied to a fact shape."""
+    if shape is None or len(shape) < 2:
+        return shape
+    s = tuple(shape)
+    if trans_batch and len(s) > 2:
+        s = (*s[1:-1], s[0], s[-1])
+    return (*s[:-2], s[-1], s[-2]) if trans else s
 
 
-def lstm_batch_chunk(batch: int, hidden: int, threads: int) -> int:
-    """Rows of the batch that ORT's LSTM steps together (and so quantizes with one scale):
-    the batch is split over the threads when it has more than 4 rows, or at least 2 rows and
-    a hidden size of at most 256; otherwise the whole batch is one block."""
-    if batch > 4 or (batch >= 2 and hidden <= 256):
-        return -(-batch // max(1, threads))
-    return max(batch, 1)
+@FusedMatMul.infer
+def _fused_matmul_infer(a, b, *, transA=0, transB=0, transBatchA=0, transBatchB=0, **_):
+    sa, sb = _fused_fact(a.shape, transA, transBatchA), _fused_fact(b.shape, transB, transBatchB)
+    if sa is None or sb is None or not sa or not sb:
+        return TensorFact(a.dtype, None)
+    if len(sb) == 1:
+        return TensorFact(a.dtype, sa[:-1])
+    if len(sa) == 1:
+        return TensorFact(a.dtype, (*sb[:-2], sb[-1]))
+    batch = broadcast_shapes(sa[:-2], sb[:-2])
+    return TensorFact(a.dtype, None if batch is None else (*batch, sa[-2], sb[-1]))
 
 
-def _recurrent(prev: np.ndarray, qr, rs, rz, chunk: int) -> np.ndarray:
-    """prev @ R with each block of `chunk` batch rows quantized on its own, as ORT's threads
-    do."""
-    return np.concatenate([_quant_matmul(prev[r:r + chunk], qr, rs, rz)
-                           for r in range(0, prev.shape[0], chunk)]) if prev.shape[0] else \
-        np.zeros((0, qr.shape[1]), np.float32)
+def _stat_dtype(dt) -> str:
+    return "float64" if dt is not None and np.dtype(dt) == np.float64 else "float32"
 
 
-def _per_column(v: np.ndarray, num_dir: int, cols: int, what: str) -> np.ndarray:
-    """A scale / zero point given per direction ([D]) or per column ([D, cols]) as [D, 1|cols]."""
-    v = np.asarray(v)
-    if v.shape in ((num_dir,), (num_dir, 1)) or (num_dir == 1 and v.shape == ()):
-        return v.reshape(num_dir, 1)
-    if v.shape == (num_dir, cols):
-        return v
-    raise KernelError(f"{what} has shape {v.shape}; expected ({num_dir},) or ({num_dir}, {cols})")
+def _skip_norm_infer(x, *_, **__):
+    stat = None if x.shape is None else (*x.shape[:-1], 1)
+    u = _stat_dtype(x.dtype)
+    return (TensorFact(x.dtype, x.shape), TensorFact(u, stat), TensorFact(u, stat),
+            TensorFact(x.dtype, x.shape))
 
 
-def _qlstm_shapes(X, W, R, num_dir: int, hidden_size):
-    if X.ndim != 3:
-        raise KernelError(f"X must be [seq, batch, input], got shape {X.shape}")
-    H = R.shape[1] if R.ndim == 3 else -1
-    if hidden_size is not None and int(hidden_size) != H:
-        raise KernelError(f"hidden_size={hidden_size} but R has shape {R.shape}")
-    if W.shape != (num_dir, X.shape[2], 4 * H):
-        raise KernelError(f"W has shape {W.shape}, expected {(num_dir, X.shape[2], 4 * H)}")
-    if R.shape != (num_dir, H, 4 * H):
-        raise KernelError(f"R has shape {R.shape}, expected {(num_dir, H, 4 * H)}")
-    return H
+SkipLayerNormalization.infer(_skip_norm_infer)
+SkipSimplifiedLayerNormalization.infer(_skip_norm_infer)
 
 
-def _f32_or_zeros(v, shape, what: str) -> np.ndarray:
-    if v is None:
-        return np.zeros(shape, np.float32)
-    if v.shape != shape:
-        raise KernelError(f"{what} has shape {v.shape}, expected {shape}")
-    return v.astype(np.float32)
+@SimplifiedLayerNormalization.infer
+def _simplified_infer(x, scale, *, axis=-1, stash_type=1, **_):
+    u = "float64" if stash_type == 11 else _stat_dtype(x.dtype)
+    if x.shape is None:
+        return TensorFact(scale.dtype, None), TensorFact(u, None)
+    rank = len(x.shape)
+    a = axis % rank if -rank <= axis < rank else rank
+    return (TensorFact(scale.dtype, broadcast_shapes(x.shape, scale.shape)),
+            TensorFact(u, (*x.shape[:a], *(1,) * (rank - a))))
 
 
-@op("DynamicQuantizeLSTM", domain=MS, since=1,
-    inputs=["X: T", "W: T2", "R: T2", "B?: T", "sequence_lens?: T1", "initial_h?: T",
-            "initial_c?: T", "P?: T", "W_scale: T", "W_zero_point: T2", "R_scale: T",
-            "R_zero_point: T2"],
-    outputs=["Y?: T", "Y_h?: T", "Y_c?: T"],
-    types={"T": ["float32"], "T1": ["int32"], "T2": ["uint8", "int8"]},
-    attrs={"activation_alpha": ("FLOATS", None), "activation_beta": ("FLOATS", None),
-           "activations": ("STRINGS", None), "clip": ("FLOAT", None),
-           "direction": "forward", "hidden_size": ("INT", None), "input_forget": 0},
-    contract=Contract(nan="propagate", allowed={
-        "direction": one_of("forward", "reverse", "bidirectional"),
-        "input_forget": one_of(0, 1)}))
-def DynamicQuantizeLSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None,
-                        P=None, W_scale=None, W_zero_point=None, R_scale=None,
-                        R_zero_point=None, *, activation_alpha=None, activation_beta=None,
-                        activations=None, clip=None, direction="forward", hidden_size=None,
-                        input_forget=0):
-    """LSTM (gates i|o|f|c) with int8/uint8 W [D, input, 4H] and R [D, H, 4H]; X and each
-    step's hidden state are quantized to uint8 on the fly (com.microsoft DynamicQuantizeLSTM-1).
-
-    As in ORT, the input projection quantizes X[:max(sequence_lens)] with one scale and each
-    recurrent step quantizes the previous output per block of batch rows that one of ORT's
-    threads steps (see lstm_batch_chunk), so results follow ORT's thread count.
-    """
-    return quantized_lstm(
-        X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point, R_scale,
-        R_zero_point, activation_alpha=activation_alpha, activation_beta=activation_beta,
-        activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
-        input_forget=input_forget, threads=ort_intra_threads())
+@ContribAttention.infer
+def _attention_infer(inp, weights, bias=None, mask=None, past=None, *_, num_heads=None,
+                     qkv_hidden_sizes=None, **__):
+    if inp.shape is None or weights.shape is None or len(inp.shape) != 3 or not num_heads:
+        return TensorFact(inp.dtype, None), TensorFact(inp.dtype, None)
+    b, s, _ = inp.shape
+    width = weights.shape[-1]
+    if qkv_hidden_sizes:
+        qh, vh = int(qkv_hidden_sizes[0]), int(qkv_hidden_sizes[2])
+    elif isinstance(width, int):
+        qh = vh = width // 3
+    else:
+        return TensorFact(inp.dtype, None), TensorFact(inp.dtype, None)
+    out = TensorFact(inp.dtype, (b, s, vh))
+    if qh != vh:
+        return out, TensorFact(inp.dtype, None)
+    past_len = 0
+    if past is not None:
+        if past.shape is None or len(past.shape) != 5:
+            return out, TensorFact(inp.dtype, None)
+        past_len = past.shape[3]
+    total = s + past_len if isinstance(s, int) and isinstance(past_len, int) else None
+    return out, TensorFact(inp.dtype, (2, b, num_heads, total, qh // num_heads))
 
 
-def quantized_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point,
-                   R_scale, R_zero_point, *, activation_alpha=None, activation_beta=None,
-                   activations=None, clip=None, direction="forward", hidden_size=None,
-                   input_forget=0, threads: int = 1):
-    """DynamicQuantizeLSTM as ORT computes it with `threads` intra-op threads."""
-    from opwarden.ops.rnn import _activation_list, _clipper, _seq_lens
-
-    if W_scale is None or W_zero_point is None or R_scale is None or R_zero_point is None:
-        raise KernelError("DynamicQuantizeLSTM needs W_scale, W_zero_point, R_scale, R_zero_point")
-    num_dir = 2 if direction == "bidirectional" else 1
-    H = _qlstm_shapes(X, W, R, num_dir, hidden_size)
-    T, Bsz = X.shape[0], X.shape[1]
-    lens = _seq_lens(sequence_lens, T, Bsz)
-    quant = (_per_column(W_scale, num_dir, 4 * H, "W_scale").astype(np.float32),
-             _per_column(W_zero_point, num_dir, 4 * H, "W_zero_point"),
-             _per_column(R_scale, num_dir, 4 * H, "R_scale").astype(np.float32),
-             _per_column(R_zero_point, num_dir, 4 * H, "R_zero_point"))
-    b = _f32_or_zeros(B, (num_dir, 8 * H), "B")
-    bias = b[:, :4 * H] + b[:, 4 * H:]
-    p = _f32_or_zeros(P, (num_dir, 3 * H), "P")
-    h0 = _f32_or_zeros(initial_h, (num_dir, Bsz, H), "initial_h")
-    c0 = _f32_or_zeros(initial_c, (num_dir, Bsz, H), "initial_c")
-    acts = _activation_list(activations, activation_alpha, activation_beta,
-                            ["Sigmoid", "Tanh", "Tanh"], num_dir)
-    chunk = lstm_batch_chunk(Bsz, H, threads)
-    Y = np.zeros((T, num_dir, Bsz, H), np.float32)
-    Y_h, Y_c = h0.copy(), c0.copy()
-    for d in range(num_dir):
-        reverse = direction == "reverse" or d == 1
-        Y[:, d], Y_h[d], Y_c[d] = _qlstm_direction(
-            X.astype(np.float32), W[d], R[d], [q[d] for q in quant], bias[d], p[d], h0[d], c0[d],
-            lens, acts[d], _clipper(clip), input_forget, reverse, chunk)
-    return Y, Y_h.astype(np.float32), Y_c.astype(np.float32)
+def _float_cases(rng, *shapes, dtype=np.float32):
+    return [rng.standard_normal(s).astype(dtype) for s in shapes]
 
 
-def _qlstm_direction(x, w, r, quant, bias, p, h, c, lens, acts, cl, input_forget, reverse,
-                     chunk):
-    """One direction of quantized_lstm: (Y [T, B, H], final h, final c)."""
-    from opwarden.ops.rnn import _reverse_index
+@QuickGelu.samples
+def _quick_gelu_samples(rng):
+    x = rng.standard_normal((3, 7)).astype(np.float32) * 4
+    x.flat[:6] = [0.0, -0.0, 60.0, -60.0, 1e30, -1e30]  # exp(-|z|) never overflows
+    for alpha in (1.702, 1.0, -0.5):
+        yield Sample([x], {"alpha": alpha}, label=f"alpha {alpha}")
+    yield Sample([x.clip(-60000, 60000).astype(np.float16)], label="float16")
+    yield Sample([x[:0]], label="empty")
 
-    T, Bsz, H = x.shape[0], x.shape[1], r.shape[0]
-    ws, wz, rs, rz = quant
-    t_max = int(lens.max()) if lens.size else 0
-    bidx = np.arange(Bsz)
-    ridx = _reverse_index(lens, T) if reverse else None
-    xd = x[ridx, bidx] if reverse else x
-    # One quantization over every time step any sequence still uses.
-    proj = _quant_matmul(xd[:t_max].reshape(-1, x.shape[2]), w, ws, wz)
-    proj = proj.reshape(t_max, Bsz, 4 * H)
-    f, g, hf = acts
-    pi, po, pf = p[:H], p[H:2 * H], p[2 * H:]
-    Yd = np.zeros((T, Bsz, H), np.float32)
-    for t in range(t_max):
-        active = (t < lens)[:, None]
-        # The state quantized is last step's output row, which ORT zeroes for sequences
-        # that had already ended then; it sets the range of its block's quantization scale.
-        prev = h if t == 0 else np.where((t - 1 < lens)[:, None], h, 0.0)
-        gates = proj[t] + _recurrent(prev.astype(np.float32), r, rs, rz, chunk) + bias
-        i = f(cl(gates[:, :H] + pi * c))
-        fg = 1 - i if input_forget else f(cl(gates[:, 2 * H:3 * H] + pf * c))
-        c_new = fg * c + i * g(cl(gates[:, 3 * H:]))
-        o = f(cl(gates[:, H:2 * H] + po * c_new))
-        h_new = o * hf(c_new)
-        h, c = np.where(active, h_new, h), np.where(active, c_new, c)
-        Yd[t] = np.where(active, h_new, 0.0)
-    return (Yd[ridx, bidx] if reverse else Yd), h, c
+
+@BiasGelu.samples
+def _bias_gelu_samples(rng):
+    for dt in (np.float32, np.float16):
+        a, b = _float_cases(rng, (2, 3, 8), (8,), dtype=dt)
+        yield Sample([a, b], label=f"{np.dtype(dt).name} (2, 3, 8) + (8,)", constants=(1,))
+    a, b = _float_cases(rng, (0, 8), (8,))
+    yield Sample([a, b], label="empty")
+
+
+@BiasAdd.samples
+def _bias_add_samples(rng):
+    for dt in (np.float32, np.float16):
+        x, bias, skip = _float_cases(rng, (2, 3, 8), (8,), (2, 3, 8), dtype=dt)
+        yield Sample([x, bias, skip], label=np.dtype(dt).name, constants=(1,))
+    x, bias, skip = _float_cases(rng, (1, 1, 4), (4,), (1, 1, 4))
+    yield Sample([x, bias, skip], label="one token")
+    x, bias, skip = _float_cases(rng, (2, 0, 4), (4,), (2, 0, 4))
+    yield Sample([x, bias, skip], label="empty")
+
+
+@FusedMatMul.samples
+def _fused_matmul_samples(rng):
+    a, b = _float_cases(rng, (2, 3, 4), (2, 4, 5))
+    yield Sample([a, b], {"alpha": 0.5}, label="batched, alpha")
+    yield Sample([a.transpose(0, 2, 1).copy(), b.transpose(0, 2, 1).copy()],
+                 {"transA": 1, "transB": 1}, label="transA, transB")
+    yield Sample([a.transpose(1, 0, 2).copy(), b], {"transBatchA": 1}, label="transBatchA")
+    yield Sample([a, b.transpose(2, 0, 1).copy()], {"transBatchB": 1, "transB": 1},
+                 label="transBatchB + transB")
+    a2, b2 = _float_cases(rng, (3, 4), (4,))
+    yield Sample([a2, b2], label="matrix @ vector")
+    yield Sample([a2.astype(np.float16), rng.standard_normal((4, 2)).astype(np.float16)],
+                 label="float16")
+    yield Sample([a2[:0], rng.standard_normal((4, 2)).astype(np.float32)], label="empty")
+
+
+def _skip_norm_samples(rng, with_beta: bool):
+    H = 8
+    for dt in (np.float32, np.float16, np.float64):
+        x, skip, gamma, beta, bias = _float_cases(rng, (2, 3, H), (2, 3, H), (H,), (H,), (H,),
+                                                  dtype=dt)
+        full = [x, skip, gamma, beta, bias] if with_beta else [x, skip, gamma, bias]
+        yield Sample(full, noutputs=4, label=f"{np.dtype(dt).name} every input and output",
+                     constants=tuple(range(2, len(full))))
+    x, skip, gamma = _float_cases(rng, (2, 3, H), (3, H), (H,))
+    yield Sample([x, skip, gamma], {"epsilon": 1e-5}, label="2-D skip broadcast over batch")
+    x, skip, gamma = _float_cases(rng, (4, H), (4, H), (H,))
+    yield Sample([x, skip, gamma], noutputs=2, label="2-D input")
+    x, skip, gamma = _float_cases(rng, (0, 2, H), (0, 2, H), (H,))
+    yield Sample([x, skip, gamma], label="empty")
+
+
+SkipLayerNormalization.samples(lambda rng: _skip_norm_samples(rng, True))
+SkipSimplifiedLayerNormalization.samples(lambda rng: _skip_norm_samples(rng, False))
+
+
+@ContribAttention.samples
+def _attention_samples(rng):
+    B, S, H, N = 2, 4, 8, 2
+    x, w, bias = _float_cases(rng, (B, S, H), (H, 3 * H), (3 * H,))
+    heads = {"num_heads": N}
+    yield Sample([x, w, bias], heads, label="no mask", constants=(1, 2))
+    yield Sample([x, w, bias, np.array([4, 2], np.int32)], heads,
+                 label="1-D mask_index (key lengths)")
+    yield Sample([x, w, bias, np.array([[1, 1, 1, 0], [1, 0, 1, 1]], np.int32)], heads,
+                 label="2-D raw mask")
+    past = rng.standard_normal((2, B, N, 3, H // N)).astype(np.float32)
+    yield Sample([x, w, bias, None, past], {**heads, "unidirectional": 1}, noutputs=2,
+                 label="unidirectional with past")
+    yield Sample([x, rng.standard_normal((H, 2 * H)).astype(np.float32)],
+                 {**heads, "qkv_hidden_sizes": [H // 2, H // 2, H], "scale": 0.3},
+                 label="qkv_hidden_sizes, scale")
+    yield Sample([x.astype(np.float16), w.astype(np.float16), bias.astype(np.float16)], heads,
+                 label="float16")

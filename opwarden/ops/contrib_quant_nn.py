@@ -14,6 +14,7 @@ from opwarden.errors import KernelError
 from opwarden.ops.base import Sample, op
 from opwarden.ops.cast import int_range
 from opwarden.ops.contrib_quant import F32, MS, Q8, _q8, _qparams, saturate, scalar_param
+from opwarden.ops.conv import conv_out_shape, conv_pads, spatial_params
 from opwarden.ops.pool import pool_geometry
 from opwarden.ops.quant import QLinearConv as _QLinearConvOnnx
 from opwarden.ops.quant import _dequantize, _quantize
@@ -332,6 +333,26 @@ def QLinearConvMS(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y
                          dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
                          strides=strides)
     return _from_nchw(y, channels_last)
+
+
+@QLinearConvMS.infer
+def _qconv_ms_infer(x, xs=None, xz=None, w=None, ws=None, wz=None, ys=None, yz=None, b=None, *,
+                    auto_pad="NOTSET", channels_last=0, dilations=None, kernel_shape=None,
+                    pads=None, strides=None, **_):
+    dt = yz.dtype if yz is not None else None
+    if x.shape is None or w is None or w.shape is None or len(x.shape) < 3:
+        return TensorFact(dt, None)
+    s = tuple(x.shape)
+    n, sp = s[0], (s[1:-1] if channels_last else s[2:])
+    m = w.shape[0]
+    kernel = list(kernel_shape) if kernel_shape else list(w.shape[2:])
+    if not all(isinstance(v, int) for v in (*sp, *kernel)) or len(kernel) != len(sp):
+        out: tuple = (None,) * len(sp)
+    else:
+        st, di = spatial_params(len(sp), strides, dilations)
+        begin, end = conv_pads(sp, kernel, st, di, pads, auto_pad)
+        out = tuple(conv_out_shape(sp, kernel, st, di, begin, end))
+    return TensorFact(dt, (n, *out, m) if channels_last else (n, m, *out))
 
 
 @QLinearConvMS.samples

@@ -380,7 +380,7 @@ def test_dynamic_quantize_lstm_matches_onnxruntime(direction, wdt, per_column, l
     attrs = {"hidden_size": 3, "direction": direction, **attrs}
     got = ours("DynamicQuantizeLSTM", ins, attrs, n_out=3)
     # ORT quantizes the recurrent state per thread's slice of the batch: same thread count.
-    from opwarden.ops.contrib import ort_intra_threads
+    from opwarden.ops.contrib_dynq import ort_intra_threads
     ref = theirs("DynamicQuantizeLSTM", ins, attrs, n_out=3, threads=ort_intra_threads())
     for a, b in zip(got, ref):
         close(a, b, rtol=1e-5, atol=1e-6)
