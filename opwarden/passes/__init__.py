@@ -33,6 +33,7 @@ from opwarden.ir.graph import Model
 from opwarden.passes.basic import constant_folding, shape_folding
 from opwarden.passes.conv_branches import concat_conv_merge
 from opwarden.passes.dead_code import dead_code_elimination
+from opwarden.passes.dynq_fusion import dynamic_quantize_matmul_fusion
 from opwarden.passes.elementwise_chain import elementwise_fusion
 from opwarden.passes.fold_bn import bn_to_affine, conv_bn_folding
 from opwarden.passes.fp16_islands import fp16_islands
@@ -65,6 +66,7 @@ PASSES: list[Pass] = [
     Pass("constant_folding", 1, constant_folding),
     Pass("identity_elimination", 1, identity_elimination),
     Pass("dead_code_elimination", 1, dead_code_elimination),
+    Pass("dynamic_quantize_matmul_fusion", 2, dynamic_quantize_matmul_fusion),
     Pass("conv_bn_folding", 2, conv_bn_folding),
     Pass("bn_to_affine", 2, bn_to_affine),
     Pass("scale_into_conv", 2, scale_into_conv),

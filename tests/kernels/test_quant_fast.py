@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from opwarden.kernels.cpu.quant import qgemm_blas, qlinear_conv_im2col, qlinear_matmul_blas
+from opwarden.kernels.cpu.quant import (
+    dynamic_quantize_matmul_blas,
+    qgemm_blas,
+    qlinear_conv_im2col,
+    qlinear_matmul_blas,
+)
 from opwarden.kernels.cpu.quant_linear import (
     dequantize_fast,
     dynamic_quantize_fast,
@@ -182,6 +187,27 @@ def test_quantize_dequantize_match_reference(zt, axis):
     z16 = np.asarray(7, np.uint16)
     assert np.array_equal(quantize_fast(x, np.asarray(0.2, F32), z16),
                           ref("QuantizeLinear")(x, np.asarray(0.2, F32), z16))
+
+
+@pytest.mark.parametrize("bt", [np.int8, np.uint8])
+def test_dynamic_quantize_matmul_matches_reference(bt):
+    rng = np.random.default_rng(4)
+    k, n = 1500, 7
+    b = q8(rng, bt, (k, n))
+    cases = [(rng.standard_normal((2, 5, k)).astype(F32) * 3, np.asarray(0.01, F32), None,
+              None),
+             (np.abs(rng.standard_normal((4, k))).astype(F32),
+              rng.uniform(0.001, 0.01, n).astype(F32), q8(rng, bt, (n,)),
+              rng.standard_normal(n).astype(F32)),
+             (np.full((3, k), 2.5, F32), np.asarray(0.01, F32), np.asarray(3, bt), None),
+             (np.zeros((3, k), F32), np.asarray(0.01, F32), None, None)]
+    nan = rng.standard_normal((2, k)).astype(F32)
+    nan[1, 3] = np.nan
+    cases.append((nan, np.asarray(0.01, F32), None, None))
+    for a, bs, bz, bias in cases:
+        want = ref("DynamicQuantizeMatMul", "com.microsoft")(a, b, bs, bz, bias)
+        got = dynamic_quantize_matmul_blas(a, b, bs, bz, bias)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
 
 
 def _single(op, inputs, outputs, inits, domain=""):

@@ -143,14 +143,16 @@ def _ort(path, optimize=True):
 
 
 def _ort_fused(data_or_path, tmp_path) -> dict[str, int]:
-    """The QLinearConv/QLinearMatMul/QGemm counts of ORT's own optimized graph."""
+    """The QLinearConv/QLinearMatMul/QGemm/DynamicQuantizeMatMul counts of ORT's own
+    optimized graph."""
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "ort_optimized.onnx")
     so.log_severity_level = 3
     src = data_or_path if isinstance(data_or_path, bytes) else str(data_or_path)
     ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     ops = [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
-    return {t: ops.count(t) for t in ("QLinearConv", "QLinearMatMul", "QGemm") if t in ops}
+    return {t: ops.count(t) for t in ("QLinearConv", "QLinearMatMul", "QGemm",
+                                      "DynamicQuantizeMatMul") if t in ops}
 
 
 def _ours(path, disabled=()):
@@ -225,15 +227,28 @@ def test_int8_activations_stay_float_as_in_onnxruntime(models, name):
         _close(ours.run(None, feed)[0], want, _gap(unopt, feed, want))
 
 
-def test_dynamic_quantized_bert_matches_onnxruntime(models):
+def test_dynamic_quantized_bert_matches_onnxruntime(models, tmp_path):
     path = models[("bert", "dyn")]
     ours, theirs, unopt = _ours(path), _ort(path), _ort(path, optimize=False)
+    chain = _ours(path, ["dynamic_quantize_matmul_fusion"])
+    e = next(e for e in ours.pass_report if e["pass"] == "dynamic_quantize_matmul_fusion")
+    assert dict(e["details"]) == {"DynamicQuantizeMatMul": 4}
+    # ORT fuses the projection whose DynamicQuantizeLinear has one reader (the others become
+    # its MatMulIntegerToFloat: the same arithmetic on the shared quantized input)
+    assert _ort_fused(path, tmp_path) == {"DynamicQuantizeMatMul": 1}
     names = {p.node.op_type: p.variant.name for p in ours.placements}
+    assert names["DynamicQuantizeMatMul"] == "dynamicquantizematmul.cpu.blas"
+    assert "DynamicQuantizeLinear" not in names and "MatMulInteger" not in names
+    names = {p.node.op_type: p.variant.name for p in chain.placements}
     assert names["MatMulInteger"] == "matmulinteger.cpu.blas"
     assert names["DynamicQuantizeLinear"] == "dynamicquantizelinear.cpu.f32"
+    assert not ours.model.graph.removed.keys() - chain.model.graph.removed.keys()
     for feed in _feeds("bert"):
         (want,) = theirs.run(None, feed)
-        _close(ours.run(None, feed)[0], want, _gap(unopt, feed, want))
+        (got,) = ours.run(None, feed)
+        _close(got, want, _gap(unopt, feed, want))
+        # the fused node computes the chain's arithmetic: bit for bit
+        assert np.array_equal(got, chain.run(None, feed)[0])
 
 
 def test_fused_node_carries_its_model_nodes(models):

@@ -269,6 +269,45 @@ def _im2col_workspace(x_shape, xs=None, xz=None, w_shape=None, *rest, **attrs) -
     return 4 * (2 * n * c * pad_h * pad_w + cols + m * cg * kh * kw) + 16 * n * m * pad_h * pad_w
 
 
+def dynamic_quantize_matmul_blas(A, B, b_scale, b_zero_point=None, bias=None):
+    """com.microsoft DynamicQuantizeMatMul: A quantized to uint8 with the reference's scale
+    and zero point in float32, the exact product on float32 BLAS, then the reference's float32
+    rescale and bias."""
+    what = "DynamicQuantizeMatMul"
+    a = np.asarray(A, F32)
+    lo = min(F32(a.min()) if a.size else F32(0), F32(0))
+    hi = max(F32(a.max()) if a.size else F32(0), F32(0))
+    n = B.shape[-1] if B.ndim else 1
+    bs = np.asarray(b_scale, F32)
+    if not (np.isfinite(lo) and np.isfinite(hi)) or B.ndim < 2 or a.ndim < 2 or bs.size not in (
+            1, n) or a.shape[-1] != B.shape[-2]:
+        # NaN/inf in A, a vector or a shape error: the reference decides (and explains).
+        return latest(what, "com.microsoft").reference(A, B, b_scale, b_zero_point, bias)
+    with np.errstate(all="ignore"):
+        scale = F32(1) if hi == lo else F32(F32(hi - lo) / F32(255))
+        zp = int(np.rint(min(max(F32(F32(0) - F32(lo / scale)), F32(0)), F32(255))))
+        q = np.divide(a, scale, out=np.empty(a.shape, F32))
+        np.rint(q, out=q)
+        q += F32(zp)
+        np.clip(q, 0, 255, out=q)
+        q -= F32(zp)
+    zb = None if b_zero_point is None else np.asarray(b_zero_point)
+    if zb is not None and (zb.ndim > 1 or zb.size not in (1, n)):
+        raise KernelError(f"{what}: b_zero_point must have 1 or {n} entries, got {zb.shape}")
+    zbr = None if zb is None else (zb.reshape(()) if zb.size == 1 else zb.reshape(-1))
+    bf, bound_b = _weight_f32(B, b_zero_point, zbr, "dqmm")
+    acc = exact_matmul(q, bf, max(zp, 255 - zp), bound_b)
+    with np.errstate(all="ignore"):
+        y = acc.astype(F32) if acc.dtype != F32 else acc
+        y *= (F32(scale) * (bs.reshape(()) if bs.size == 1 else bs.reshape(-1))).astype(F32)
+        if bias is not None:
+            bv = np.asarray(bias)
+            if bv.shape != (n,):
+                raise KernelError(f"{what}: bias must have shape ({n},), got {bv.shape}")
+            y += bv.astype(F32)
+    return y
+
+
 def register() -> None:
     """Register the BLAS variants of QGemm, QLinearMatMul and QLinearConv, and those of
     `quant_linear`."""
@@ -281,4 +320,7 @@ def register() -> None:
     for opdef in REGISTRY.versions("QLinearConv"):
         opdef.kernel("cpu", priority=10, name="qlinearconv.cpu.im2col", when=_conv_ok,
                      workspace_bytes=_im2col_workspace, accepts_out=True)(qlinear_conv_im2col)
+    latest("DynamicQuantizeMatMul", "com.microsoft").kernel(
+        "cpu", priority=10, name="dynamicquantizematmul.cpu.blas",
+        when=lambda a, b, *r, **k: is_int8(b.dtype))(dynamic_quantize_matmul_blas)
     quant_linear.register()
