@@ -340,6 +340,7 @@ class InferenceSession(OrtSessionMethods):
                 return self._run_guarded(feeds, calls)
             raise kernel_error(self.program.steps[e.index], [], e.error) from e.error
 
+                self.guard.suspect(self.program.steps[e.index], e.error)
     def _run_parallel(self, feeds: list[Any], calls: list, contract: bool) -> list[Any]:
         if self._pool is None:
             import concurrent.futures as cf
@@ -352,6 +353,7 @@ class InferenceSession(OrtSessionMethods):
                 return self._run_guarded(feeds, calls)
             raise kernel_error(self.program.steps[e.index], [], e.error) from e.error
 
+                self.guard.suspect(self.program.steps[e.index], e.error)
     def _run_guarded(self, feeds: list[Any], calls: list, deadline: Any = None) -> list[Any]:
         self.guard.begin_run()
         # Each step's output shape is checked against the facts with the feeds' dims bound.

@@ -166,12 +166,21 @@ class Guard:
         # Symbolic dims of this run's feeds, and the steps (the main graph's) they apply to.
         self._dims: dict[str, int] = {}
         self._main: tuple[Any, frozenset[int]] = (None, frozenset())
+        self._suspects: dict[int, str] = {}  # id(step) -> what it raised in the lean loop
 
     @property
     def active(self) -> bool:
         return bool(self.checks or self.trace or self.timeout or self.quarantine.entries)
 
     # -- run bookkeeping ---------------------------------------------------------------------
+    def suspect(self, st: Any, error: BaseException) -> None:
+        """Step `st` raised in the lean loop; the guarded rerun that follows counts it as
+        faulted even when the kernel succeeds there, so a transient fault is still recorded,
+        answered by the reference kernel and quarantined."""
+        if not st.placement.variant.reference:  # the rerun raises again or records it
+            self._suspects[id(st)] = (f"{type(error).__name__}: {error} "
+                                      "(raised in the lean loop; rerun under the guard)")
+
     def begin_run(self) -> None:
         self.runs += 1
         self.records = []
@@ -185,6 +194,7 @@ class Guard:
         self._dims = dims
 
     def end_run(self) -> None:
+        self._suspects.clear()
         room = MAX_RECORDS - len(self.all_records)
         if room > 0:
             self.all_records.extend(self.records[:room])
@@ -223,6 +233,10 @@ class Guard:
             pristine = _in_place_inputs(args, kw) if not var.reference else None
             snaps = self._snapshot(st, args, kw, pristine) if "mutation" in self.checks else None
             outs, faults = self._checked_call(st, args, kw, fin)
+            if self._suspects:  # raised in the lean loop: a fault even if it passes now
+                lean = self._suspects.pop(id(st), None)
+                if lean is not None and not faults:
+                    faults = [("exception", lean)]
             status = "ok"
             if snaps is not None:
                 k = C.mutated(args, snaps)
