@@ -43,10 +43,11 @@ FAMILIES = (
     "control",
     "sequence",
     "contrib", "contrib_dynq",
-    "contrib_quant", "contrib_quant_nn",
+    "contrib_quant", "contrib_quant_nn", "contrib_qmore",
     "contrib_attention",
     "contrib_embed",
     "contrib_wq",
+    "contrib_fused",
     "fused_elementwise",
     "fused",
 )
