@@ -11,8 +11,9 @@ branches, merging sibling 1x1 convolutions of one input (then a Split), an Avera
 activation moved after the MaxPool that reads it (it then runs on the smaller tensor), transpose
 cancellation and elementwise-chain fusion (then a level-1 clean-up); 3 is everything (the
 layout pass runs later, at placement). Any pass can be switched off by name with
-``disabled_passes``. Only the main graph is rewritten; subgraph bodies are left as they are
-(values they read from the main graph count as used there).
+``disabled_passes``. fp16_islands runs at every level, level 0 included (ORT rounds float16
+models the same at every level), and in subgraph bodies too; the other passes rewrite only the
+main graph (values subgraphs read from it count as used there).
 
 Each pass is a function of a `Rewriter` returning a `PassResult`, in a module of its own
 (basic: constant and shape folding; identity; dead_code; fold_bn: Conv+BN folding and BN as
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from opwarden.ir.graph import Model
+from opwarden.ir.validate import graphs_of
 from opwarden.passes.basic import constant_folding, shape_folding
 from opwarden.passes.conv_branches import concat_conv_merge
 from opwarden.passes.dead_code import dead_code_elimination
@@ -50,17 +52,21 @@ from opwarden.passes.transpose import transpose_cancellation
 
 class Pass(NamedTuple):
     """One row of the pass table: the name `disabled_passes` and the report use, the lowest
-    optimization level that runs it, and the pass itself."""
+    optimization level that runs it, and the pass itself. `always`: it also runs at level 0
+    (numerics ORT has at every level are not an optimization); `subgraphs`: it also rewrites
+    every subgraph body (If/Loop/Scan), as ORT's transformer does."""
 
     name: str
     level: int
     run: Callable[[Rewriter], PassResult]
+    always: bool = False
+    subgraphs: bool = False
 
 
 # In the order they run; level-1 passes run as a group until a fixed point, before and after
 # the level-2 passes.
 PASSES: list[Pass] = [
-    Pass("fp16_islands", 1, fp16_islands),
+    Pass("fp16_islands", 1, fp16_islands, always=True, subgraphs=True),
     Pass("qdq_fusion", 1, qdq_fusion),
     Pass("shape_folding", 1, shape_folding),
     Pass("constant_folding", 1, constant_folding),
@@ -106,23 +112,26 @@ def optimize(model: Model, options: Any) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     before = len(model.graph.nodes)
     report: dict[str, dict[str, Any]] = {}
-    active = [p for p in PASSES if p.level <= level and p.name not in disabled]
+    active = [p for p in PASSES if (p.level <= level or p.always) and p.name not in disabled]
 
     def run(p: Pass) -> int:
         t = time.perf_counter()
-        rw = Rewriter(model, model.graph, p.name)
-        res = p.run(rw)
-        rw.finish()
-        if res.changes:
-            relink(model)
         entry = report.setdefault(
             p.name, {"pass": p.name, "level": p.level, "changes": 0, "ms": 0.0, "details": {}}
         )
-        entry["changes"] += res.changes
+        changes = 0
+        for g in graphs_of(model) if p.subgraphs else [model.graph]:
+            rw = Rewriter(model, g, p.name)
+            res = p.run(rw)
+            rw.finish()
+            if res.changes:
+                relink(model)
+            changes += res.changes
+            for k, n in res.details.items():
+                entry["details"][k] = entry["details"].get(k, 0) + n
+        entry["changes"] += changes
         entry["ms"] += (time.perf_counter() - t) * 1e3
-        for k, n in res.details.items():
-            entry["details"][k] = entry["details"].get(k, 0) + n
-        return res.changes
+        return changes
 
     basic = [p for p in active if p.level == 1]
     fusions = [p for p in active if p.level >= 2]

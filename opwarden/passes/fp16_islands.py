@@ -1,4 +1,5 @@
-"""`fp16_islands` (level 1): float16 models round where ONNX Runtime's CPU provider rounds.
+"""`fp16_islands` (every level, subgraph bodies too): float16 models round where ONNX Runtime's
+CPU provider rounds.
 
 ORT has float16 CPU kernels for only some operators (data movement, Cast, Gather,
 LayerNormalization, Clip, Min/Max, ...: `_NATIVE`, read from ORT 1.32's kernel registry). Its
@@ -12,7 +13,9 @@ also runs in float32 ("isolated"; not with a subgraph or a graph output). Casts 
 writes itself stay as they are (ORT 1.32 removes none of its lossy float32 -> float16 ->
 float32 pairs).
 
-This pass makes those decisions on the main graph, in node order as ORT makes them: such a
+This pass makes those decisions on each graph (the pass manager runs it on every subgraph body
+too, whose values' types it first derives from their producers' schemas where the model
+declares none), in node order as ORT makes them: such a
 node gets float32 copies of its float16 inputs (Cast nodes; on initializers they fold to
 float32 weights holding the float16 values) and float32 outputs, with a Cast back to
 float16 only for the readers that need float16. A node that would run in float32 alone is
@@ -81,6 +84,28 @@ def native_fp16(node: Node) -> bool:
 
 def _half(v: Value | None) -> TypeGuard[Value]:
     return v is not None and v.kind == "tensor" and v.fact.dtype == "float16"
+
+
+def _fill_body_dtypes(g) -> None:
+    """Mark a subgraph's undeclared values float16 where their producer's schema ties them
+    to a float16 input (the same type constraint) or fixes them to float16: the loader infers
+    types for the main graph only."""
+    for n in g.nodes:
+        sch = n.schema
+        if sch is None:
+            continue
+        bound: dict[str, str] = {}
+        for param, v in zip(sch.inputs, n.inputs):
+            if v is not None and v.kind == "tensor" and v.fact.dtype is not None:
+                bound.setdefault(param.type_str, v.fact.dtype)
+        outs = sch.outputs
+        for k, o in enumerate(n.outputs):
+            if o is None or o.fact.dtype is not None or not outs:
+                continue
+            ts = outs[min(k, len(outs) - 1)].type_str
+            # only float16 matters here; other types stay as the loader left them
+            if bound.get(ts) == "float16" or ts == "tensor(float16)":
+                o.fact = TensorFact("float16", o.fact.shape)
 
 
 class _Islands:
@@ -186,6 +211,8 @@ def fp16_islands(rw: Rewriter) -> PassResult:
     res = PassResult()
     # Idempotent: once applied, the float32 nodes read no float16 and the Casts it placed
     # have float16 kernels, so a later round finds nothing to do.
+    if rw.graph.outer is not None:
+        _fill_body_dtypes(rw.graph)
     isl = _Islands(rw)
     isl.classify()
     isl.drop_singletons()
