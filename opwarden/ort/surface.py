@@ -32,6 +32,9 @@ ORT_OPTIMIZERS = {
     "GemmActivationFusion": "gemm_fusion",
     "MatMulAddFusion": "gemm_fusion",
     "TransposeOptimizer": "transpose_cancellation",
+    "QDQSelectorActionTransformer": "qdq_fusion",
+    "DynamicQuantizeMatMulFusion": "dynamic_quantize_matmul_fusion",
+    "MatMulIntegerToFloatFusion": "dynamic_quantize_matmul_fusion",
 }
 
 

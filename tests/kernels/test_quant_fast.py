@@ -239,3 +239,31 @@ def test_dynamic_quantize_and_matmul_integer_match_onnxruntime():
         assert any(p.variant.name.endswith((".f32", ".blas")) for p in ours.placements)
         for g, w in zip(ours.run(None, feed), theirs.run(None, feed), strict=True):
             assert g.dtype == w.dtype and np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("fill", ["extreme", "random"])
+def test_constant_weight_chunks_stay_exact(fill):
+    """A constant weight's chunks come from its own |w| sums: weights at the type's extremes
+    (the shortest chunks) and random ones (the longest) both give the exact product."""
+    import opwarden
+
+    rng = np.random.default_rng(8)
+    k = 2100
+    b = np.where(rng.random((k, 5)) < 0.5, 127, -128).astype(np.int8) if fill == "extreme" \
+        else (rng.standard_normal((k, 5)) * 30).clip(-128, 127).astype(np.int8)
+    inits = [("a_s", np.asarray(0.01, F32)), ("a_z", np.asarray(0, np.uint8)), ("b", b),
+             ("b_s", np.asarray(0.002, F32)), ("b_z", np.asarray(0, np.int8)),
+             ("y_s", np.asarray(40.0, F32)), ("y_z", np.asarray(128, np.uint8))]
+    g = helper.make_graph(
+        [helper.make_node("QLinearMatMul", ["a", *[n for n, _ in inits]], ["y"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [3, k])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [3, 5])],
+        [numpy_helper.from_array(v, n) for n, v in inits])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    sess = opwarden.InferenceSession(m.SerializeToString())
+    a = np.full((3, k), 255, np.uint8)
+    a[1] = rng.integers(0, 256, k)
+    want = ref("QLinearMatMul")(a, *[v for _, v in inits[:2]], b, *[v for _, v in inits[3:]])
+    for _ in range(2):  # the second run uses the cached weight and chunks
+        assert np.array_equal(sess.run(None, {"a": a})[0], want)

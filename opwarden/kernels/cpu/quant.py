@@ -14,6 +14,8 @@ reference's own float32 arithmetic. Constant weights are converted and centered 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -27,8 +29,10 @@ from opwarden.kernels.cpu.quant_linear import (
     latest,
     requantize_into,
     span,
+    weight_splits,
 )
 from opwarden.kernels.cpu.util import packed
+from opwarden.memory.constants import is_constant
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.contrib_quant_nn import qgemm_finish
 from opwarden.ops.conv import conv_pads
@@ -43,9 +47,11 @@ def exact_float(k: int) -> type:
     return np.float32 if k <= F32_EXACT_K else np.float64
 
 
-def _weight_f32(w: np.ndarray, zp, shaped, tag: str, shape_fn=None) -> tuple[np.ndarray, int]:
+def _weight_f32(w: np.ndarray, zp, shaped, tag: str, shape_fn=None,
+                k_axis: int = -2) -> tuple[np.ndarray, int, np.ndarray | None]:
     """A weight as float32 less its zero point `zp` (`shaped` to broadcast against it),
-    cached when both are constants, and the bound on its |values|."""
+    cached when both are constants, the bound on its |values| and, for a cached one, its
+    exact chunk boundaries along `k_axis` of the packed form (quant_linear.weight_splits)."""
     zarr = None if shaped is None else np.asarray(shaped)
 
     def pack(a):
@@ -54,8 +60,12 @@ def _weight_f32(w: np.ndarray, zp, shaped, tag: str, shape_fn=None) -> tuple[np.
 
     deps = (zp,) if isinstance(zp, np.ndarray) else ()
     if zp is not None and not deps:
-        return pack(w), span(w.dtype, zarr)
-    return packed(w, ("quant", tag), pack, deps), span(w.dtype, zarr)
+        return pack(w), span(w.dtype, zarr), None
+    wf = packed(w, ("quant", tag), pack, deps)
+    if not is_constant(w):  # an activation operand: the type's bound, no per-call analysis
+        return wf, span(w.dtype, zarr), None
+    splits = packed(w, ("quant-splits", tag), lambda _: weight_splits(wf, k_axis), deps)
+    return wf, span(w.dtype, zarr), splits
 
 
 def qgemm_blas(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None,
@@ -75,8 +85,8 @@ def qgemm_blas(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_sca
     za = None if a_zero_point is None else np.asarray(a_zero_point)
     bt = (lambda c: c.T) if transB else None
     bzp = zb.reshape(-1) if not transB or zb.size == 1 else zb.reshape(-1, 1)
-    bf, bound_b = _weight_f32(B, b_zero_point, bzp, f"qgemm{transB}", bt)
-    acc = exact_matmul(centered_f32(a, za), bf, span(a.dtype, za), bound_b)
+    bf, bound_b, splits = _weight_f32(B, b_zero_point, bzp, f"qgemm{transB}", bt)
+    acc = exact_matmul(centered_f32(a, za), bf, span(a.dtype, za), bound_b, splits)
     return qgemm_finish(acc.astype(np.int64), C, a_scale, b_scale, y_scale, y_zero_point,
                         alpha)
 
@@ -106,8 +116,8 @@ def qlinear_matmul_blas(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_sc
                           f"nor per column of {n}")
     zar = za.reshape(()) if za.size == 1 else za.reshape(-1, 1)
     zbr = zb.reshape(()) if zb.size == 1 else zb
-    bf, bound_b = _weight_f32(b, b_zero_point, zbr, "qlmm")
-    acc = exact_matmul(centered_f32(a, zar), bf, span(a.dtype, zar), bound_b)
+    bf, bound_b, splits = _weight_f32(b, b_zero_point, zbr, "qlmm")
+    acc = exact_matmul(centered_f32(a, zar), bf, span(a.dtype, zar), bound_b, splits)
     sa = np.asarray(a_scale, F32)
     sa = sa.reshape(()) if sa.size == 1 else sa.reshape(-1, 1)
     sb = np.asarray(b_scale, F32)
@@ -192,7 +202,9 @@ def qlinear_conv_im2col(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
         raise KernelError(f"{what}: w_zero_point of shape {wz.shape} does not match {m} "
                           f"output channels")
     wzr = None if wz is None else (wz.reshape(()) if wz.size == 1 else wz.reshape(-1, 1, 1, 1))
-    wc, bound_w = _weight_f32(w, w_zero_point, wzr, "qconv")
+    wc, bound_w, splits = _weight_f32(w, w_zero_point, wzr, "qconv",
+                                      lambda c: c.reshape(c.shape[0], -1), -1)
+    wc = wc.reshape(w.shape)
     xc = centered_f32(x, xz)
     if any(begin) or any(end):
         xc = np.pad(xc, [(0, 0), (0, 0), (begin[0], end[0]), (begin[1], end[1])])
@@ -200,17 +212,17 @@ def qlinear_conv_im2col(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
     if cg == 1 and m == group and kh * kw * bound_x * bound_w < 1 << 24:
         acc = _depthwise(xc, wc.reshape(m, kh, kw), s, d, oh, ow, kh, kw)
     else:
-        acc = _grouped_gemm(xc, wc, group, s, d, ext, oh, ow, bound_x, bound_w)
+        acc = _grouped_gemm(xc, wc, group, s, d, ext, oh, ow, bound_x, bound_w, splits)
     return _conv_finish(acc, B, x_scale, w_scale, y_scale, y_zero_point, m, out, what)
 
 
-def _grouped_gemm(xc, wc, group, s, d, ext, oh, ow, bound_x, bound_w):
+def _grouped_gemm(xc, wc, group, s, d, ext, oh, ow, bound_x, bound_w, splits):
     """Per image and group: weights (M/g, K) @ windows (K, OH*OW), giving NCHW directly."""
     n = xc.shape[0]
     m, cg, kh, kw = wc.shape
     mg = m // group
-    acc = np.empty((n, m, oh * ow), np.float64 if cg * kh * kw * bound_x * bound_w >= 1 << 24
-                   else F32)
+    one = len(splits) <= 2 if splits is not None else cg * kh * kw * bound_x * bound_w < 1 << 24
+    acc = np.empty((n, m, oh * ow), F32 if one else np.float64)
     pointwise = kh == kw == 1 and s == [1, 1]
     if not pointwise:
         win = sliding_window_view(xc, ext, axis=(2, 3))[:, :, ::s[0], ::s[1], ::d[0], ::d[1]]
@@ -222,7 +234,7 @@ def _grouped_gemm(xc, wc, group, s, d, ext, oh, ow, bound_x, bound_w):
             else:  # (cg, OH, OW, kh, kw) -> (cg, kh, kw, OH, OW): K rows of OH*OW pixels
                 cols = win[b, g * cg:(g + 1) * cg].transpose(0, 3, 4, 1, 2).reshape(
                     cg * kh * kw, oh * ow)
-            acc[b, g * mg:(g + 1) * mg] = exact_matmul(wg, cols, bound_w, bound_x)
+            acc[b, g * mg:(g + 1) * mg] = exact_matmul(wg, cols, bound_w, bound_x, splits)
     return acc.reshape(n, m, oh, ow)
 
 
@@ -266,7 +278,8 @@ def _im2col_workspace(x_shape, xs=None, xz=None, w_shape=None, *rest, **attrs) -
     m, cg, kh, kw = w_shape
     pad_h, pad_w = h + 2 * kh, w + 2 * kw
     cols = pad_h * pad_w * cg * kh * kw
-    return 4 * (2 * n * c * pad_h * pad_w + cols + m * cg * kh * kw) + 16 * n * m * pad_h * pad_w
+    return (4 * (2 * n * c * pad_h * pad_w + cols + m * cg * kh * kw)
+            + 16 * n * m * pad_h * pad_w + 16 * m * (cg * kh * kw + 1))
 
 
 def dynamic_quantize_matmul_blas(A, B, b_scale, b_zero_point=None, bias=None):
@@ -295,8 +308,8 @@ def dynamic_quantize_matmul_blas(A, B, b_scale, b_zero_point=None, bias=None):
     if zb is not None and (zb.ndim > 1 or zb.size not in (1, n)):
         raise KernelError(f"{what}: b_zero_point must have 1 or {n} entries, got {zb.shape}")
     zbr = None if zb is None else (zb.reshape(()) if zb.size == 1 else zb.reshape(-1))
-    bf, bound_b = _weight_f32(B, b_zero_point, zbr, "dqmm")
-    acc = exact_matmul(q, bf, max(zp, 255 - zp), bound_b)
+    bf, bound_b, splits = _weight_f32(B, b_zero_point, zbr, "dqmm")
+    acc = exact_matmul(q, bf, max(zp, 255 - zp), bound_b, splits)
     with np.errstate(all="ignore"):
         y = acc.astype(F32) if acc.dtype != F32 else acc
         y *= (F32(scale) * (bs.reshape(()) if bs.size == 1 else bs.reshape(-1))).astype(F32)
@@ -308,19 +321,32 @@ def dynamic_quantize_matmul_blas(A, B, b_scale, b_zero_point=None, bias=None):
     return y
 
 
+def _gemm_workspace(a_shape, sa=None, za=None, b_shape=None, *rest, transA=0, transB=0,
+                    **attrs) -> int:
+    """The float32 centered A and B, B's chunk analysis on first use (two float64 K x N
+    tables) and the float64 accumulator."""
+    if a_shape is None or b_shape is None or len(a_shape) < 2 or len(b_shape) < 2:
+        return 0
+    m = a_shape[-1] if transA else a_shape[-2]
+    n = b_shape[-2] if transB else b_shape[-1]
+    batch = math.prod(a_shape[:-2]) if len(a_shape) > 2 else 1
+    return 4 * math.prod(a_shape) + 20 * math.prod(b_shape) + 16 * batch * m * n
+
+
 def register() -> None:
     """Register the BLAS variants of QGemm, QLinearMatMul and QLinearConv, and those of
     `quant_linear`."""
     latest("QGemm", "com.microsoft").kernel(
-        "cpu", priority=10, name="qgemm.cpu.blas",
+        "cpu", priority=10, name="qgemm.cpu.blas", workspace_bytes=_gemm_workspace,
         when=lambda a, *r, **k: a.shape is not None and len(a.shape) == 2)(qgemm_blas)
     for opdef in REGISTRY.versions("QLinearMatMul"):
         opdef.kernel("cpu", priority=10, name="qlinearmatmul.cpu.blas", when=_matmul_ok,
-                     accepts_out=True)(qlinear_matmul_blas)
+                     accepts_out=True, workspace_bytes=_gemm_workspace)(qlinear_matmul_blas)
     for opdef in REGISTRY.versions("QLinearConv"):
         opdef.kernel("cpu", priority=10, name="qlinearconv.cpu.im2col", when=_conv_ok,
                      workspace_bytes=_im2col_workspace, accepts_out=True)(qlinear_conv_im2col)
     latest("DynamicQuantizeMatMul", "com.microsoft").kernel(
         "cpu", priority=10, name="dynamicquantizematmul.cpu.blas",
+        workspace_bytes=_gemm_workspace,
         when=lambda a, b, *r, **k: is_int8(b.dtype))(dynamic_quantize_matmul_blas)
     quant_linear.register()

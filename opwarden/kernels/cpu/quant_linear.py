@@ -65,31 +65,64 @@ def centered_f32(v: np.ndarray, zp) -> np.ndarray:
     return c
 
 
-def exact_matmul(a: np.ndarray, b: np.ndarray, bound_a: int, bound_b: int) -> np.ndarray:
+def exact_matmul(a: np.ndarray, b: np.ndarray, bound_a: int, bound_b: int,
+                 splits: np.ndarray | None = None) -> np.ndarray:
     """a @ b of float32 arrays holding integers with |a| <= bound_a, |b| <= bound_b, exactly:
-    float32 when one float32 GEMM is exact, else float64 summed over exact float32 chunks."""
+    float32 when one float32 GEMM is exact, else float64 summed over exact float32 chunks of
+    the inner dimension (`splits`: chunk boundaries known exact for a weight operand, see
+    `weight_splits`; else chunks of EXACT / (bound_a * bound_b))."""
     k = a.shape[-1]
-    chunk = max(1, EXACT // max(1, bound_a * bound_b))
-    if k <= chunk:
+    if splits is None:
+        chunk = max(1, EXACT // max(1, bound_a * bound_b))
+        if k <= chunk:
+            return np.matmul(a, b)
+        splits = np.arange(0, k + chunk, chunk).clip(max=k)
+    if len(splits) <= 2:
         return np.matmul(a, b)
-    acc = np.matmul(a[..., :chunk], b[..., :chunk, :]).astype(np.float64)
-    for s in range(chunk, k, chunk):
-        acc += np.matmul(a[..., s:s + chunk], b[..., s:s + chunk, :])
+    s, e = int(splits[0]), int(splits[1])
+    acc = np.matmul(a[..., s:e], b[..., s:e, :]).astype(np.float64)
+    for s, e in zip(splits[1:-1], splits[2:]):
+        acc += np.matmul(a[..., int(s):int(e)], b[..., int(s):int(e), :])
     return acc
 
 
-def _saturate_f32(y: np.ndarray, dtype) -> np.ndarray:
+def weight_splits(w: np.ndarray, k_axis: int) -> np.ndarray:
+    """Boundaries of chunks along a weight's inner axis within which a float32 GEMM with any
+    8-bit activation is exact: every partial sum is at most 255 * sum |w| over the chunk
+    (for the worst output), kept <= 2**24. Real weights sum to far less than K * 127, so the
+    chunks are 3-4x longer than the type bound's and most GEMMs run in one call."""
+    aw = np.abs(np.moveaxis(w, k_axis, -1)).reshape(-1, w.shape[k_axis]).astype(np.float64)
+    k = aw.shape[1]
+    cs = np.zeros((aw.shape[0], k + 1))
+    np.cumsum(aw, axis=1, out=cs[:, 1:])
+    limit = EXACT / 255
+    bounds, s = [0], 0
+    while s < k:
+        reach = (cs[:, s + 1:] - cs[:, s:s + 1]).max(axis=0) if cs.shape[0] else np.zeros(k - s)
+        e = s + max(1, int(np.searchsorted(reach, limit, side="right")))
+        bounds.append(min(e, k))
+        s = bounds[-1]
+    return np.asarray(bounds, np.int64)
+
+
+def _finish(y: np.ndarray, z, dtype, out=None, may_nan: bool = True) -> np.ndarray:
+    """saturate(rint(y) + z) as `dtype`, in four passes: y clamped to the type's range less
+    the zero point (the same as clamping after rounding: the bounds are integers), rounded,
+    then the zero point added straight into the integer output. With `may_nan`, NaN goes to
+    the type's minimum (fmax), as the reference's nan_to_num sends it."""
     lo, hi = int_range(dtype)
-    np.fmax(y, F32(lo), out=y)
-    np.fmin(y, F32(hi), out=y)
-    return y
-
-
-def _into(y: np.ndarray, dtype, out) -> np.ndarray:
-    if out is not None and out.shape == y.shape and out.dtype == dtype:
-        np.copyto(out, y, casting="unsafe")
-        return out
-    return y.astype(dtype)
+    zf = F32(0) if z is None else z
+    lo_b, hi_b = F32(lo) - zf, F32(hi) - zf
+    if may_nan:
+        np.fmax(y, lo_b, out=y)
+        np.minimum(y, hi_b, out=y)
+    else:
+        np.clip(y, lo_b, hi_b, out=y)
+    np.rint(y, out=y)
+    ok = out is not None and out.shape == y.shape and out.dtype == dtype
+    res = out if ok else np.empty(y.shape, dtype)
+    np.add(y, zf, out=res, casting="unsafe")
+    return res
 
 
 def requantize_into(acc: np.ndarray, mult: np.ndarray, zy: np.ndarray, out=None) -> np.ndarray:
@@ -98,11 +131,8 @@ def requantize_into(acc: np.ndarray, mult: np.ndarray, zy: np.ndarray, out=None)
     y = acc.astype(F32) if acc.dtype != F32 else acc
     with np.errstate(all="ignore"):
         np.multiply(y, mult, out=y)
-        np.rint(y, out=y)
-        z = int(zy)
-        if z:
-            y += F32(z)
-    return _into(_saturate_f32(y, zy.dtype), zy.dtype, out)
+        # a finite multiplier times finite integers is never NaN: one clip pass suffices
+        return _finish(y, F32(int(zy)), zy.dtype, out, not bool(np.isfinite(mult).all()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,10 +169,8 @@ def quantize_fast(x, y_scale, y_zero_point=None, *, axis=1, saturate=1, block_si
     s = _param(y_scale, x, axis, what).astype(F32)
     with np.errstate(all="ignore"):
         y = np.divide(x, s, out=np.empty(np.broadcast_shapes(x.shape, s.shape), F32))
-        np.rint(y, out=y)
-        if y_zero_point is not None:
-            y += _param(y_zero_point, x, axis, what).astype(F32)
-    return _into(_saturate_f32(y, dt), dt, out)
+        z = None if y_zero_point is None else _param(y_zero_point, x, axis, what).astype(F32)
+        return _finish(y, z, dt, out)
 
 
 def dequantize_fast(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0,
@@ -178,10 +206,8 @@ def dynamic_quantize_fast(x):
         zf = np.rint(F32(0) - lo / scale)
         zp = np.uint8(min(max(float(zf), 0.0), 255.0)) if zf == zf else np.uint8(0)
         y = np.divide(x, scale, out=np.empty(x.shape, F32))
-        np.rint(y, out=y)
-        y += F32(int(zp))
-    return _into(_saturate_f32(y, np.uint8), np.uint8, None), np.asarray(scale, F32), \
-        np.asarray(zp, np.uint8)
+        q = _finish(y, F32(int(zp)), np.dtype(np.uint8))
+    return q, np.asarray(scale, F32), np.asarray(zp, np.uint8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +264,15 @@ def _dq_ok(x, s, z=None, *, block_size=0, output_dtype=0, **attrs) -> bool:
             and s.dtype == "float32")
 
 
+def _mmi_workspace(a_shape, b_shape=None, *rest, **attrs) -> int:
+    """The float32 centered A and B, B's chunk analysis (two float64 tables), the float64
+    accumulator."""
+    if a_shape is None or b_shape is None or len(a_shape) < 2 or len(b_shape) < 2:
+        return 0
+    out = math.prod(a_shape[:-1]) * b_shape[-1]
+    return 4 * math.prod(a_shape) + 20 * math.prod(b_shape) + 8 * out
+
+
 def _f32_temp(x_shape, *rest, **attrs) -> int:
     """One float32 temporary of x's size."""
     return 4 * math.prod(x_shape) if x_shape is not None else 0
@@ -256,4 +291,5 @@ def register() -> None:
         "cpu", priority=10, name="dynamicquantizelinear.cpu.f32",
         workspace_bytes=_f32_temp)(dynamic_quantize_fast)
     latest("MatMulInteger").kernel(
-        "cpu", priority=10, name="matmulinteger.cpu.blas", when=_mmi_ok)(matmul_integer_blas)
+        "cpu", priority=10, name="matmulinteger.cpu.blas", when=_mmi_ok,
+        workspace_bytes=_mmi_workspace)(matmul_integer_blas)
