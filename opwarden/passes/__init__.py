@@ -19,9 +19,10 @@ Each pass is a function of a `Rewriter` returning a `PassResult`, in a module of
 (basic: constant and shape folding; identity; dead_code; fold_bn: Conv+BN folding and BN as
 Mul/Add; scale_into_conv; fusion: the Conv/Gemm/MatMul epilogue, with gelu; conv_branches:
 Concat of convolutions; sibling_convs; pool_swap: AveragePool and 1x1 convolution;
-pool_activation: activation after MaxPool; transpose; elementwise_chain). `PASSES` is the one
-ordered table the manager runs them from; shared pattern tests live in `match`, editing in
-`rewrite`.
+pool_activation: activation after MaxPool; transpose; elementwise_chain; qdq_fusion: QDQ groups
+as QLinear operators, level 1; dynq_fusion: dynamic quantization as DynamicQuantizeMatMul).
+`PASSES` is the one ordered table the manager runs them from; shared pattern tests live in
+`match`, editing in `rewrite`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
-"""Integer GEMM and convolution for QGemm, QLinearMatMul and QLinearConv through float BLAS.
+"""Integer GEMM and convolution for QGemm, QLinearMatMul, QLinearConv and
+DynamicQuantizeMatMul through float BLAS.
 
 The operands, less their zero points, are integers of at most 9 bits (|v| <= 255). A float32
 GEMM of such integers is exact while every partial sum is an integer below 2**24, so the
-inner dimension is cut into chunks short enough for that bound (computed from the operand
-types and zero points: |a - za| * |b - zb| * chunk <= 2**24, e.g. 514 for uint8 activations
-with zero point 0 times int8 weights), each chunk a float32 GEMM, the chunks summed in
-float64. The accumulator equals the reference's exact integer one at float32 GEMM speed,
-half the memory traffic of one float64 GEMM; the requantization that follows is the
-reference's own float32 arithmetic. Constant weights are converted and centered once
-(`util.packed`). Quantize/Dequantize/DynamicQuantizeLinear and MatMulInteger live in
+inner dimension is cut into chunks within that bound, each chunk a float32 GEMM, the chunks
+summed in float64. A constant weight's chunks come from its own |w| sums (255 * sum |w| <=
+2**24 per output over a chunk: `quant_linear.weight_splits`), computed once with its float32
+centered copy (`util.packed`); other operands use the types' bound (|a - za| * |b - zb| *
+chunk <= 2**24, 514 for uint8 times int8). The accumulator equals the reference's exact
+integer one at float32 GEMM speed; the requantization that follows is the reference's own
+float32 arithmetic. Quantize/Dequantize/DynamicQuantizeLinear and MatMulInteger live in
 `quant_linear`.
 """
 
