@@ -20,16 +20,17 @@ from opwarden.kernels.cpu import linalg
 
 @pytest.fixture(autouse=True)
 def two_threads(monkeypatch):
-    """OpenBLAS on two threads (the split's precondition), small thresholds so small
-    operands take the split path; the thread count restored afterwards."""
+    """Splitting configured for two threads (OpenBLAS on one), small thresholds so small
+    operands take the split path; OpenBLAS's thread count restored afterwards."""
     before = blas_thread_count()
-    set_blas_threads(2)
     monkeypatch.setattr(bs, "SPLIT", True)
-    monkeypatch.setattr(bs, "_THREADS", [0])  # (OpenBLAS's count, whatever sessions set)
+    monkeypatch.setattr(bs, "_THREADS", [0])
     monkeypatch.setattr(bs, "SPLIT_MIN_MNK", 1 << 10)
     monkeypatch.setattr(bs, "CHUNK_MIN_MNK", 1 << 8)
+    bs.configure(2)
     yield
-    assert blas_thread_count() == 2  # (a region always restores the count it found)
+    assert blas_thread_count() == 1  # (never switched while configured)
+    bs.configure(0)
     set_blas_threads(before)
 
 
@@ -138,35 +139,63 @@ def test_a_failing_chunk_raises_in_the_caller():
     assert sorted(done) == list(range(6))
 
 
-def test_busy_region_and_single_thread_decline():
-    assert bs._REGION.acquire()
+def test_same_bits_on_one_thread_and_behind_a_busy_region():
+    rng = np.random.default_rng(9)
+    a, b = _rand(rng, (300, 96)), _rand(rng, (96, 80))
+    split = linalg.matmul(a, b)
+    bs.configure(1)
     try:
-        assert not bs.run_chunks(lambda i: None, 4)
+        alone = linalg.matmul(a, b)  # (the same chunks, run here in turn)
     finally:
-        bs._REGION.release()
-    set_blas_threads(1)
+        bs.configure(2)
+    np.testing.assert_array_equal(alone, split)
+    got = {}
+    with bs._REGION:  # another region running: the call waits for it
+        t = threading.Thread(target=lambda: got.update(y=linalg.matmul(a, b)))
+        t.start()
+        t.join(0.2)
+        assert t.is_alive()
+    t.join()
+    np.testing.assert_array_equal(got["y"], split)
+
+
+def test_unconfigured_or_off_runs_whole():
+    bs.configure(0)
     try:
+        assert blas_thread_count() == 1 and not bs.run_chunks(lambda i: None, 4)
+        set_blas_threads(2)  # (OpenBLAS's own threads: never switched under a call)
+        bs._THREADS[0] = 2
         assert not bs.run_chunks(lambda i: None, 4)
+        assert blas_thread_count() == 2
     finally:
-        set_blas_threads(2)
+        bs.configure(2)
+
+
+def test_nested_regions_run_in_turn():
+    inner = []
+
+    def outer(i):
+        assert bs.run_chunks(lambda j: inner.append((i, j)), 3)
+
+    assert bs.run_chunks(outer, 4)
+    assert sorted(inner) == [(i, j) for i in range(4) for j in range(3)]
 
 
 def test_configure_keeps_openblas_on_one_thread():
-    bs.configure(2)
+    assert blas_thread_count() == 1 and bs.split_threads() == 2
+    rng = np.random.default_rng(8)
+    a, b = _rand(rng, (64, 64)), _rand(rng, (64, 256))
+    seen = []
+    assert bs.run_chunks(seen.append, 4)
+    assert blas_thread_count() == 1
+    _close(linalg.matmul(a, b), a, b)
+    bs.configure(1)
     try:
-        assert blas_thread_count() == 1 and bs.split_threads() == 2
-        rng = np.random.default_rng(8)
-        a, b = _rand(rng, (64, 64)), _rand(rng, (64, 256))
-        seen = []
-        assert bs.run_chunks(seen.append, 4)
-        assert blas_thread_count() == 1  # (no switch back to OpenBLAS's threads)
-        _close(linalg.matmul(a, b), a, b)
-        bs.configure(1)
         assert blas_thread_count() == 1 and bs.split_threads() == 1
-        assert not bs.run_chunks(seen.append, 4)
+        assert bs.run_chunks(seen.append, 4)  # (here, in turn)
+        assert sorted(seen) == [0, 0, 1, 1, 2, 2, 3, 3]
     finally:
-        bs.configure(0)
-        set_blas_threads(2)
+        bs.configure(2)
 
 
 def test_concurrent_callers_get_their_own_products():

@@ -206,26 +206,41 @@ def sigmoid(X, *, out=None):
     return chunked_into(_sigmoid_chunk, X, out, 0)
 
 
-def _swish_chunk(alpha: np.float32):
-    """Chunk function: y = x sigmoid(alpha x) (y may be x: x is read last)."""
+_HALF = np.float32(0.5)
+SWISH_TEMPS = 3
 
-    def run(x, y, t):
+
+def _swish_chunk(alpha: np.float32):
+    """Chunk function: y = x sigmoid(alpha x) (y may be x: x is read last). With t = alpha x
+    and q = e^-|t| / (1 + e^-|t|), sigmoid(t) is q below 0 and 1 - q above, chosen by sign(t)
+    as (1/2 + sign/2) - sign q: e^-|t| never overflows, so a large negative t keeps its tiny
+    sigmoid (x sigmoid(x) near -88 is a normal float32 where 1/(1 + e^-t) flushes to 0)."""
+
+    def run(x, y, t, u, d):
         np.multiply(x, alpha, out=t)
-        _sigmoid_chunk(t, t)
+        np.abs(t, out=u)
+        np.negative(u, out=u)
+        np.exp(u, out=u)
+        np.add(u, _ONE, out=d)
+        np.divide(u, d, out=u)  # q
+        np.sign(t, out=t)
+        np.multiply(t, u, out=u)  # sign q
+        t *= _HALF
+        t += _HALF
+        t -= u
         np.multiply(x, t, out=y)
 
     return run
 
 
 def swish(X, *, alpha=1.0, out=None):
-    """X sigmoid(alpha X) (Swish-24, SiLU for alpha 1), chunked: one scratch chunk, x read
-    twice from cache."""
-    return chunked_into(_swish_chunk(np.float32(alpha)), X, out, 1)
+    """X sigmoid(alpha X) (Swish-24, SiLU for alpha 1), chunked (see _swish_chunk)."""
+    return chunked_into(_swish_chunk(np.float32(alpha)), X, out, SWISH_TEMPS)
 
 
 def quick_gelu(X, *, alpha=1.702, out=None):
     """X sigmoid(alpha X) (com.microsoft QuickGelu-1), Swish's passes."""
-    return chunked_into(_swish_chunk(np.float32(alpha)), X, out, 1)
+    return chunked_into(_swish_chunk(np.float32(alpha)), X, out, SWISH_TEMPS)
 
 
 # -- com.microsoft Gelu, BiasGelu, FastGelu ----------------------------------------------------
@@ -288,13 +303,13 @@ KERNELS = {
     "Elu": (elu, 1), "Selu": (selu, 1), "Celu": (celu, 1), "Softplus": (softplus, 3),
     "Mish": (mish, 3), "Softsign": (softsign, 1), "ThresholdedRelu": (thresholded_relu, 1),
     "HardSigmoid": (hard_sigmoid, 0), "HardSwish": (hard_swish, CHUNK_TEMPS["HardSwish"]),
-    "Sigmoid": (sigmoid, CHUNK_TEMPS["Sigmoid"]), "Swish": (swish, 1),
+    "Sigmoid": (sigmoid, CHUNK_TEMPS["Sigmoid"]), "Swish": (swish, SWISH_TEMPS),
 }
 MS = "com.microsoft"
 # com.microsoft op type -> (kernel, float32 temporaries of one chunk each)
 MS_KERNELS = {
     "Gelu": (ms_gelu, gelu_chunk(False)[1]), "BiasGelu": (bias_gelu, gelu_chunk(False)[1]),
-    "FastGelu": (fast_gelu, gelu_chunk(True)[1]), "QuickGelu": (quick_gelu, 1),
+    "FastGelu": (fast_gelu, gelu_chunk(True)[1]), "QuickGelu": (quick_gelu, SWISH_TEMPS),
 }
 
 

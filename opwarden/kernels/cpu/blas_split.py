@@ -12,12 +12,12 @@ single-thread time, on an idle one about OpenBLAS's two-thread time. (Each outpu
 is still one BLAS K-long sum; its rounding may differ from the whole call's as any two BLAS
 blockings do.)
 
-Helpers: `threads - 1` daemon threads, started on first use and again after a fork. threads:
-the session's intra-op count where it set one (`configure`, which also keeps OpenBLAS on one
-thread: a product too small to split, or a BLAS bias add, then never waits on a sleeping
-worker either), else OpenBLAS's count, switched to one for the region's length. One region
-runs at a time in the process; a call that finds another region running (the parallel
-executor's concurrent kernels) computes in one BLAS call.
+Only where `configure` set the threads (a session's intra_op_num_threads): OpenBLAS then
+stays on one thread, so that a product too small to split, or a BLAS bias add, never waits on
+a sleeping worker either. Helpers: `threads - 1` daemon threads, started on first use and
+again after a fork. One region runs at a time in the process (the parallel executor's
+concurrent kernels take turns, each on every thread). The chunks do not depend on the thread
+count, so neither do the results.
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ SPLIT = os.environ.get("OPWARDEN_BLAS_SPLIT", "1").strip().lower() not in (
 # region's fixed cost (a wake-up, the claims; without configure() two thread-count switches)
 # would eat what a second thread saves.
 SPLIT_MIN_MNK = 1 << 21
-# Chunks per thread (more: less held up by a late helper, more calls) and the fewest
-# multiply-adds a chunk gets.
-CHUNKS_PER_THREAD = 4
+# At most this many chunks (more: less held up by a late helper, more calls), each of at least
+# CHUNK_MIN_MNK multiply-adds. Not scaled by the thread count: the same chunks, the same bits.
+MAX_CHUNKS = 8
 CHUNK_MIN_MNK = 1 << 20
 
 _REGION = threading.Lock()
+_LOCAL = threading.local()  # .inside: this thread runs a region's chunks
 # The threads a region uses when configure() set them (OpenBLAS then stays on one thread, so
 # that no product left whole waits on a worker either); 0: OpenBLAS's count, switched to one
 # for the region's length.
@@ -54,9 +55,11 @@ _THREADS = [0]
 def configure(threads: int) -> None:
     """Use `threads` threads (the session's intra-op count) for split products and keep
     OpenBLAS on one thread, so that every BLAS call left whole (below the split threshold,
-    a bias add) runs on the calling thread rather than waiting on a worker's wake-up. With
-    splitting off, or one thread, OpenBLAS simply gets `threads`."""
-    if SPLIT and threads > 1:
+    a bias add) runs on the calling thread rather than waiting on a worker's wake-up. One
+    thread still runs the products in the same chunks, in turn: results do not depend on
+    the thread count. Splitting off (OPWARDEN_BLAS_SPLIT=0) or `threads` < 1: OpenBLAS
+    simply gets `threads` (at least one)."""
+    if SPLIT and threads >= 1:
         _THREADS[0] = threads
         set_blas_threads(1)
     else:
@@ -66,7 +69,13 @@ def configure(threads: int) -> None:
 
 def split_threads() -> int:
     """Threads a split product runs on now (1: none is split)."""
-    return _THREADS[0] or blas_thread_count()
+    return _THREADS[0] if _configured() else 1
+
+
+def _configured() -> bool:
+    # (OpenBLAS back on several threads: someone set it since, e.g. a session without
+    # splitting; its threads then run every product whole)
+    return _THREADS[0] >= 1 and blas_thread_count() == 1
 
 
 class _Job:
@@ -119,6 +128,7 @@ class _Helpers:
             t.start()
 
     def _loop(self, go: threading.Lock) -> None:
+        _LOCAL.inside = True
         while True:
             go.acquire()
             job = self.job
@@ -146,30 +156,32 @@ def _helpers(n: int) -> _Helpers:
 
 
 def run_chunks(fn: Callable[[int], None], n: int) -> bool:
-    """fn(0) .. fn(n-1), each on whichever of this thread and the helpers claims it first,
-    with OpenBLAS on one thread meanwhile; True when done so, False (nothing run) where the
-    caller should run the work itself: splitting off, OpenBLAS on one thread, or another
-    region running."""
-    if not SPLIT or n < 2 or not _REGION.acquire(blocking=False):
+    """fn(0) .. fn(n-1), each on whichever of this thread and the helpers claims it first;
+    False (nothing run) where the caller should run the work whole: splitting off or not
+    configured (OpenBLAS then keeps its own threads, never switched under a call running on
+    another thread: that would change its rounding, and OpenBLAS's thread count is not safe
+    to change under a running call), or a single chunk. From inside a region (a chunk's own
+    work) the chunks run here in turn, and a region running on another thread is waited for:
+    every chunk is the same single-threaded BLAS call, so the result does not depend on the
+    thread count or on concurrent callers (`opwarden check`'s concurrency check compares
+    bits)."""
+    threads = _THREADS[0]
+    if not SPLIT or n < 2 or not _configured():
         return False
-    try:
-        blas = blas_thread_count()
-        threads = _THREADS[0] or blas
-        if threads < 2:
-            return False
+    if threads < 2 or getattr(_LOCAL, "inside", False):
+        for i in range(n):
+            fn(i)
+        return True
+    with _REGION:
         job = _Job(fn, n)
         helpers = _helpers(threads - 1)
-        if blas > 1:
-            set_blas_threads(1)
+        _LOCAL.inside = True
         try:
             helpers.post(job)
             job.work()
             job.wait()
         finally:
-            if blas > 1:
-                set_blas_threads(blas)
-    finally:
-        _REGION.release()
+            _LOCAL.inside = False
     if job.error is not None:
         raise job.error
     return True
@@ -178,7 +190,7 @@ def run_chunks(fn: Callable[[int], None], n: int) -> bool:
 def splits(mnk: int) -> bool:
     """Whether a product of `mnk` multiply-adds would be shared out here (so OpenBLAS's own
     threads did not run it and are not left awake by it)."""
-    return SPLIT and mnk >= SPLIT_MIN_MNK and split_threads() >= 2
+    return SPLIT and mnk >= SPLIT_MIN_MNK and _configured()
 
 
 def _chunks(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
@@ -200,8 +212,7 @@ def _ld(a: np.ndarray) -> tuple[bool, int] | None:
 
 
 def _n_chunks(mnk: int) -> int:
-    threads = split_threads()
-    return max(1, min(threads * CHUNKS_PER_THREAD, mnk // CHUNK_MIN_MNK))
+    return max(1, min(MAX_CHUNKS, mnk // CHUNK_MIN_MNK))
 
 
 def split_gemm(a: np.ndarray, b: np.ndarray, y: np.ndarray,
