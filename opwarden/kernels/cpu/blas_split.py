@@ -147,6 +147,18 @@ class _Helpers:
 _HELPERS: list[_Helpers] = []
 
 
+def _after_fork() -> None:
+    # A forked child has none of the helpers, and a region lock held by another thread of
+    # the parent would never be released there.
+    global _REGION
+    _REGION = threading.Lock()
+    _HELPERS.clear()
+    _LOCAL.inside = False
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def _helpers(n: int) -> _Helpers:
     h = _HELPERS[0] if _HELPERS else None
     if h is None or h.pid != os.getpid() or len(h.threads) < n:
