@@ -33,7 +33,7 @@ from opwarden.execute.codegen import LeanFault
 from opwarden.execute.parallel import run_parallel
 from opwarden.execute.program import Deadline, Program, describe_value
 from opwarden.execute.program import kernel_error as kernel_error
-from opwarden.feed_check import check_feeds, output_indices, type_str
+from opwarden.feed_check import FastFeeds, check_feeds, output_indices, type_str
 from opwarden.guard.faults import FaultRecord
 from opwarden.guard.guard import Guard
 from opwarden.guard.isolate import isolation_for
@@ -167,6 +167,7 @@ class InferenceSession(OrtSessionMethods):
         self._inputs = [v for v in self.model.graph.inputs if v.name not in init]
         self._overridable = [v for v in self.model.graph.inputs if v.name in init]
         self._outputs = list(self.model.graph.outputs)
+        self._fast_feeds = FastFeeds(self.model.graph.inputs)
         # Outputs whose declared shape inference could not vouch for: warned about once each
         # when a run's result differs from it (as ORT does), never a fault.
         self._declared = {k: self.model.declared[v.name] for k, v in enumerate(self._outputs)
@@ -231,12 +232,15 @@ class InferenceSession(OrtSessionMethods):
 
     # -- onnxruntime-compatible surface ------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
+        """The inputs a caller feeds (initializers aside), as onnxruntime describes them."""
         return [_node_arg(v, self._symbols) for v in self._inputs]
 
     def get_outputs(self) -> list[NodeArg]:
+        """The model's outputs, as onnxruntime describes them."""
         return [_node_arg(v, self._symbols) for v in self._outputs]
 
     def get_overridable_initializers(self) -> list[NodeArg]:
+        """Initializers also listed as inputs: a feed of that name replaces the constant."""
         return [_node_arg(v, self._symbols) for v in self._overridable]
 
     def close(self) -> None:
@@ -264,9 +268,11 @@ class InferenceSession(OrtSessionMethods):
         timeout = self.options.run_timeout_ms
         deadline = None if timeout is None else Deadline(timeout)
         stop = run_stop(run_options, None)
-        picks = output_indices(self._outputs, output_names or None)
-        feeds = check_feeds(self.model.graph.inputs, self._inputs,
-                            convert_feeds(self.model.graph.inputs, input_feed))
+        picks = output_indices(self._outputs, output_names) if output_names else None
+        feeds = self._fast_feeds(input_feed)  # (None: not plain arrays, or refused)
+        if feeds is None:
+            feeds = check_feeds(self.model.graph.inputs, self._inputs,
+                                convert_feeds(self.model.graph.inputs, input_feed))
         g = self.guard
         contract = "contract" in g.checks
         # The guarded loop checks the run's deadline; an isolated kernel's crash must reach the
@@ -304,7 +310,7 @@ class InferenceSession(OrtSessionMethods):
                 token.release()
         if self._declared:
             self._warn_declared(outs)
-        return _unaliased([outs[i] for i in picks], feeds)
+        return _unaliased(outs if picks is None else [outs[i] for i in picks], feeds)
 
     def _warn_declared(self, outs: list[Any]) -> None:
         import warnings
@@ -337,10 +343,10 @@ class InferenceSession(OrtSessionMethods):
             # A refused allocation is refused again under the guard: no rerun for it.
             if contract and not isinstance(e.error, MemoryLimitError):
                 # Rerun under the guard: it records the fault, falls back, quarantines.
+                self.guard.suspect(self.program.steps[e.index], e.error)
                 return self._run_guarded(feeds, calls)
             raise kernel_error(self.program.steps[e.index], [], e.error) from e.error
 
-                self.guard.suspect(self.program.steps[e.index], e.error)
     def _run_parallel(self, feeds: list[Any], calls: list, contract: bool) -> list[Any]:
         if self._pool is None:
             import concurrent.futures as cf
@@ -350,10 +356,10 @@ class InferenceSession(OrtSessionMethods):
             return run_parallel(self.program, feeds, calls, self._pool, contract)
         except LeanFault as e:
             if contract and not isinstance(e.error, MemoryLimitError):
+                self.guard.suspect(self.program.steps[e.index], e.error)
                 return self._run_guarded(feeds, calls)
             raise kernel_error(self.program.steps[e.index], [], e.error) from e.error
 
-                self.guard.suspect(self.program.steps[e.index], e.error)
     def _run_guarded(self, feeds: list[Any], calls: list, deadline: Any = None) -> list[Any]:
         self.guard.begin_run()
         # Each step's output shape is checked against the facts with the feeds' dims bound.
@@ -426,11 +432,15 @@ def _unaliased(outs: list[Any], feeds: list[Any]) -> list[Any]:
     into its input (ONNX Runtime's outputs never share the inputs' memory). NumPy collapses
     view chains, so an array's `base` is the array owning the memory (for a feed seen through a
     read-only buffer, views of it have the feed as base, the feed itself that buffer)."""
-    roots = {id(f if f.base is None else f.base) for f in feeds if type(f) is np.ndarray}
-    roots |= {id(f) for f in feeds if type(f) is np.ndarray and f.base is not None}
-    if not roots:
-        return outs
-    return [
-        o.copy() if type(o) is np.ndarray and id(o if o.base is None else o.base) in roots else o
-        for o in outs
-    ]
+    copied = outs
+    for k, o in enumerate(outs):
+        if type(o) is not np.ndarray:
+            continue
+        root = o if o.base is None else o.base
+        for f in feeds:  # (root is a feed's own root, or the feed itself)
+            if type(f) is np.ndarray and (root is f or root is f.base):
+                if copied is outs:
+                    copied = list(outs)
+                copied[k] = o.copy()
+                break
+    return copied
