@@ -17,6 +17,7 @@ fault, falls back to the reference kernel and quarantines the variant.
 
 from __future__ import annotations
 
+import keyword
 from typing import Any
 
 import numpy as np
@@ -150,8 +151,40 @@ def compile_calls(program: Any, calls: list[tuple], contract: bool = False,
     (RunOptions.terminate; a separate function, so runs without one pay nothing)."""
     gen = _Source(program, contract, stoppable)
     for i, call in enumerate(calls):
+        gen.starts.append(len(gen.body))
         gen.step(i, call)
     return gen.function()
+
+
+def direct_form(call: tuple) -> tuple[Any, tuple] | None:
+    """(ufunc, constant trailing arguments) when step `call` may run as the bare call
+    ``ufunc(*inputs, *constants, out=out)`` into its planned buffer (``ufunc(*inputs,
+    *constants)`` without one), else None.
+
+    A kernel declares it with a ``direct(out) -> (ufunc, constants) | None`` attribute (asked
+    once, with the planned buffer or None), promising that for array inputs (all the lean
+    loop passes) ``fn(*inputs, out=out)``, or ``fn(*inputs)``, is that call, up to a NumPy
+    scalar for a 0-d array. Only the variant's own function qualifies (not one a session
+    wrapped, bound or made tentative), and only for a node with no keyword but the planned
+    out= (no attributes, workspace or subgraphs), with one output and every input present."""
+    st, fn, ins, kw, _frees, _hook = call
+    if type(kw) is not dict or len(kw) != ("out" in kw):
+        return None
+    if (st.graphs or len(st.outs) != 1 or st.outs[0] < 0 or any(s < 0 for s in ins)
+            or fn is not st.placement.variant.fn):
+        return None
+    declare = getattr(fn, "direct", None)
+    return declare(kw.get("out")) if callable(declare) else None
+
+
+def _step_at(starts: list[int], first_line: int, tb: Any) -> int:
+    """The step whose lines hold the line the traceback `tb` is at (-1: before any step)."""
+    import bisect
+
+    line = tb.tb_lineno if tb is not None else None
+    if line is None:
+        return -1
+    return bisect.bisect_right(starts, line - first_line) - 1
 
 
 class _Source:
@@ -160,7 +193,11 @@ class _Source:
     Names in the source: `s<slot>` a value, `c<slot>` a constant, `f<i>`/`k<i>` step i's
     kernel and keyword dict, `o<i>`/`r<i>` its planned buffer and that buffer's read-only
     view, `h<i>` its arena-view hook, `p<i>_<name>` its subgraph programs, `_t<j>` the
-    expected dtypes, `_d<j>` the symbolic dims bound from the feeds.
+    expected dtypes, `_d<j>` the symbolic dims bound from the feeds, `u<i>`/`u<i>_<j>` a
+    direct step's ufunc and constants, `k<i>_<j>` step i's attribute values passed by keyword.
+    A direct step's result is its buffer (`r<i>`, or `o<i>` without the contract check),
+    which later steps read by that name. Which step raised is found from the line it raised
+    at (`starts`: each step's first body line), so steps pay no bookkeeping for it.
     """
 
     def __init__(self, program: Any, contract: bool, stoppable: bool = False) -> None:
@@ -181,7 +218,10 @@ class _Source:
             "_ndarray": np.ndarray,
             "_BoundGraph": BoundGraph,
             "_LeanFault": LeanFault,
+            "_step_at": _step_at,
         }
+        self.names: dict[int, str] = {}  # slot -> the buffer name a direct step left it in
+        self.starts: list[int] = []
         self.lines = ["def _run(feeds, captured, stop):" if stoppable else
                       "def _run(feeds, captured):"]
         add = self.lines.append
@@ -197,7 +237,6 @@ class _Source:
         for s, c in enumerate(program.template):
             if c is not None and s not in self.fed:
                 self.ns[f"c{s}"] = _ro(c) if contract and isinstance(c, np.ndarray) else c
-        add("    i = -1")
         add("    try:")
         self.body: list[str] = []
 
@@ -205,6 +244,8 @@ class _Source:
         """The name slot s is read by."""
         if s < 0:
             return "None"
+        if s in self.names:
+            return self.names[s]
         # an initializer that is also a graph input is fed (its value overrides the constant)
         const = self.program.template[s] is not None and s not in self.fed
         return f"c{s}" if const else f"s{s}"
@@ -231,10 +272,13 @@ class _Source:
         arena-view hook, the alias checks, the dead values deleted."""
         st, fn, ins, kw, frees, hook = call
         ns, body = self.ns, self.body
-        ns[f"f{i}"] = fn
-        body.append(f"i = {i}")
         if self.stoppable:
             body.append(f"stop.check({'before node ' + st.placement.node.label!r})")
+        direct = direct_form(call)
+        if direct is not None:
+            self.direct(i, call, *direct)
+            return
+        ns[f"f{i}"] = fn
         out_buf = kw.get("out") if isinstance(kw, dict) else None
         if out_buf is not None and self.contract:
             # Later steps get the planned buffer's read-only view (r), never the buffer (o)
@@ -247,12 +291,74 @@ class _Source:
             out_names = self.store_one(i, st.outs[0], expr, out_buf is not None)
         else:
             out_names = self.store_many(i, st.outs, expr, out_buf is not None)
+        # A planned result the kernel returned as its buffer is neither an unplanned arena view
+        # nor an input (inputs are never this step's buffer): hook and alias checks only test
+        # other results (store_one's else branch, indented under it).
+        indent = "    " if out_buf is not None and self.contract and len(st.outs) == 1 else ""
         if hook is not None:
-            self.hook(i, st.outs, hook, out_buf)
+            self.hook(i, st.outs, hook, out_buf, indent)
         if self.contract and out_names:
-            self.alias_checks(i, st, ins)
+            self.alias_checks(i, st, ins, indent)
+        self.free(frees)
+
+    def free(self, frees: tuple[int, ...]) -> None:
+        """`del` of the slots dead after a step (a direct step's buffer is no local)."""
         for s in frees:
-            body.append(f"del s{s}")
+            if s not in self.names:
+                self.body.append(f"del s{s}")
+
+    def direct(self, i: int, call: tuple, ufunc: Any, consts: tuple) -> None:
+        """A direct step (see direct_form). Into a planned buffer: the ufunc called with it
+        as out=, which a ufunc returns, so the buffer (its read-only view under the contract
+        check) is the value later steps read. Without one: the ufunc's result, which for
+        array inputs is a fresh array of its own memory (base None): no input and no arena
+        view, so the hook and alias checks run only for any other result."""
+        st, _fn, ins, kw, frees, hook = call
+        ns, body = self.ns, self.body
+        ns[f"u{i}"] = ufunc
+        args = [self.ref(s) for s in ins]
+        for j, c in enumerate(consts):
+            ns[f"u{i}_{j}"] = c
+            args.append(f"u{i}_{j}")
+        out = kw.get("out")
+        o = st.outs[0]
+        if out is None:
+            body.append(f"s{o} = u{i}({', '.join(args)})")
+            self.direct_result(i, st, ins, hook)
+            self.free(frees)
+            return
+        ns[f"o{i}"] = out
+        # out= by keyword: NumPy deprecates a positional out for some (np.maximum)
+        body.append(f"u{i}({', '.join(args)}, out=o{i})")
+        name = f"o{i}"
+        if self.contract:
+            ro = out.view()
+            ro.flags.writeable = False
+            ns[f"r{i}"] = ro
+            name = f"r{i}"
+        self.names[o] = name
+        self.free(frees)
+
+    def direct_result(self, i: int, st: Any, ins: tuple[int, ...], hook: Any) -> None:
+        """The checks of an unplanned direct step's result s<o>: a fresh array of the plan's
+        type passes with one test (and is made read-only); anything else takes every check
+        the kernel's result would (store_one, hook, alias), indented under that test."""
+        body, o = self.body, st.outs[0]
+        want = self.check(i, 0, o) if self.contract else None
+        typed = f"type(s{o}) is not _ndarray"
+        fresh = f"{typed} or s{o}.base is not None"
+        if want is not None:
+            fresh += want[0][len(typed):]  # (the type test leads every check)
+        body.append(f"if {fresh}:")
+        body.append(f"    s{o} = _out({want[1]})" if want is not None else f"    s{o} = _one(s{o})")
+        if self.contract:
+            body.append(f"    _ro(s{o})")
+        if hook is not None:
+            body.append(f"    s{o} = h{i}.fix(s{o}, 0)")
+            self.ns[f"h{i}"] = hook
+        if self.contract:
+            self.alias_checks(i, st, ins, "    ")
+            body.append(f"else: s{o}.flags.writeable = False")
 
     def call_expr(self, i: int, st: Any, ins: tuple[int, ...], kw: Any) -> str:
         """`f<i>(inputs, **kwargs)`, subgraph attributes bound to their captured values."""
@@ -282,6 +388,15 @@ class _Source:
                     )
             ns[f"k{i}"] = kw
             call_kw = f"**k{i}, **{{{', '.join(parts)}}}"
+        elif kw and all(type(k) is str and k.isidentifier() and not keyword.iskeyword(k)
+                        for k in kw):
+            # by keyword: a Python kernel takes them without a dict built for the call
+            parts = []
+            for j, (k, v) in enumerate(kw.items()):
+                name = f"o{i}" if k == "out" else f"k{i}_{j}"  # (the planned buffer: o<i>)
+                ns[name] = v
+                parts.append(f"{k}={name}")
+            call_kw = ", ".join(parts)
         elif kw:
             ns[f"k{i}"] = kw
             call_kw = f"**k{i}"
@@ -295,15 +410,12 @@ class _Source:
         want = self.check(i, 0, o) if contract and o >= 0 else None
         body.append(f"{target} = {call}")
         if planned and contract:
-            if want is None:
-                body.append(
-                    f"{target} = r{i} if {target} is o{i} else _ro_out({target}, o{i}, r{i})")
-            else:
-                # The planned buffer has the plan's shape and dtype: only other results
-                # are checked.
-                body.append(f"if {target} is o{i}: {target} = r{i}")
-                body.append("else:")
-                body.append(f"    {target} = _ro_out({target}, o{i}, r{i})")
+            # The planned buffer has the plan's shape and dtype: only other results are
+            # checked (the lines step() adds for them go under this else too).
+            body.append(f"if {target} is o{i}: {target} = r{i}")
+            body.append("else:")
+            body.append(f"    {target} = _ro_out({target}, o{i}, r{i})")
+            if want is not None:
                 body.append(f"    if {want[0]}: _bad_out({want[1]})")
         else:
             if want is None:
@@ -333,7 +445,8 @@ class _Source:
                 body.append(f"if {want[0]}: _bad_out({want[1]})")
         return out_names
 
-    def hook(self, i: int, outs: tuple[int, ...], hook: Any, out_buf: Any) -> None:
+    def hook(self, i: int, outs: tuple[int, ...], hook: Any, out_buf: Any,
+             indent: str = "") -> None:
         """Results that may be unplanned views into the arena, passed through `h<i>.fix`."""
         ns, body = self.ns, self.body
         ns[f"h{i}"] = hook
@@ -341,14 +454,14 @@ class _Source:
             if s < 0:
                 continue
             if k == 0 and out_buf is not None and self.contract:
-                body.append(f"if s{s} is not r{i}: s{s} = h{i}.fix(s{s}, {k})")
+                body.append(f"{indent}if s{s} is not r{i}: s{s} = h{i}.fix(s{s}, {k})")
             elif k == 0 and out_buf is not None:
                 body.append(f"if s{s} is not o{i}: s{s} = h{i}.fix(s{s}, {k})")
                 ns[f"o{i}"] = out_buf
             else:
                 body.append(f"s{s} = h{i}.fix(s{s}, {k})")
 
-    def alias_checks(self, i: int, st: Any, ins: tuple[int, ...]) -> None:
+    def alias_checks(self, i: int, st: Any, ins: tuple[int, ...], indent: str = "") -> None:
         """The test that no output is (a direct view of) an input its contract does not let
         it alias."""
         allowed = st.placement.variant.op.contract.aliases(len(st.outs))
@@ -362,17 +475,19 @@ class _Source:
                 r = self.ref(src)
                 checks.append(f"s{s} is {r} or (type(s{s}) is _ndarray and s{s}.base is {r})")
         if checks:
-            self.body.append(f"if {' or '.join(checks)}: _alias({i})")
+            self.body.append(f"{indent}if {' or '.join(checks)}: _alias({i})")
 
     def function(self) -> Any:
         """The generated `_run`, compiled, with its source as `.source`."""
         add = self.lines.append
+        first = len(self.lines) + 1  # the line number of body line 0
         for line in self.body or ["pass"]:
             add("        " + line)
+        self.ns["_starts"] = self.starts
         add("    except (KeyboardInterrupt, GeneratorExit):")
         add("        raise")
         add("    except BaseException as e:  # a kernel's SystemExit is its fault too")
-        add("        raise _LeanFault(i, e) from e")
+        add(f"        raise _LeanFault(_step_at(_starts, {first}, e.__traceback__), e) from e")
         outs = ", ".join(self.ref(s) for s in self.program.output_slots)
         add(f"    return [{outs}]")
         src = "\n".join(self.lines) + "\n"

@@ -21,7 +21,22 @@ _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
 
 
+def _direct(ufunc, *consts, below: int | None = None):
+    """Declares (execute.codegen.direct_form) that the kernel is the bare call
+    ``ufunc(*inputs, *consts, out=out)`` (without a planned buffer ``ufunc(*inputs, *consts)``
+    as an array): the lean loop then makes that call itself, without the kernel's frame; with
+    `below`, only into buffers of fewer elements."""
+
+    def declare(fn):
+        fn.direct = lambda out: (
+            (ufunc, consts) if below is None or out is None or out.size < below else None)
+        return fn
+
+    return declare
+
+
 def _binary(ufunc):
+    @_direct(ufunc)
     def fn(A, B, *, out=None):
         return ufunc(A, B, out=out) if out is not None else np.asarray(ufunc(A, B))
 
@@ -35,6 +50,7 @@ def div(A, B, *, out=None):
         return np.divide(A, B, out=out) if out is not None else np.asarray(np.divide(A, B))
 
 
+@_direct(np.maximum, _ZERO, below=RELU_SMALL)
 def relu(X, *, out=None):
     """max(X, 0) into the planned buffer (see util.relu)."""
     if out is None or not isinstance(X, np.ndarray):
@@ -44,6 +60,7 @@ def relu(X, *, out=None):
     return _relu(X, out)
 
 
+@_direct(np.tanh)
 def tanh(X, *, out=None):
     """tanh(X) into the planned buffer."""
     return np.tanh(X, out=out) if out is not None else np.asarray(np.tanh(X))
