@@ -37,7 +37,7 @@ FAMILIES = (
     "string",
     "transformer",
     "ml", "ml_tree_samples",
-    "ml_features",
+    "ml_features", "ml_samples",
     "ml_svm",
     "training",
     "control",
