@@ -47,7 +47,7 @@ FAMILIES = (
     "contrib_attention",
     "contrib_embed",
     "contrib_wq",
-    "contrib_fused",
+    "contrib_fused", "contrib_legacy",
     "fused_elementwise",
     "fused",
 )
