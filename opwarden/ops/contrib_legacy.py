@@ -1,9 +1,10 @@
 """Operators: com.microsoft operators older ORT tools wrote before ONNX had them, which ORT's
 CPU provider still runs: TransposeMatMul (FusedMatMul's first name), Trilu, Range, ExpandDims,
-GatherND, Pad, Unique, Inverse, MatMulInteger16, and CDist (skl2onnx writes it for nearest
-neighbours and Gaussian processes). Each computes as its ONNX counterpart where one exists,
-with ORT's differences: Unique keeps first-occurrence order and has no first-index output, Pad
-also takes pads as [1, 2 * rank], CDist is ORT's -2 A B^T + |a|^2 + |b|^2 (then abs, sqrt).
+GatherND, Pad, Unique, Inverse, MatMulInteger16, GridSample (4-D, as ONNX GridSample-16), and
+CDist (skl2onnx writes it for nearest neighbours and Gaussian processes). Each computes as its
+ONNX counterpart where one exists, with ORT's differences: Unique keeps first-occurrence order
+and has no first-index output, Pad also takes pads as [1, 2 * rank], CDist is ORT's
+-2 A B^T + |a|^2 + |b|^2 (then abs, sqrt).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from opwarden.ops.common import work_float
 from opwarden.ops.constant import Range_11
 from opwarden.ops.contrib import FusedMatMul
 from opwarden.ops.contrib_dynq import matmul_fact_shape
+from opwarden.ops.image import GridSample_16
 from opwarden.ops.index import GatherND as _GatherND
 from opwarden.ops.index import Unique as _Unique
 from opwarden.ops.shape import Pad_11
@@ -164,6 +166,23 @@ def CDist(A, B, *, metric="sqeuclidean"):
     return (np.sqrt(c) if metric == "euclidean" else c).astype(A.dtype)
 
 
+@op("GridSample", domain=MS, since=1, inputs=["X: T1", "Grid: T1"], outputs=["Y: T2"],
+    types={"T1": ["float32"], "T2": ["float32"]},
+    attrs={"align_corners": 0, "mode": "bilinear", "padding_mode": "zeros"},
+    contract=Contract(nan="propagate", allowed={
+        "mode": one_of("bilinear", "nearest", "bicubic"),
+        "padding_mode": one_of("zeros", "border", "reflection"),
+        "align_corners": one_of(0, 1)}))
+def GridSampleMS(X, Grid, *, align_corners=0, mode="bilinear", padding_mode="zeros"):
+    """Sample a 4-D X at the normalized (x, y) positions of Grid [N, H_out, W_out, 2]
+    (com.microsoft GridSample-1, which torch exported before ONNX GridSample-16)."""
+    if X.ndim != 4 or Grid.ndim != 4 or Grid.shape[-1] != 2 or Grid.shape[0] != X.shape[0]:
+        raise KernelError(f"GridSample: X must be (N, C, H, W) and Grid (N, H_out, W_out, 2), "
+                          f"got {X.shape} and {Grid.shape}")
+    return GridSample_16(X, Grid, align_corners=align_corners, mode=mode,
+                         padding_mode=padding_mode)
+
+
 # --------------------------------------------------------------------------------------------
 # Shape rules and samples
 # --------------------------------------------------------------------------------------------
@@ -269,3 +288,20 @@ def _cdist_samples(rng):
     yield Sample([a, a], {"metric": "euclidean"}, label="euclidean, same points (zeros)")
     yield Sample([a.astype(np.float64), b.astype(np.float64)], {"metric": "euclidean"},
                  label="float64")
+
+
+@GridSampleMS.infer
+def _grid_sample_infer(x, grid, **_):
+    if x.shape is None or grid.shape is None or len(x.shape) != 4 or len(grid.shape) != 4:
+        return TensorFact(x.dtype, None)
+    return TensorFact(x.dtype, (x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]))
+
+
+@GridSampleMS.samples
+def _grid_sample_samples(rng):
+    x = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    grid = rng.uniform(-1.2, 1.2, (2, 3, 6, 2)).astype(np.float32)
+    for mode in ("bilinear", "nearest", "bicubic"):
+        for pad in ("zeros", "border", "reflection"):
+            yield Sample([x, grid], {"mode": mode, "padding_mode": pad}, label=f"{mode} {pad}")
+    yield Sample([x, grid], {"align_corners": 1}, label="align_corners")

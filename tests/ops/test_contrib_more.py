@@ -28,7 +28,7 @@ EXACT = ("QLinearWhere", "NhwcMaxPool", "QEmbedLayerNormalization", "MatMulInteg
 # (BiasAdd has no ORT CPU kernel: tests/ops/test_contrib.py checks it against its formula.)
 FLOAT = ("FusedConv", "FusedGemm", "QuickGelu", "BiasGelu", "FusedMatMul",
          "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Attention",
-         "TransposeMatMul", "Inverse", "CDist")
+         "TransposeMatMul", "Inverse", "CDist", "GridSample")
 
 
 def _samples(op_type):
