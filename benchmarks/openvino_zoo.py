@@ -2,12 +2,13 @@
 2 threads each, alternated per repetition; prints per-model times and the ratios (geomean over
 the light zoo), then a BERT-base encoder (bench_transformer.build_encoder).
 
-    python benchmarks/openvino_zoo.py [--reps 20] [--models squeezenet,resnet50] [--no-bert]
+    python benchmarks/openvino_zoo.py [--reps 24] [--models squeezenet,resnet50] [--no-bert]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
@@ -48,16 +49,17 @@ def _runners(data: bytes, feeds: dict[str, np.ndarray]):
 
 def measure(data: bytes, feeds: dict[str, np.ndarray], reps: int) -> dict[str, float]:
     """Median seconds per run of each runner, the runners alternated within a repetition in
-    an order rotated every repetition: ORT's intra-op threads spin after a run and slow
-    whichever runner comes next, so no runner may always follow it."""
+    every order in turn: ORT's intra-op threads spin after a run and slow whichever runner
+    comes next, so each runner must follow each other equally often (a rotation of one
+    order would keep the same runner after ORT)."""
     run = _runners(data, feeds)
     for fn in run.values():  # warm: compile, plan, first-touch
         fn()
         fn()
     times: dict[str, list[float]] = {k: [] for k in run}
-    names = list(run)
+    orders = list(itertools.permutations(run))
     for i in range(reps):
-        for k in names[i % len(names):] + names[:i % len(names)]:
+        for k in orders[i % len(orders)]:
             t = time.perf_counter()
             run[k]()
             times[k].append(time.perf_counter() - t)
@@ -70,7 +72,7 @@ def _geo(xs: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=24)
     ap.add_argument("--models", default=",".join(DEFAULT))
     ap.add_argument("--no-bert", action="store_true")
     args = ap.parse_args(argv)
