@@ -224,9 +224,11 @@ def SimplifiedLayerNormalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=
 
 # ORT's optimizer writes SimplifiedLayerNormalization in the default domain (ORT registers it
 # only there), so the same operator is registered there too, under its own schema.
+_SLN_SCHEMA = SimplifiedLayerNormalization.custom_schema
+assert _SLN_SCHEMA is not None  # declared by @op above
 REGISTRY.add(OpDef("SimplifiedLayerNormalization", "", 1, SimplifiedLayerNormalization.reference,
                    SimplifiedLayerNormalization.contract,
-                   dataclasses.replace(SimplifiedLayerNormalization.custom_schema, domain="")))
+                   dataclasses.replace(_SLN_SCHEMA, domain="")))
 
 
 # --------------------------------------------------------------------------------------------
