@@ -3,7 +3,10 @@
 Each tensor slot becomes a local variable, each step one call with its kernel, attribute dict
 and planned buffers bound as globals of the generated function; dead values are deleted right
 after their last reader. A run is then a sequence of kernel calls with no interpretation left:
-no slot lists, no per-step dispatch, no dict copies.
+no slot lists, no per-step dispatch, no dict copies. A kernel that is a bare ufunc call (it
+declares its `direct` form, see `direct_form`) is not called at all: the step is that ufunc
+call into its planned buffer, with constant operands shaped like the output, and later steps
+read the buffer (nothing to check: the buffer has the plan's shape and dtype).
 
 With ``contract`` the loop also enforces the cheap half of the contract check: every value a
 kernel receives is read-only (so writing into an input raises), a kernel may not return one of
