@@ -7,6 +7,7 @@ from opwarden.devices import base as _devices
 from opwarden.kernels.cpu import (
     activation,
     conv,
+    conv_dw_native,
     elementwise,
     fused,
     linalg,
@@ -20,8 +21,8 @@ from opwarden.kernels.cpu import (
     shuffle,
 )
 
-for _module in (conv, pool, norm, linalg, elementwise, activation, fused, select, shape, shuffle,
-                quant, quant_nbits, ml):
+for _module in (conv, pool, norm, linalg, elementwise, activation, fused, conv_dw_native, select,
+                shape, shuffle, quant, quant_nbits, ml):
     _module.register()
 
 

@@ -91,6 +91,69 @@ def bias_act(y: np.ndarray, bias: np.ndarray | None, act: str,
     return y
 
 
+# FusedConv activations the compiled depthwise epilogue applies (depthwise.c's codes); Gelu
+# is "Gelu" with params [0] (erf) or [1] (tanh form).
+DW_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "Sigmoid": 4, "HardSwish": 5,
+           "Tanh": 6, "Gelu": 7}
+
+
+def dw_act_code(activation: str, params) -> tuple[int, float, float] | None:
+    """(code, p0, p1) of a fused activation for depthwise_nhwc, None if it has none here."""
+    code = DW_ACTS.get(activation or "")
+    if code is None:
+        return None
+    p = [float(v) for v in (params or ())]
+    if activation == "Clip":
+        return code, (p[0] if p else -np.inf), (p[1] if len(p) > 1 else np.inf)
+    if activation == "LeakyRelu":
+        return code, (p[0] if p else 0.01), 0.0
+    if activation == "Gelu" and p and p[0]:
+        return 8, 0.0, 0.0
+    return code, 0.0, 0.0
+
+
+def depthwise_nhwc(x: np.ndarray, taps: np.ndarray, bias: np.ndarray | None,
+                   z: np.ndarray | None, y: np.ndarray, strides, dilations, pads_begin,
+                   activation: str = "", params=(), n_threads: int | None = None,
+                   rows: tuple[int, int] | None = None) -> np.ndarray:
+    """y[n, i, j, c] = act(bias[c] + z[n, i, j, c] + sum over taps (a, b) of
+    x[n, i*sh - pt + a*dh, j*sw - pl + b*dw, c] * taps[a, b, c]) (taps outside x read zero),
+    over C-contiguous float32 NHWC x [N, H, W, C], taps [kh, kw, C], y and z [N, OH, OW, C]
+    (z may be y itself); returns y. `rows` (r0, r1): only output rows r0..r1-1 of the N*OH
+    (n, i) rows, for a caller sharing them out over its own threads (n_threads 1)."""
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    arrays = [x, taps, y] + [a for a in (bias, z) if a is not None]
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays):
+        raise KernelError("depthwise_nhwc needs C-contiguous float32 arrays")
+    if x.ndim != 4 or y.ndim != 4 or taps.ndim != 3 or not y.flags.writeable:
+        raise KernelError(f"depthwise_nhwc: x {x.shape}, taps {taps.shape}, y {y.shape}: "
+                          "need 4-D x and y (writable), 3-D taps")
+    n, h, w, c = x.shape
+    kh, kw, tc = taps.shape
+    if y.shape[0] != n or y.shape[3] != c or tc != c:
+        raise KernelError(f"depthwise_nhwc: x {x.shape}, taps {taps.shape}, y {y.shape} "
+                          "disagree on N or C")
+    if z is not None and z.shape != y.shape:
+        raise KernelError(f"depthwise_nhwc: z {z.shape} must match y {y.shape}")
+    if bias is not None and bias.size != c:
+        raise KernelError(f"depthwise_nhwc: bias has {bias.size} values for {c} channels")
+    act = dw_act_code(activation, params)
+    if act is None:
+        raise KernelError(f"depthwise_nhwc: activation {activation!r} is not one of "
+                          f"{sorted(DW_ACTS)}")
+    r0, r1 = rows if rows is not None else (0, n * y.shape[1])
+    if not 0 <= r0 <= r1 <= n * y.shape[1]:
+        raise KernelError(f"depthwise_nhwc: rows {rows} outside 0..{n * y.shape[1]}")
+    _LIB.depthwise_nhwc(x, taps, bias if bias is not None else x[:0],
+                        z if z is not None else x[:0], y, bias is not None, z is not None,
+                        n, h, w, c, y.shape[1], y.shape[2], kh, kw, int(strides[0]),
+                        int(strides[1]), int(dilations[0]), int(dilations[1]),
+                        int(pads_begin[0]), int(pads_begin[1]), act[0], act[1], act[2],
+                        r0, r1, _threads(n_threads))
+    return y
+
+
 @dataclass(frozen=True)
 class Forest:
     """A flattened forest (module docstring) ready for `eval`."""

@@ -81,6 +81,46 @@ static PyObject *py_bias_act(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_depthwise_nhwc(PyObject *self, PyObject *args) {
+    Py_buffer X, T, B, Z, Y;
+    int has_bias, has_z, act, n_threads;
+    long long g[14], q0, q1;
+    float p0, p1;
+    dw_args_t a;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*iiLLLLLLLLLLLLLLiffLLi", &X, &T, &B, &Z, &Y, &has_bias,
+                          &has_z, &g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6], &g[7],
+                          &g[8], &g[9], &g[10], &g[11], &g[12], &g[13], &act, &p0, &p1, &q0,
+                          &q1, &n_threads))
+        return NULL;
+    a.n = g[0]; a.h = g[1]; a.w = g[2]; a.c = g[3]; a.oh = g[4]; a.ow = g[5]; a.kh = g[6];
+    a.kw = g[7]; a.sh = g[8]; a.sw = g[9]; a.dh = g[10]; a.dw = g[11]; a.pt = g[12];
+    a.pl = g[13];
+    Py_ssize_t ybytes = (Py_ssize_t)(a.n * a.oh * a.ow * a.c * 4);
+    int ok = a.n >= 0 && a.h >= 0 && a.w >= 0 && a.c >= 0 && a.oh >= 0 && a.ow >= 0 &&
+             a.kh >= 1 && a.kw >= 1 && a.sh >= 1 && a.sw >= 1 && a.dh >= 1 && a.dw >= 1 &&
+             need(&X, (Py_ssize_t)(a.n * a.h * a.w * a.c * 4), "x") &&
+             need(&T, (Py_ssize_t)(a.kh * a.kw * a.c * 4), "taps") &&
+             (!has_bias || need(&B, (Py_ssize_t)(a.c * 4), "bias")) &&
+             (!has_z || need(&Z, ybytes, "z")) && need(&Y, ybytes, "y") && n_threads >= 1 &&
+             q0 >= 0 && q0 <= q1 && q1 <= a.n * a.oh;
+    if (ok) {
+        a.x = X.buf; a.taps = T.buf; a.y = Y.buf;
+        a.bias = has_bias ? B.buf : NULL;
+        a.z = has_z ? Z.buf : NULL;
+        a.act = act; a.p0 = p0; a.p1 = p1;
+        Py_BEGIN_ALLOW_THREADS
+        depthwise_nhwc_f32(&a, q0, q1, n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "depthwise_nhwc: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&T); PyBuffer_Release(&B); PyBuffer_Release(&Z);
+    PyBuffer_Release(&Y);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_openmp(PyObject *self, PyObject *args) {
     (void)self; (void)args;
 #ifdef _OPENMP
@@ -96,6 +136,10 @@ static PyMethodDef methods[] = {
      "leaf_w, n_targets, agg, mode_class, scores, has, n_threads)"},
     {"bias_act", py_bias_act, METH_VARARGS,
      "bias_act(y, bias, has_bias, rows, cols, act, n_threads): y = act(y + bias) in place"},
+    {"depthwise_nhwc", py_depthwise_nhwc, METH_VARARGS,
+     "depthwise_nhwc(x, taps, bias, z, y, has_bias, has_z, n, h, w, c, oh, ow, kh, kw, sh, sw, "
+     "dh, dw, pad_top, pad_left, act, p0, p1, row0, row1, n_threads): output rows row0..row1-1 "
+     "of an NHWC depthwise conv + epilogue"},
     {"openmp", py_openmp, METH_NOARGS, "The _OPENMP version the module was built with, or 0."},
     {NULL, NULL, 0, NULL},
 };

@@ -34,4 +34,15 @@ void forest_eval(const forest_t *f, const void *X, int is_double, int64_t n_rows
 void bias_act_f32(float *y, const float *bias, int64_t rows, int64_t cols, int act,
                   int n_threads);
 
+/* One depthwise NHWC convolution (depthwise.c): shapes, geometry and the fused epilogue. */
+typedef struct {
+    const float *x, *taps, *bias, *z; /* bias, z: NULL when absent; z may equal y */
+    float *y;
+    int64_t n, h, w, c, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl;
+    int act;
+    float p0, p1;
+} dw_args_t;
+
+void depthwise_nhwc_f32(const dw_args_t *a, int64_t q0, int64_t q1, int n_threads);
+
 #endif

@@ -1,0 +1,193 @@
+/* Depthwise 2-D convolution over NHWC float32, with the fused epilogue (bias, residual,
+ * activation) applied to each output pixel while it is still in L1.
+ *
+ * x [N, H, W, C], taps [kh, kw, C] (W's (C, 1, kh, kw) transposed once on the Python side),
+ * y [N, OH, OW, C]. Padding is implicit: taps reading outside the image are skipped, so no
+ * padded copy is made. A call computes a range of output rows (n, oh), on OpenMP threads or
+ * one (the Python side shares ranges out over its own threads); the inner loop runs
+ * along C, unit stride in x, taps and y, which the compiler vectorizes. On x86-64 Linux the
+ * row function is also built for the x86-64-v3 (AVX2 + FMA) and v4 (AVX-512) levels and picked
+ * at load time (target_clones), the baseline build staying portable.
+ */
+#include "native.h"
+
+#include <math.h>
+#include <string.h>
+
+/* (By ISA level, not CPU name: "arch=haswell" resolves by the vendor's model and leaves AMD
+ * CPUs with AVX2 on the baseline.) */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    __GNUC__ >= 11
+#define DW_CLONES \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DW_CLONES
+#endif
+
+/* Multiply-adds contract to FMA where the target has one (ISO C modes keep them apart). */
+#if defined(__clang__)
+#pragma clang fp contract(fast)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=fast")
+#endif
+
+/* Inlined into each clone of dw_row, so that they are compiled for its instruction set. */
+#if defined(__GNUC__)
+#define DW_INLINE static inline __attribute__((always_inline))
+#else
+#define DW_INLINE static inline
+#endif
+
+/* The activation codes of opwarden.native.DW_ACTS. NaN propagates through every one (the
+ * comparisons are written so a NaN takes the pass-through branch), as in the references. */
+enum { A_NONE, A_RELU, A_CLIP, A_LEAKY, A_SIGMOID, A_HARDSWISH, A_TANH, A_GELU, A_GELU_TANH };
+
+DW_INLINE float dw_act(float v, int act, float p0, float p1) {
+    switch (act) {
+    case A_RELU:
+        return v < 0.0f ? 0.0f : v;
+    case A_CLIP:
+        return v < p0 ? p0 : (v > p1 ? p1 : v);
+    case A_LEAKY:
+        return v < 0.0f ? v * p0 : v;
+    case A_SIGMOID:
+        return 1.0f / (1.0f + expf(-v));
+    case A_HARDSWISH: {
+        float t = v * (1.0f / 6.0f) + 0.5f;
+        t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
+        return v * t;
+    }
+    case A_TANH:
+        return tanhf(v);
+    case A_GELU:
+        return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case A_GELU_TANH: {
+        float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+        return 0.5f * v * (1.0f + tanhf(u));
+    }
+    default:
+        return v;
+    }
+}
+
+/* Channels per register block and output pixels per block in the interior path: 4 pixels
+ * x 16 channels of accumulators stay in registers across all the taps, and each tap's weight
+ * vector is loaded once for the 4 pixels. */
+#define CB 16
+#define PB 4
+
+/* yp[k] = act(yp[k]) for k in [0, len). */
+DW_INLINE void dw_act_run(float *yp, int64_t len, const dw_args_t *a) {
+    if (a->act == A_RELU) {
+        for (int64_t k = 0; k < len; k++) yp[k] = yp[k] < 0.0f ? 0.0f : yp[k];
+    } else if (a->act != A_NONE) {
+        for (int64_t k = 0; k < len; k++) yp[k] = dw_act(yp[k], a->act, a->p0, a->p1);
+    }
+}
+
+/* Output pixel (n, r, j), channels [c0, c1), every tap checked against the image bounds. The
+ * residual and bias are read before any tap is added, so Y may be written in place over Z
+ * (FusedConv's alias): yp and zp may then be the same pointer. */
+DW_INLINE void dw_pixel(const dw_args_t *a, int64_t n, int64_t r, int64_t j, int64_t c0,
+                     int64_t c1) {
+    const int64_t c = a->c, o = ((n * a->oh + r) * a->ow + j) * c;
+    float *yp = a->y + o;
+    const float *zp = a->z ? a->z + o : 0;
+    for (int64_t k = c0; k < c1; k++)
+        yp[k] = (zp ? zp[k] : 0.0f) + (a->bias ? a->bias[k] : 0.0f);
+    for (int64_t ta = 0; ta < a->kh; ta++) {
+        int64_t ih = r * a->sh - a->pt + ta * a->dh;
+        if (ih < 0 || ih >= a->h) continue;
+        for (int64_t tb = 0; tb < a->kw; tb++) {
+            int64_t iw = j * a->sw - a->pl + tb * a->dw;
+            if (iw < 0 || iw >= a->w) continue;
+            const float *xp = a->x + ((n * a->h + ih) * a->w + iw) * c;
+            const float *wp = a->taps + (ta * a->kw + tb) * c;
+            for (int64_t k = c0; k < c1; k++) yp[k] += xp[k] * wp[k];
+        }
+    }
+    dw_act_run(yp + c0, c1 - c0, a);
+}
+
+/* 8 floats (GCC/Clang vector extension: one AVX register in the x86-64-v3/v4 clones, two SSE
+ * registers in the baseline); unaligned loads and stores through memcpy. */
+typedef float v8f __attribute__((vector_size(32)));
+
+DW_INLINE v8f ld8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+DW_INLINE void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+/* PB output pixels j0 .. j0+PB-1 of row (n, r) whose taps all lie inside the image along W,
+ * channels [cb, cb + CB): PB x CB accumulators in registers, each tap's weights loaded once
+ * for the PB pixels. */
+DW_INLINE void dw_block(const dw_args_t *a, int64_t n, int64_t r, int64_t j0, int64_t cb) {
+    const int64_t c = a->c;
+    v8f acc[PB][2];
+    const int64_t o0 = ((n * a->oh + r) * a->ow + j0) * c + cb;
+    const v8f zero = {0};
+    v8f b0 = a->bias ? ld8(a->bias + cb) : zero, b1 = a->bias ? ld8(a->bias + cb + 8) : zero;
+    for (int p = 0; p < PB; p++) {
+        acc[p][0] = b0;
+        acc[p][1] = b1;
+        if (a->z) {
+            acc[p][0] += ld8(a->z + o0 + p * c);
+            acc[p][1] += ld8(a->z + o0 + p * c + 8);
+        }
+    }
+    const int64_t xstep = a->sw * c;
+    for (int64_t ta = 0; ta < a->kh; ta++) {
+        int64_t ih = r * a->sh - a->pt + ta * a->dh;
+        if (ih < 0 || ih >= a->h) continue;
+        const float *xrow = a->x + ((n * a->h + ih) * a->w + j0 * a->sw - a->pl) * c + cb;
+        const float *wrow = a->taps + ta * a->kw * c + cb;
+        for (int64_t tb = 0; tb < a->kw; tb++) {
+            const float *xp = xrow + tb * a->dw * c;
+            v8f w0 = ld8(wrow + tb * c), w1 = ld8(wrow + tb * c + 8);
+            for (int p = 0; p < PB; p++) {
+                acc[p][0] += ld8(xp + p * xstep) * w0;
+                acc[p][1] += ld8(xp + p * xstep + 8) * w1;
+            }
+        }
+    }
+    for (int p = 0; p < PB; p++) {
+        float *yp = a->y + o0 + p * c;
+        st8(yp, acc[p][0]);
+        st8(yp + 8, acc[p][1]);
+        dw_act_run(yp, CB, a);
+    }
+}
+
+DW_CLONES
+static void dw_row(const dw_args_t *a, int64_t n, int64_t r) {
+    const int64_t c = a->c, cfull = c - c % CB;
+    /* Pixels j with every tap inside along W: j*sw - pl >= 0 and
+     * j*sw - pl + (kw-1)*dw < w. */
+    int64_t jlo = (a->pl + a->sw - 1) / a->sw;
+    int64_t span = a->w + a->pl - (a->kw - 1) * a->dw; /* j*sw < span */
+    int64_t jhi = span > 0 ? (span + a->sw - 1) / a->sw : 0;
+    if (jlo < 0) jlo = 0;
+    if (jhi > a->ow) jhi = a->ow;
+    if (jlo > jhi) jlo = jhi;
+    int64_t j = 0;
+    for (; j < jlo; j++) dw_pixel(a, n, r, j, 0, c);
+    for (; j + PB <= jhi; j += PB) {
+        for (int64_t cb = 0; cb < cfull; cb += CB) dw_block(a, n, r, j, cb);
+        if (cfull < c)
+            for (int p = 0; p < PB; p++) dw_pixel(a, n, r, j + p, cfull, c);
+    }
+    for (; j < a->ow; j++) dw_pixel(a, n, r, j, 0, c);
+}
+
+void depthwise_nhwc_f32(const dw_args_t *a, int64_t q0, int64_t q1, int n_threads) {
+    /* Output rows q0 .. q1-1 of the n*oh rows (the caller may share rows out itself). */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(n_threads) \
+    if (n_threads > 1 && (q1 - q0) * a->ow * a->c * a->kh * a->kw >= 65536)
+#endif
+    for (int64_t q = q0; q < q1; q++) dw_row(a, q / a->oh, q % a->oh);
+    (void)n_threads;
+}
