@@ -74,3 +74,20 @@ def blas_thread_count() -> int:
             "openblas_get_num_threads"))
     fn = _BLAS_GET[0]
     return int(fn()) if fn is not None else (os.cpu_count() or 1)
+
+
+# Set by kernels.cpu.blas_split.configure: its own threads then run the large products while
+# OpenBLAS stays on one thread.
+_SPLIT_THREADS = [0]
+
+
+def set_split_threads(n: int) -> None:
+    """Record the thread count the split products run on (0: none, OpenBLAS's own)."""
+    _SPLIT_THREADS[0] = n
+
+
+def compute_threads() -> int:
+    """Threads the CPU kernels compute with now: the split count while it drives the products
+    (OpenBLAS then on one thread), else OpenBLAS's own count."""
+    n, blas = _SPLIT_THREADS[0], blas_thread_count()
+    return n if n >= 1 and blas == 1 else blas

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from opwarden.blas import blas_thread_count
+from opwarden.blas import compute_threads
 from opwarden.contract import Contract, TensorFact, one_of
 from opwarden.errors import KernelError
 from opwarden.ops.base import Sample, op
@@ -212,9 +212,9 @@ def physical_cores() -> int:
 
 def ort_intra_threads() -> int:
     """The degree of parallelism ORT's CPU kernels would see in this process: the session's
-    intra_op_num_threads (mirrored into the BLAS pool) capped at the physical cores, which is
-    ORT's default."""
-    return max(1, min(blas_thread_count(), physical_cores()))
+    intra_op_num_threads (as the CPU kernels compute with it: blas.compute_threads) capped at
+    the physical cores, which is ORT's default."""
+    return max(1, min(compute_threads(), physical_cores()))
 
 
 def lstm_batch_chunk(batch: int, hidden: int, threads: int) -> int:

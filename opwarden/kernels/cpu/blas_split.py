@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from opwarden.blas import blas_thread_count, set_blas_threads
+from opwarden.blas import blas_thread_count, set_blas_threads, set_split_threads
 from opwarden.kernels.cpu.util import F32, sgemm
 
 # Off: every product is one BLAS call on OpenBLAS's threads (for measuring).
@@ -65,6 +65,7 @@ def configure(threads: int) -> None:
     else:
         _THREADS[0] = 0
         set_blas_threads(max(1, threads))
+    set_split_threads(_THREADS[0])
 
 
 def split_threads() -> int:
