@@ -47,6 +47,7 @@ from opwarden.passes.pool_swap import avgpool_conv_reorder
 from opwarden.passes.qdq_fusion import qdq_fusion
 from opwarden.passes.rewrite import PassResult, Rewriter, relink
 from opwarden.passes.scale_into_conv import scale_into_conv
+from opwarden.passes.se_fusion import spatial_mean_pool
 from opwarden.passes.sibling_convs import sibling_conv_merge
 from opwarden.passes.transpose import transpose_cancellation
 
@@ -77,6 +78,7 @@ PASSES: list[Pass] = [
     Pass("conv_bn_folding", 2, conv_bn_folding),
     Pass("bn_to_affine", 2, bn_to_affine),
     Pass("scale_into_conv", 2, scale_into_conv),
+    Pass("spatial_mean_pool", 2, spatial_mean_pool),
     Pass("conv_fusion", 2, conv_fusion),
     Pass("concat_conv_merge", 2, concat_conv_merge),
     Pass("sibling_conv_merge", 2, sibling_conv_merge),
