@@ -19,10 +19,11 @@ from opwarden.kernels.cpu import (
     select,
     shape,
     shuffle,
+    silu_native,
 )
 
 for _module in (conv, pool, norm, linalg, elementwise, activation, fused, conv_dw_native, select,
-                shape, shuffle, quant, quant_nbits, ml):
+                shape, shuffle, quant, quant_nbits, ml, silu_native):
     _module.register()
 
 

@@ -154,6 +154,25 @@ def depthwise_nhwc(x: np.ndarray, taps: np.ndarray, bias: np.ndarray | None,
     return y
 
 
+def swish(x: np.ndarray, y: np.ndarray, alpha: float = 1.0,
+          span: tuple[int, int] | None = None) -> np.ndarray:
+    """y = x * sigmoid(alpha x) (SiLU for alpha 1) over C-contiguous float32 arrays of one
+    size (y may be x); `span` (start, stop): only those flat elements, for a caller sharing
+    the work out over its own threads. Returns y."""
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    if (x.dtype != np.float32 or y.dtype != np.float32 or not x.flags.c_contiguous
+            or not y.flags.c_contiguous or not y.flags.writeable):
+        raise KernelError("swish needs C-contiguous float32 arrays, y writable")
+    if x.size != y.size:
+        raise KernelError(f"swish: x has {x.size} values, y {y.size}")
+    lo, hi = span if span is not None else (0, x.size)
+    if not 0 <= lo <= hi <= x.size:
+        raise KernelError(f"swish: span {span} outside 0..{x.size}")
+    _LIB.swish(x, y, lo, hi - lo, float(alpha))
+    return y
+
+
 @dataclass(frozen=True)
 class Forest:
     """A flattened forest (module docstring) ready for `eval`."""

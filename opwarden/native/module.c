@@ -121,6 +121,26 @@ static PyObject *py_depthwise_nhwc(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_swish(PyObject *self, PyObject *args) {
+    Py_buffer X, Y;
+    long long off, n;
+    float alpha;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*LLf", &X, &Y, &off, &n, &alpha)) return NULL;
+    int ok = off >= 0 && n >= 0 && need(&X, (Py_ssize_t)((off + n) * 4), "x") &&
+             need(&Y, (Py_ssize_t)((off + n) * 4), "y");
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        swish_f32((const float *)X.buf + off, (float *)Y.buf + off, n, alpha);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "swish: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&Y);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_openmp(PyObject *self, PyObject *args) {
     (void)self; (void)args;
 #ifdef _OPENMP
@@ -140,6 +160,9 @@ static PyMethodDef methods[] = {
      "depthwise_nhwc(x, taps, bias, z, y, has_bias, has_z, n, h, w, c, oh, ow, kh, kw, sh, sw, "
      "dh, dw, pad_top, pad_left, act, p0, p1, row0, row1, n_threads): output rows row0..row1-1 "
      "of an NHWC depthwise conv + epilogue"},
+    {"swish", py_swish, METH_VARARGS,
+     "swish(x, y, offset, n, alpha): y[i] = x[i] * sigmoid(alpha x[i]) for i in offset.."
+     "offset+n-1 (y may be x)"},
     {"openmp", py_openmp, METH_NOARGS, "The _OPENMP version the module was built with, or 0."},
     {NULL, NULL, 0, NULL},
 };

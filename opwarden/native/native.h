@@ -45,4 +45,7 @@ typedef struct {
 
 void depthwise_nhwc_f32(const dw_args_t *a, int64_t q0, int64_t q1, int n_threads);
 
+/* y = x * sigmoid(alpha x) over n floats (silu.c); y may be x. */
+void swish_f32(const float *x, float *y, int64_t n, float alpha);
+
 #endif

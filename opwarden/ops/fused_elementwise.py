@@ -208,6 +208,8 @@ def _fused_elementwise_samples(rng):
                              "t4=max(t3,x0);t5=min(t4,x1);t6=tanh(t5)"}, label="binary chain")
     yield Sample([r(64, 64)], {"program": "t0=hardswish(x0);t1=leakyrelu(t0,0.1);"
                                           "t2=hardsigmoid(t1,0.2,0.5)"}, label="activations")
+    # SiLU as exporters write it (Sigmoid then Mul), over the range where sigmoid saturates
+    yield Sample([r(4, 300) * 40], {"program": "t0=sigmoid(x0);t1=mul(x0,t0)"}, label="silu")
     d = normal(rng, np.float64)
     yield Sample([d(3, 4), d(3, 4)], {"program": "t0=add(x0,x1);t1=tanh(t0)"}, label="float64")
 

@@ -195,3 +195,83 @@ def test_when_declines_without_native_or_its_activation(monkeypatch):
     monkeypatch.setattr(native, "available", lambda: False)
     assert not dwn.dw_native_when(fx, fw, **attrs)
 
+
+
+# -- SiLU (Sigmoid then Mul as exported; Swish-24) on the compiled loop ------------------------
+
+SILU = "t0=sigmoid(x0);t1=mul(x0,t0)"
+
+
+def _silu_ref(x, alpha=1.0):
+    x64 = x.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # (-inf / inf: NaN, as the op's)
+        return (x64 / (1.0 + np.exp(-alpha * x64))).astype(np.float32)
+
+
+@needs_native
+@pytest.mark.parametrize("n", [1, 7, 16, 1000, 70_001])
+def test_native_silu_matches_reference(n):
+    from opwarden.kernels.cpu import silu_native
+    from opwarden.ops.fused_elementwise import FusedElementwise
+
+    x = (np.random.default_rng(n).standard_normal(n) * 30).astype(np.float32)
+    x[:3] = [np.nan, np.inf, -np.inf][: min(3, n)]
+    got = silu_native.native_silu(x, program=SILU)
+    want = FusedElementwise(x, program=SILU)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30, equal_nan=True)
+    _close(got, _silu_ref(x))
+    y = x.copy()  # in place, as the plan may put it
+    silu_native.native_silu(y, program=SILU, out=y)
+    np.testing.assert_array_equal(y, got)
+    # both operand orders of the Mul; other programs and strided inputs: the NumPy kernel
+    np.testing.assert_array_equal(
+        silu_native.native_silu(x, program="t0=sigmoid(x0);t1=mul(t0,x0)"), got)
+    x2 = np.stack([x, x], axis=1)[:, 0]
+    np.testing.assert_allclose(silu_native.native_silu(x2, program=SILU), want, rtol=1e-6,
+                               atol=1e-30, equal_nan=True)
+    relu = silu_native.native_silu(x, program="t0=relu(x0)")
+    np.testing.assert_array_equal(relu, FusedElementwise(x, program="t0=relu(x0)"))
+
+
+@needs_native
+@pytest.mark.parametrize("alpha", [1.0, 0.5, 1.702, -2.0])
+def test_native_swish_alpha(alpha):
+    from opwarden.kernels.cpu import silu_native
+
+    x = (np.random.default_rng(2).standard_normal((3, 50, 7)) * 20).astype(np.float32)
+    _close(silu_native.native_swish(x, alpha=alpha), _silu_ref(x, alpha))
+    _close(silu_native.native_swish(x.transpose(2, 0, 1), alpha=alpha),
+           _silu_ref(x, alpha).transpose(2, 0, 1))
+
+
+@needs_native
+def test_swish_bad_calls():
+    x = np.zeros(8, np.float32)
+    with pytest.raises(KernelError, match="values"):
+        native.swish(x, np.zeros(4, np.float32))
+    with pytest.raises(KernelError, match="span"):
+        native.swish(x, x, 1.0, (2, 99))
+    with pytest.raises(KernelError, match="float32"):
+        native.swish(x.astype(np.float64), x)
+
+
+@needs_native
+def test_session_runs_exported_silu_natively_and_agrees_with_ort():
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((24, 3, 3, 3)) * 0.5).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Mul", ["c", "s"], ["y"])]
+    g = helper.make_graph(
+        nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 30, 30])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    data = m.SerializeToString()
+    x = rng.standard_normal((2, 3, 30, 30)).astype(np.float32)
+    sess = ow.InferenceSession(data, ow.SessionOptions(intra_op_num_threads=2))
+    assert "fusedelementwise.cpu.native_silu" in [n["variant"] for n in sess.explain()]
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    _close(sess.run(None, {"x": x})[0], want)
