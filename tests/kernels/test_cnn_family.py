@@ -275,3 +275,17 @@ def test_session_runs_exported_silu_natively_and_agrees_with_ort():
     assert "fusedelementwise.cpu.native_silu" in [n["variant"] for n in sess.explain()]
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     _close(sess.run(None, {"x": x})[0], want)
+
+
+@needs_native
+@pytest.mark.parametrize("geom", GEOMS[:6])
+@pytest.mark.parametrize("activation,params", [("", []), ("Relu", []), ("Gelu", [0.0])])
+def test_depthwise_native_nchw_matches_reference(geom, activation, params):
+    x, wt, b, attrs = _case(geom, seed=9, n=2)
+    xc = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    want = FusedConv(xc, wt, b, activation=activation, activation_params=params, **attrs)
+    got = dwn.depthwise_native_nchw(xc, wt, b, activation=activation, activation_params=params,
+                                    **attrs)
+    _close(got, np.asarray(want, np.float32))
+    with pytest.raises(KernelError, match="residual"):
+        dwn.depthwise_native_nchw(xc, wt, b, np.zeros_like(got), **attrs)

@@ -1,5 +1,6 @@
-"""Depthwise NHWC convolution on the compiled kernel (opwarden.native): conv.cpu.depthwise_native
-and fusedconv.cpu.depthwise_native.
+"""Depthwise convolution on the compiled kernel (opwarden.native): conv.cpu.depthwise_native
+and fusedconv.cpu.depthwise_native (NHWC), and their *_native_nchw twins for nodes the layout
+pass keeps in NCHW (X and Y transposed through scratch around the same loop).
 
 The C loop (native/depthwise.c) reads the taps of each output pixel straight from the
 unpadded image (taps outside it are skipped, so no padded copy), keeps 4 pixels x 16 channels
@@ -26,7 +27,7 @@ from opwarden.blas import blas_thread_count
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu.blas_split import over_rows, split_threads
 from opwarden.kernels.cpu.conv import _conv_ok, nhwc_kernel, route_when, route_workspace
-from opwarden.kernels.cpu.conv_common import _prologue
+from opwarden.kernels.cpu.conv_common import _prologue, _static_geometry
 from opwarden.kernels.cpu.conv_depthwise import _pack_depthwise
 from opwarden.kernels.cpu.shuffle import channel_shuffle
 from opwarden.kernels.cpu.util import F32, packed, scratch
@@ -110,6 +111,65 @@ def _contiguous(x: np.ndarray, shuffle: int) -> np.ndarray:
     return buf
 
 
+def dw_nchw_when(x, w, *rest, **attrs: Any) -> bool:
+    """An NCHW depthwise convolution (no residual, no input shuffle: the layout pass folds
+    neither into an NCHW node), extension built, activation one DW_ACTS holds."""
+    if not native.available() or int(attrs.get("input_shuffle", 0) or 0) > 1 \
+            or attrs.get("branches") or (len(rest) > 1 and rest[1] is not None):
+        return False
+    if native.dw_act_code(_act_name(attrs.get("activation", "")),
+                          attrs.get("activation_params")) is None:
+        return False
+    if not _conv_ok(x, w, *rest) or len(w.shape) != 4 or not isinstance(w.shape[0], int):
+        return False
+    group = int(attrs.get("group", 1) or 1)
+    return w.shape[1] == 1 and w.shape[0] == group and x.shape[1] == group
+
+
+def dw_nchw_workspace(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                      kernel_shape=None, pads=None, strides=None, **_) -> int:
+    """X and Y in NHWC scratch: 4 bytes per element of each (0 for unknown shapes)."""
+    geom = _static_geometry(x, w, x[2:4], strides, dilations, pads, auto_pad)
+    if geom is None:
+        return 0
+    n, c, h, wd = x
+    oh, ow = geom[4]
+    return 4 * n * c * (h * wd + oh * ow)
+
+
+def depthwise_native_nchw(X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None,
+                          group=1, kernel_shape=None, pads=None, strides=None, activation="",
+                          activation_params=(), input_shuffle=0, out=None, branches=None):
+    """A depthwise convolution placed in NCHW (the layout pass kept its neighbours there,
+    e.g. ConvNeXt's first stage between the model's own permutes) on the compiled NHWC loop:
+    X transposed into scratch, the loop, Y transposed back; the two copies cost a fraction of
+    the NCHW patch-matrix path."""
+    x = np.asarray(X, dtype=F32)
+    group = int(group)
+    s, d, begin, _end, y, _z, bias = _prologue(x, W, B, None, group, kernel_shape, strides,
+                                               dilations, pads, auto_pad, out, nhwc=False)
+    if Z is not None or int(input_shuffle or 0) > 1 or branches or W.shape[1] != 1 \
+            or W.shape[0] != group:
+        raise KernelError("depthwise_native_nchw: a depthwise convolution without residual, "
+                          "input shuffle or branches expected (its `when` says so)")
+    if y.size == 0:
+        return y
+    n, c, h, w = x.shape
+    xh = scratch("dw_nchw.x", (n, h, w, c))
+    np.copyto(xh, x.transpose(0, 2, 3, 1))
+    yh = scratch("dw_nchw.y", (n, y.shape[2], y.shape[3], c))
+    depthwise_native(xh, W, bias, None, auto_pad=auto_pad, dilations=dilations, group=group,
+                     kernel_shape=kernel_shape, pads=pads, strides=strides,
+                     activation=activation, activation_params=activation_params, out=yh)
+    np.copyto(y, yh.transpose(0, 3, 1, 2))
+    return y
+
+
+def _conv_dw_nchw(X, W, B=None, *, out=None, **attrs):
+    """Conv in NCHW on the compiled depthwise loop."""
+    return depthwise_native_nchw(X, W, B, None, out=out, **attrs)
+
+
 def _conv_depthwise_native(X, W, B=None, *, out=None, **attrs):
     """Conv (no residual) on the compiled depthwise loop."""
     return depthwise_native(X, W, B, None, out=out, **attrs)
@@ -117,16 +177,21 @@ def _conv_depthwise_native(X, W, B=None, *, out=None, **attrs):
 
 def register() -> None:
     """conv.cpu.depthwise_native on every Conv version and fusedconv.cpu.depthwise_native on
-    FusedConv, NHWC, priority 12 (above the NumPy algorithms' 11)."""
+    FusedConv, NHWC, priority 12 (above the NumPy algorithms' 11); their NCHW twins
+    (*_native_nchw) at 11, above conv.cpu.nchw's 10."""
     from opwarden.kernels.cpu.fused import _fused_workspace
     from opwarden.ops.base import REGISTRY
 
     kw = {"device": "cpu", "dtypes": ["float32"], "accepts_out": True, "layout": "NHWC",
           "priority": 12, "when": dw_native_when}
+    nchw = {**kw, "layout": "NCHW", "priority": 11, "when": dw_nchw_when,
+            "workspace_bytes": dw_nchw_workspace}
     for opdef in REGISTRY.versions("Conv"):
         opdef.kernel(name="conv.cpu.depthwise_native",
                      workspace_bytes=route_workspace("depthwise"), **kw)(_conv_depthwise_native)
+        opdef.kernel(name="conv.cpu.depthwise_native_nchw", **nchw)(_conv_dw_nchw)
     for opdef in REGISTRY.versions("FusedConv", "opwarden"):
         opdef.kernel(name="fusedconv.cpu.depthwise_native",
                      workspace_bytes=_fused_workspace(route_workspace("depthwise"), 3),
                      **kw)(depthwise_native)
+        opdef.kernel(name="fusedconv.cpu.depthwise_native_nchw", **nchw)(depthwise_native_nchw)
