@@ -23,10 +23,8 @@ _recipes = json.load(open(RECIPES)) if os.path.exists(RECIPES) else {}
 
 # Known gaps, with the reason; non-strict so that a fix shows up as XPASS.
 KNOWN = {
-    **{f"{m}_op13_qop.onnx": "com.microsoft QLinear* contrib ops (QLinearAdd/Mul/Concat/"
-       "Sigmoid/Softmax/AveragePool/GlobalAveragePool, QGemm) not implemented"
-       for m in ("audio_stft", "bilstm_tagger", "crnn_ocr", "gpt_decoder", "mobilenet_se",
-                 "unet_seg")},
+    "gpt_decoder_op13_qop.onnx": "QLinearSoftmax int8 over a one-element row: ORT gives 0 "
+                                 "where ours gives -128 (opwarden compare names the node)",
 }
 
 
@@ -88,8 +86,14 @@ def test_real_model_matches_onnxruntime(fname):
             if w.dtype.kind in "iub":
                 np.testing.assert_array_equal(g, w, err_msg=where)
             elif w.size:
-                scale = float(np.max(np.abs(w)))
-                err = float(np.max(np.abs(g.astype(np.float64) - w)))
+                # Non-finite values must be the same ones in the same places; the error is
+                # measured over the finite rest.
+                fin = np.isfinite(w)
+                np.testing.assert_array_equal(g[~fin], w[~fin], err_msg=where)
+                if not fin.any():
+                    continue
+                scale = float(np.max(np.abs(w[fin])))
+                err = float(np.max(np.abs(g[fin].astype(np.float64) - w[fin])))
                 assert err <= rtol * scale + 1e-5, f"{where}: max err {err:.3g}, scale {scale:.3g}"
     # Under the default options a kernel fault in a real model is a bug the guard hid (it reran
     # the node on the reference kernel): the outputs above would still match.
