@@ -18,7 +18,7 @@ bit, not just within a quantization step:
   polynomial FMAs are emulated as above, so a table entry can differ by one step only when a
   value lies within one float32 ulp of a rounding boundary.
 - QLinearSoftmax: ORT's float32 exp table and its quirks (y_scale used as floor(1 / y_scale),
-  x_zero_point ignored, a sequential float32 row sum).
+  x_zero_point ignored, a sequential float32 row sum, the ratio in float64, a NaN ratio -> 0).
 - QLinearAveragePool: dequantized float32 windows summed in row-major kernel order, divided by
   the count, y = rint(avg / y_scale + y_zero_point); a window covering the whole unpadded image
   takes the integer global-average path, as in ORT.
@@ -335,16 +335,28 @@ def _softmax_exp_table(x_scale: F32, reduce_len: int) -> np.ndarray:
         return np.exp((i - 255.0 + shift) * float(x_scale)).astype(F32)
 
 
-def _softmax_rows(x: np.ndarray, table: np.ndarray, y_scale: F32, y_zp: int) -> np.ndarray:
+def _softmax_rows(x: np.ndarray, table: np.ndarray, y_inv: float, y_zp: int) -> np.ndarray:
     """Softmax of each row of a 2-D (rows, D) array as ORT's QlinearSoftmaxCPU."""
     dt = x.dtype
     xi = x.astype(np.int64)
     # Index 255 is the row maximum: e = table[x - max + 255].
     e = table[xi - xi.max(axis=1, keepdims=True) + 255]
     total = np.add.accumulate(e, axis=1, dtype=F32)[:, -1:]  # sequential float32 sum
+    # The ratio is taken in float64 (e * y_inv overflows float32 for a row of one element).
     with np.errstate(all="ignore"):
-        q = np.rint((e * y_scale).astype(F32) / total).astype(np.float64)
-    return saturate(np.nan_to_num(q, nan=0.0, posinf=0.0) + y_zp, dt)
+        q = np.rint(e.astype(np.float64) * y_inv / total.astype(np.float64)) + y_zp
+    # A NaN ratio (x_scale = inf, or 0 * inf) writes 0, not the zero point; inf saturates.
+    return saturate(np.where(np.isnan(q), 0.0, q), dt)
+
+
+def _softmax_y_inv(y_scale) -> float:
+    """ORT's multiplier floor(1 / y_scale): the reciprocal is rounded to float32 (1 / f32(1/3)
+    gives 3, not 2), except where that overflows: then the float64 reciprocal is kept."""
+    ys = F32(y_scale)
+    with np.errstate(all="ignore"):
+        inv32 = F32(1.0) / ys
+        inv = float(inv32) if math.isfinite(inv32) else float(np.float64(1.0) / np.float64(ys))
+    return math.floor(inv) if math.isfinite(inv) else inv
 
 
 @op("QLinearSoftmax", domain=MS, since=1,
@@ -364,7 +376,9 @@ def QLinearSoftmax(X, X_scale, x_zero_point, y_scale, y_zero_point, *, axis=-1, 
         raise KernelError(f"{what}: the opset attribute is required")
     dt = X.dtype
     sx = F32(scalar_param(X_scale, what, "X_scale"))
-    ys = F32(math.floor(F32(1.0) / F32(scalar_param(y_scale, what, "y_scale"))))
+    if not sx > 0:
+        raise KernelError(f"{what}: X_scale must be positive, got {sx}")
+    ys = _softmax_y_inv(scalar_param(y_scale, what, "y_scale"))
     zy = int(scalar_param(y_zero_point, what, "y_zero_point", dt))
     if X.ndim == 0:
         raise KernelError(f"{what}: input must have rank >= 1")
@@ -403,6 +417,31 @@ def _softmax_samples(rng):
         peaked[:, 2] = int_range(dt)[1]
         yield Sample([peaked, np.asarray(0.5, F32), None, ys, yz], {"opset": 13},
                      label=f"{np.dtype(dt).name} one dominant value")
+        yield from _softmax_edge_samples(rng, dt, ys, yz)
+
+
+def _softmax_edge_samples(rng, dt, ys, yz):
+    """Row lengths around the table's limits, saturation, x_scale = inf (a quantizer's scale for
+    a masked -inf input), and reciprocals that round in float32."""
+    name, (lo, hi) = np.dtype(dt).name, int_range(dt)
+    for d in (1, 2, 3, 255, 256, 257):
+        yield Sample([_q8(rng, dt, (2, d)), np.asarray(0.07, F32), None, ys, yz], {"opset": 13},
+                     label=f"{name} rows of {d}")
+    x = _q8(rng, dt, (1, 4, 1, 1))
+    for zp in (lo, 0, hi):
+        yield Sample([x, np.asarray(0.1, F32), None, ys, np.asarray(zp, dt)], {"opset": 13},
+                     label=f"{name} one-element rows, zero point {zp}")
+        yield Sample([x, np.asarray(np.inf, F32), None, ys, np.asarray(zp, dt)], {"opset": 13},
+                     label=f"{name} x_scale inf, zero point {zp}")
+    yield Sample([_q8(rng, dt, (3, 5)), np.asarray(0.3, F32), None, np.asarray(0.1, F32),
+                  np.asarray(hi - 7, dt)], {"opset": 13}, label=f"{name} saturates high")
+    for ys_odd in (F32(1 / 3), F32(1 / 13), np.nextafter(F32(1 / 255), F32(0))):
+        yield Sample([_q8(rng, dt, (2, 3)), np.asarray(0.2, F32), None, np.asarray(ys_odd),
+                      yz], {"opset": 13}, label=f"{name} y_scale {float(ys_odd):.9g}")
+    for ys_edge in (0.0, 1e-39, np.nan):
+        yield Sample([np.asarray([[lo, 0, hi], [5, 5, 5]], dt), np.asarray(1.0, F32), None,
+                      np.asarray(ys_edge, F32), np.asarray(3, dt)], {"opset": 13},
+                     label=f"{name} y_scale {ys_edge}")
 
 
 # ---------------------------------------------------------------------------------------------

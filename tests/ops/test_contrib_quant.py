@@ -161,3 +161,35 @@ def test_fast_variants_agree_with_reference_on_large_k():
     o = REGISTRY.latest("QGemm", MS)
     fast = next(v for v in o.variants if v.name == "qgemm.cpu.blas")
     np.testing.assert_array_equal(fast.fn(*args), o.reference(*args))
+
+
+@pytest.mark.parametrize("x_scale", [0.0, -0.5, float("nan")])
+def test_softmax_rejects_non_positive_x_scale(x_scale):
+    """ORT refuses x_scale <= 0 or NaN at run time; so does the reference, naming the input."""
+    x = np.zeros((2, 3), np.int8)
+    with pytest.raises(KernelError, match="X_scale must be positive"):
+        ours("QLinearSoftmax", [x, np.float32(x_scale), None, np.float32(1 / 256), np.int8(0)],
+             {"opset": 13})
+
+
+def test_softmax_with_the_gpt_decoder_parameters():
+    """The quantizer's parameters of the masked attention softmax in gpt_decoder_op13_qop
+    (x_scale = inf from a -inf mask, y = 1/256 and -128): every int8 input, rows of 1 to 4."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "data" / "real" / "gpt_decoder_op13_qop.onnx"
+    if not path.exists():
+        pytest.skip("model not present")
+    model = onnx.load(str(path))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type == "QLinearSoftmax"]
+    assert nodes
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        xs, _, ys, yz = (inits[name] for name in node.input[1:5])
+        for d in (1, 2, 4):
+            x = np.arange(-128, 128, dtype=np.int8).reshape(-1, 1, 1, d)
+            for scale in (xs, np.float32(0.05)):
+                ins = [x, np.asarray(scale), None, ys, yz]
+                np.testing.assert_array_equal(ours("QLinearSoftmax", ins, attrs),
+                                              ort_node("QLinearSoftmax", ins, attrs))
