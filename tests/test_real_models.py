@@ -22,10 +22,7 @@ RECIPES = os.path.join(DATA, "recipes.json")
 _recipes = json.load(open(RECIPES)) if os.path.exists(RECIPES) else {}
 
 # Known gaps, with the reason; non-strict so that a fix shows up as XPASS.
-KNOWN = {
-    "gpt_decoder_op13_qop.onnx": "QLinearSoftmax int8 over a one-element row: ORT gives 0 "
-                                 "where ours gives -128 (opwarden compare names the node)",
-}
+KNOWN: dict[str, str] = {}  # file -> why it is expected to fail (none today)
 
 
 def make_inputs(recipe: dict, batch: int, seq, seed: int, extra=None) -> dict:

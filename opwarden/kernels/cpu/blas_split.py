@@ -32,9 +32,11 @@ import numpy as np
 from opwarden.blas import blas_thread_count, set_blas_threads, set_split_threads
 from opwarden.kernels.cpu.util import F32, sgemm
 
-# Off: every product is one BLAS call on OpenBLAS's threads (for measuring).
-SPLIT = os.environ.get("OPWARDEN_BLAS_SPLIT", "1").strip().lower() not in (
-    "0", "false", "no", "off")
+# Opt-in (OPWARDEN_BLAS_SPLIT=1): it wins where cores are contended (a worker OpenBLAS waits
+# for is descheduled) and loses on a quiet machine, where OpenBLAS's own threads are faster
+# (benchmarks/NOTES.md). Off: every product is one BLAS call on OpenBLAS's threads.
+SPLIT = os.environ.get("OPWARDEN_BLAS_SPLIT", "0").strip().lower() not in (
+    "0", "false", "no", "off", "")
 # Products below this many multiply-adds (m*n*k, ~25 us on one core) stay one call: the
 # region's fixed cost (a wake-up, the claims; without configure() two thread-count switches)
 # would eat what a second thread saves.
