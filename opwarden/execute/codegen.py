@@ -379,7 +379,7 @@ class _Source:
         shape than `out` by its copy shaped like it (shaped_operand), made once per shape."""
         name = self.ref(s)
         c = self.ns.get(name) if name == f"c{s}" and out is not None else None
-        if not isinstance(c, np.ndarray) or c.shape == out.shape:
+        if out is None or not isinstance(c, np.ndarray) or c.shape == out.shape:
             return name
         key = f"c{s}_{'_'.join(map(str, out.shape))}"
         if key not in self.ns:

@@ -44,7 +44,7 @@ class Region:
 class RegionPlacement(Placement):
     """A region's placement: the compiled step, with the nodes it covers."""
 
-    covers: list[Placement] = field(default_factory=list)
+    covers: list[CoveredPlacement] = field(default_factory=list)
     precision: str = "f32"
 
     def describe(self) -> dict[str, Any]:
@@ -220,7 +220,9 @@ def _boundary(members: list[Node], graph: Graph) -> tuple[list[Value], list[Valu
 def _toposort(nodes: list[Node], graph: Graph) -> list[Node]:
     """`nodes` in an order where each runs after its producers (stable otherwise)."""
     made = {id(v): n for n in nodes for v in n.outputs if v is not None}
-    order, done, state = [], set(), {}
+    order: list[Node] = []
+    done: set[int] = set()
+    state: dict[int, Any] = {}
     for root in nodes:
         stack = [(root, False)]
         while stack:
@@ -254,15 +256,16 @@ def group_regions(graph: Graph, part: Partitioner, options: Any, opsets: dict[st
         ins, outs = _boundary(members, graph)
         name = f"{dev.name}_region_{k}"
         try:
-            compiled = dev.make_region(name, members, ins, outs, opsets, options,
-                                       part.quarantine)
+            compiled = dev.make_region(  # type: ignore[attr-defined]
+                name, members, ins, outs, opsets, options, part.quarantine)
         except KernelError as e:  # the device refused to compile it: the next device runs it
             for m in members:
                 move_on(m, dev, f"{dev.name}: {e}", part)
             continue
-        node = Node(dev.region_opdef.op_type, dev.region_opdef.domain, name,
-                    [v for v in ins if v.const is None], outs, {"region": compiled}, 1,
-                    opdef=dev.region_opdef, schema=dev.region_opdef.custom_schema)
+        rop = dev.region_opdef  # type: ignore[attr-defined]  # a region device's (compiles_regions)
+        produced: list[Value | None] = list(outs)
+        node = Node(rop.op_type, rop.domain, name, [v for v in ins if v.const is None],
+                    produced, {"region": compiled}, 1, opdef=rop, schema=rop.custom_schema)
         node.origin = [o for m in members for o in m.origins]
         regions.append(Region(node, dev, members, [part.assign[id(m)] for m in members],
                               compiled))
