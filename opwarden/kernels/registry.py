@@ -3,6 +3,10 @@ order, and hands the devices layer the optional torch provider (imported on firs
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from collections.abc import Callable
+
 from opwarden.devices import base as _devices
 from opwarden.kernels.cpu import (
     activation,
@@ -27,31 +31,21 @@ for _module in (conv, pool, norm, linalg, elementwise, activation, fused, conv_d
     _module.register()
 
 
-def _try_torch() -> None:
-    """Register the torch provider when PyTorch is importable."""
-    import importlib.util
+def _optional_provider(device: str, package: str, module: str) -> Callable[[], None]:
+    """A loader that registers `device` by importing `module`, when `package` is importable."""
 
-    if _devices.has_device("torch") or importlib.util.find_spec("torch") is None:
-        return
-    try:
-        from opwarden.kernels.torch import provider  # noqa: F401
-    except ImportError:
-        pass
+    def load() -> None:
+        if _devices.has_device(device) or importlib.util.find_spec(package) is None:
+            return
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
 
-
-_devices.add_optional_provider(_try_torch)
-
-
-def _try_openvino() -> None:
-    """Register the openvino provider when OpenVINO is importable."""
-    import importlib.util
-
-    if _devices.has_device("openvino") or importlib.util.find_spec("openvino") is None:
-        return
-    try:
-        from opwarden.kernels.openvino import provider  # noqa: F401
-    except ImportError:
-        pass
+    return load
 
 
-_devices.add_optional_provider(_try_openvino)
+_devices.add_optional_provider(_optional_provider("torch", "torch",
+                                                  "opwarden.kernels.torch.provider"))
+_devices.add_optional_provider(_optional_provider("openvino", "openvino",
+                                                  "opwarden.kernels.openvino.provider"))
