@@ -77,6 +77,10 @@ class HealthBoard:
             w = self._worker(worker, node)
             w["batches"] += report.get("batches", 0)
             w["rows"] += report.get("rows", 0)
+            if "start" in report:  # the worker's busy time and its first and last batch
+                w["busy_s"] = w.get("busy_s", 0.0) + report["end"] - report["start"]
+                w["first_start"] = min(w.get("first_start", report["start"]), report["start"])
+                w["last_end"] = max(w.get("last_end", report["end"]), report["end"])
             for name, d in report.get("variants", {}).items():
                 self._count(name, worker, d)
             for f in report.get("faults", []):
@@ -193,6 +197,7 @@ class FleetWorker:
         self.worker, self.node, self.link = worker, node, link
         opts = worker_options(sess_options, threads, guarded, session_kw)
         self.version = 0
+        self._started: float | None = None
         self._pending: dict[str, str] = {}
         if link is not None:  # adopt the fleet's quarantine before the first batch
             self._pull()
@@ -214,6 +219,7 @@ class FleetWorker:
         if self.link is None:
             return
         self._pull()
+        self._started = time.time()
         if self._pending:
             self._known |= set(self._pending)
             self.session.guard.quarantine.merge(self._pending)
@@ -237,7 +243,9 @@ class FleetWorker:
             self._reported_stats[name] = now
         found = {k: v for k, v in list(g.quarantine.entries.items()) if k not in self._known}
         self._known |= set(found)
-        return {"batches": 1, "rows": rows, "variants": variants,
+        started, self._started = self._started, None
+        times = {"start": started, "end": time.time()} if started is not None else {}
+        return {"batches": 1, "rows": rows, "variants": variants, **times,
                 "faults": [f.as_dict() for f in faults], "quarantine": found,
                 "trace": self._trace_events()}
 

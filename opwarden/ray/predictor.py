@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -116,15 +117,32 @@ class _Cut:
         return batch
 
 
-def _in_batches(ds: Any, batch_size: int, ray_data: Any) -> Any:
+def _in_batches(ds: Any, batch_size: int, concurrency: int, ray_data: Any) -> Any:
     """`ds` in blocks of `batch_size` rows: Ray Data hands an actor one block per task, so a
     dataset of one big block (``from_numpy``) would reach one worker only.
 
-    Ray's repartition runs tasks of one CPU each, which never start while the actors hold
-    every CPU (a 2-CPU cluster with 2 workers waits forever), and zero-CPU tasks start a new
-    worker process for each one in flight. One zero-CPU actor cuts the batches instead, each
-    emitted as its own block (this dataset's own context gets a tiny target block size, so
-    no output is merged with the next)."""
+    Ray's own cut (``repartition(target_num_rows_per_block=...)``) runs tasks of one CPU each,
+    which never start while the actors hold every CPU (a 2-CPU cluster with 2 workers waits
+    forever). The same logical operator with zero CPUs, at most `concurrency` tasks in flight
+    (each zero-CPU task in flight takes a worker process), is built here through Ray Data's
+    internal API; where that API differs, one zero-CPU actor cuts the batches instead, each
+    emitted as a block of its own (slower: Ray splits its output into one block per row)."""
+    try:
+        from ray.data._internal.logical.interfaces import LogicalPlan
+        from ray.data._internal.logical.operators import StreamingRepartition
+
+        op = StreamingRepartition(target_num_rows_per_block=batch_size,
+                                  input_dependencies=[ds._logical_plan.dag],
+                                  ray_remote_args={"num_cpus": 0},
+                                  compute=ray_data.TaskPoolStrategy(size=concurrency))
+        # Ray warns when a dataset has fewer blocks than that limit (from_numpy: one block);
+        # the limit is an upper bound here, not a wish.
+        warnings.filterwarnings("ignore", category=UserWarning,
+                                message="The maximum number of concurrent tasks for "
+                                        "'StreamingRepartition")
+        return type(ds)._from_parent(ds, LogicalPlan(op, ds.context))
+    except (ImportError, AttributeError, TypeError):
+        pass
     ds.context.target_max_block_size = 1
     return ds.map_batches(_Cut, batch_size=batch_size, batch_format="pyarrow",
                           zero_copy_batch=True, num_cpus=0,
@@ -154,7 +172,7 @@ def predict(ds: Any, model: Any, *, batch_size: int = 32, concurrency: int = 1,
     board()
     kwargs = {"model": model_ref(model), "providers": providers, "sess_options": sess_options,
               "setup": setup, "output_names": output_names, "guarded": guarded, **session_kw}
-    ds = _in_batches(_ordered(ds), batch_size, ray_data)
+    ds = _in_batches(_ordered(ds), batch_size, concurrency, ray_data)
     return ds.map_batches(Predictor, fn_constructor_kwargs=kwargs, batch_size=batch_size,
                           batch_format="numpy", zero_copy_batch=True,
                           compute=ray_data.ActorPoolStrategy(size=concurrency),
@@ -162,9 +180,10 @@ def predict(ds: Any, model: Any, *, batch_size: int = 32, concurrency: int = 1,
 
 
 def health(name: str = BOARD_NAME) -> dict[str, Any]:
-    """The fleet's merged health: workers (node, batches, rows), variants (counters, and per
-    worker), faults (each with its worker and cluster_node), quarantine (reason, the worker and node
-    that found it, when, and when each worker adopted it)."""
+    """The fleet's merged health: workers (node, batches, rows, busy_s, and first_start and
+    last_end of their batches), variants (counters, and per worker), faults (each with its
+    worker and cluster_node), quarantine (reason, the worker and node that found it, when, and
+    when each worker adopted it)."""
     actor = existing_board(name)
     if actor is None:
         return {"workers": {}, "variants": {}, "faults": [], "faults_dropped": 0,
