@@ -26,6 +26,7 @@ from opwarden import ops as _ops  # noqa: E402, F401
 from opwarden.kernels import registry as _builtin_kernels  # noqa: E402, F401
 
 # isort: split
+from opwarden import ort as _ort  # noqa: E402
 from opwarden import verify  # noqa: E402
 from opwarden.autograd import grad  # noqa: E402
 from opwarden.contract import Contract  # noqa: E402
@@ -52,24 +53,7 @@ from opwarden.options import (  # noqa: E402
     GraphOptimizationLevel,
     SessionOptions,
 )
-from opwarden.ort import (  # noqa: E402
-    IOBinding,
-    ModelMetadata,
-    OrtValue,
-    RunOptions,
-    SessionIOBinding,
-    disable_telemetry_events,
-    enable_telemetry_events,
-    get_all_providers,
-    get_available_providers,
-    get_build_info,
-    get_device,
-    get_version_string,
-    preload_dlls,
-    set_default_logger_severity,
-    set_default_logger_verbosity,
-    set_seed,
-)
+from opwarden.ort import *  # noqa: E402, F403 - onnxruntime's surface, listed once in ort
 from opwarden.session import InferenceSession, NodeArg  # noqa: E402
 
 __version__ = "0.1.0"
@@ -80,41 +64,25 @@ __all__ = [
     "ExecutionMode",
     "ExecutionOrder",
     "GraphOptimizationLevel",
-    "IOBinding",
     "InferenceSession",
     "InputError",
     "KernelError",
     "MemoryLimitError",
     "ModelError",
-    "ModelMetadata",
     "NodeArg",
     "OptionsError",
     "OpwardenError",
     "OpwardenWarning",
-    "OrtValue",
     "ProviderError",
     "ProviderFallbackWarning",
-    "RunOptions",
     "RunTerminated",
     "RunTimeoutError",
     "Sample",
-    "SessionIOBinding",
     "SessionOptions",
     "UnsupportedOpError",
-    "disable_telemetry_events",
-    "enable_telemetry_events",
-    "get_all_providers",
-    "get_available_providers",
-    "get_build_info",
-    "get_device",
-    "get_version_string",
-    "preload_dlls",
-    "set_default_logger_severity",
-    "set_default_logger_verbosity",
-    "set_seed",
     "grad",
     "devices",
     "kernel",
     "op",
     "verify",
-]
+] + _ort.__all__
