@@ -62,3 +62,18 @@ def graph_model(nodes, inputs, outputs, inits=(), opset=18, value_info=(),
         value_info=list(value_info),
     )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+RELU_MATMUL_W = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+
+
+def relu_matmul() -> bytes:
+    """x [N, 4] -> Relu -> MatMul by RELU_MATMUL_W -> y [N, 3], serialized (the batch and Ray
+    tests' model). Relu first: after a MatMul it would fuse into one Gemm, leaving no Relu to
+    replace with a test kernel."""
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("MatMul", ["h", "W"], ["y"])],
+        "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(RELU_MATMUL_W, "W")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()

@@ -8,24 +8,15 @@ import os
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import opwarden as ow
 from opwarden.batch import HealthBoard, local_workers, run_items
 from opwarden.batch.files import discover
 from opwarden.cli import main
 from opwarden.ops import REGISTRY
+from tests.models import relu_matmul
 
-W = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
-
-
-def _model_bytes() -> bytes:
-    g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("MatMul", ["h", "W"], ["y"])],
-        "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-        [numpy_helper.from_array(W, "W")])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+_model_bytes = relu_matmul
 
 
 def _ref(x):

@@ -21,21 +21,13 @@ pytest.importorskip("ray.data")
 import opwarden as ow  # noqa: E402
 import opwarden.ray as owr  # noqa: E402
 from opwarden.cli import main  # noqa: E402
+from tests.models import RELU_MATMUL_W, relu_matmul  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("ray")
 
 ENV = "OPWARDEN_TEST_RAY_DIR"
-W = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
-
-
-def tiny_model() -> bytes:
-    g = helper.make_graph(
-        # Relu first: after a MatMul it would fuse into one Gemm, leaving no Relu to replace
-        [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("MatMul", ["h", "W"], ["y"])],
-        "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-        [numpy_helper.from_array(W, "W")])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+W = RELU_MATMUL_W
+tiny_model = relu_matmul
 
 
 def _ref(x: np.ndarray) -> np.ndarray:
