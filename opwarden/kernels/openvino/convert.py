@@ -53,11 +53,13 @@ def node_proto(n: Node, rename: dict[str, str] | None = None) -> onnx.NodeProto:
 
 def graph_model(
     nodes: Sequence[Node], inputs: Iterable[Value], outputs: Iterable[Value],
-    opsets: dict[str, int], poison: Iterable[str] = (),
+    opsets: dict[str, int], poison: Iterable[str] = (), big: dict[str, Any] | None = None,
 ) -> bytes:
     """A serialized ONNX model of `nodes` reading `inputs` (constants become initializers) and
     yielding `outputs`. `poison`: names of nodes whose first output is replaced by NaN (fault
-    injection: what a broken device kernel would produce)."""
+    injection: what a broken device kernel would produce). `big`: when given, large float
+    constants (weights) go in as parameters instead, their arrays put into `big` by name, for
+    `read` to turn into constants sharing their memory (no copy through ONNX bytes)."""
     protos, extra_inits = [], []
     bad = set(poison)
     for n in nodes:
@@ -76,7 +78,10 @@ def graph_model(
         if v.name in seen:
             continue
         seen.add(v.name)
-        if v.const is not None:
+        if v.const is not None and big is not None and is_big(v.const):
+            params.append(value_info(v))
+            big[v.name] = v.const
+        elif v.const is not None:
             inits.append(numpy_helper.from_array(np.asarray(v.const), v.name))
         else:
             params.append(value_info(v))
@@ -88,13 +93,39 @@ def graph_model(
     return m.SerializeToString()
 
 
+_BIG = 1 << 12  # elements of a float constant passed by memory, not through ONNX bytes
+
+
+def is_big(c: Any) -> bool:
+    """A constant `read` passes by memory: a float array of at least `_BIG` elements (weights:
+    shape-like inputs OpenVINO's frontend needs as constants are small integers)."""
+    return c.size >= _BIG and np.asarray(c).dtype.kind == "f"
+
+
 def _np(v: Value) -> Any:
     return np.dtype(v.fact.dtype) if v.fact.dtype not in (None, "bfloat16") else np.float32
 
 
-def read(data: bytes) -> Any:
-    """openvino.Model from serialized ONNX."""
-    return core().read_model(data)
+def read(data: bytes, big: dict[str, Any] | None = None) -> Any:
+    """openvino.Model from serialized ONNX; each parameter named in `big` replaced by a
+    constant sharing the memory of its array (kept alive by the caller)."""
+    model = core().read_model(data)
+    if big:
+        from openvino import op
+
+        from opwarden.kernels.openvino.region import shared
+
+        for p in list(model.get_parameters()):
+            a = big.get(p.get_friendly_name())
+            if a is None:
+                continue
+            c = op.Constant(shared(a)[0], shared_memory=True)
+            c.set_friendly_name(p.get_friendly_name())
+            c.output(0).set_names(p.output(0).get_names())
+            for t in list(p.output(0).get_target_inputs()):
+                t.replace_source_output(c.output(0))
+            model.remove_parameter(p)
+    return model
 
 
 def frontend_reason(e: BaseException) -> str:
@@ -109,11 +140,11 @@ def frontend_reason(e: BaseException) -> str:
     return lines[-1][:300] if lines else type(e).__name__
 
 
-def refusal(data: bytes, device: str = "CPU") -> str | None:
-    """None when OpenVINO reads the model and its `device` plugin runs every operation in it
-    (Core.query_model), else OpenVINO's reason."""
+def refusal(data: bytes, device: str = "CPU", big: dict[str, Any] | None = None) -> str | None:
+    """None when OpenVINO reads the model (`big`: as `read`) and its `device` plugin runs
+    every operation in it (Core.query_model), else OpenVINO's reason."""
     try:
-        model = read(data)
+        model = read(data, big)
     except Exception as e:  # noqa: BLE001 - the frontend's refusal is the answer
         return f"OpenVINO cannot convert it: {frontend_reason(e)}"
     try:
@@ -162,4 +193,127 @@ def layer_owners(compiled: Any, op_owner: dict[str, str]) -> dict[str, tuple[str
             else ""
         nodes = dict.fromkeys(op_owner[n] for n in names.split(",") if n in op_owner)
         out[op.get_friendly_name()] = tuple(nodes)
+    return out
+
+
+# -- many nodes asked at once ---------------------------------------------------------------
+
+
+def bag(nodes: Sequence[Node], opsets: dict[str, int]
+        ) -> tuple[bytes, dict[str, int], dict[str, Any]]:
+    """One model holding each of `nodes` on inputs of its own, as `refusal` would see it asked
+    alone: its non-constant inputs are parameters of its own (symbolic dims renamed per node,
+    so no two nodes share one), constants initializers (shared), every output a graph output.
+    Returns the serialized model, tensor name -> index of the node it belongs to, and the
+    large constants for `read` to pass by memory."""
+    protos, params, inits, results = [], [], [], []
+    consts: dict[int, str] = {}
+    big: dict[str, Any] = {}
+    owner: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        mine: dict[int, str] = {}
+        ins = []
+        for v in n.inputs:
+            if v is None:
+                ins.append("")
+            elif v.const is not None:
+                if id(v) not in consts:
+                    consts[id(v)] = f"c{len(consts)}"
+                    if is_big(v.const):
+                        params.append(_own_info(v, consts[id(v)], i))
+                        big[consts[id(v)]] = v.const
+                    else:
+                        inits.append(numpy_helper.from_array(np.asarray(v.const),
+                                                             consts[id(v)]))
+                ins.append(consts[id(v)])
+            else:
+                if id(v) not in mine:
+                    mine[id(v)] = f"q{i}_in{len(mine)}"
+                    params.append(_own_info(v, mine[id(v)], i))
+                    owner[mine[id(v)]] = i
+                ins.append(mine[id(v)])
+        outs = []
+        for j, v in enumerate(n.outputs):
+            if v is None:
+                outs.append("")
+                continue
+            outs.append(f"q{i}_out{j}")
+            owner[outs[-1]] = i
+            results.append(_own_info(v, outs[-1], i))
+        p = node_proto(n)
+        p.name = f"q{i}"
+        del p.input[:], p.output[:]
+        p.input.extend(ins)
+        p.output.extend(outs)
+        protos.append(p)
+    g = helper.make_graph(protos, "opwarden_query", params, results, initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid(d, v)
+                                            for d, v in sorted(opsets.items())])
+    m.ir_version = _IR_VERSION
+    return m.SerializeToString(), owner, big
+
+
+def _own_info(v: Value, name: str, i: int) -> onnx.ValueInfoProto:
+    vi = value_info(v)
+    vi.name = name
+    if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_param"):
+                d.dim_param = f"q{i}_{d.dim_param}"
+    return vi
+
+
+_MIN_SPLIT = 4
+
+
+def bag_answers(nodes: Sequence[Node], opsets: dict[str, int],
+                device: str = "CPU") -> dict[int, str | None]:
+    """`refusal`'s answer for each of `nodes` as if asked alone, from one read and one
+    query_model on their `bag` (index -> answer). Nodes the frontend has no conversion rule
+    for are left out and asked again without them; a model it fails to read or query
+    otherwise is split in halves; a node no answer could be attributed to is missing from the
+    result (the caller asks it alone)."""
+    if not nodes:
+        return {}
+    data, owner, big = bag(nodes, opsets)
+    try:
+        model = read(data, big)
+        supported = core().query_model(model, device)
+    except Exception as e:  # noqa: BLE001 - narrow it down
+        m = re.search(r"No conversion rule found for operations:([^\n]*)", str(e))
+        types = {t.strip().rsplit(".", 1)[-1] for t in m.group(1).split(",")} if m else set()
+        keep = [i for i, n in enumerate(nodes) if n.op_type not in types]
+        if 0 < len(keep) < len(nodes):
+            sub = bag_answers([nodes[i] for i in keep], opsets, device)
+            return {keep[j]: a for j, a in sub.items()}
+        if len(nodes) < _MIN_SPLIT:
+            return {}
+        h = len(nodes) // 2
+        out = bag_answers(nodes[:h], opsets, device)
+        out.update({h + j: a for j, a in bag_answers(nodes[h:], opsets, device).items()})
+        return out
+    op_owner = owners(model, {t: str(i) for t, i in owner.items()})
+    missing: dict[int, set[str]] = {}
+    for op in model.get_ops():
+        if op.get_friendly_name() in supported:
+            continue
+        who = op_owner.get(op.get_friendly_name())
+        if who is None:
+            return {}  # an unsupported operation of no node in particular: ask each alone
+        missing.setdefault(int(who), set()).add(op.get_type_name())
+    made: dict[int, int] = {}
+    for r in model.outputs:
+        hit = {owner[t] for t in r.get_names() if t in owner}
+        for i in hit:
+            made[i] = made.get(i, 0) + 1
+    out: dict[int, str | None] = {}
+    for i, n in enumerate(nodes):
+        want = sum(v is not None for v in n.outputs)
+        if i in missing:
+            out[i] = f"OpenVINO {device} plugin does not support " \
+                     f"{', '.join(sorted(missing[i]))} (query_model)"
+        elif made.get(i, 0) < want:
+            out[i] = f"OpenVINO yields {made.get(i, 0)} of its {want} outputs"
+        else:
+            out[i] = None
     return out

@@ -14,6 +14,7 @@ compiled variant ("<op>.openvino", `when`: OpenVINO accepts the facts), so `opwa
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -22,7 +23,7 @@ import onnx
 import openvino as ov
 from onnx import helper, numpy_helper
 
-from opwarden.contract import Contract, TensorFact
+from opwarden.contract import Contract, Declared, TensorFact
 from opwarden.devices.base import Device, register_device
 from opwarden.dtypes import onnx_type
 from opwarden.errors import KernelError
@@ -39,6 +40,7 @@ from opwarden.ops.select import kernel_kwargs, select
 DEVICE_NAME = "openvino"
 REGION_OP, REGION_DOMAIN = "OpenVINORegion", "opwarden.openvino"
 _MAX_EMBED = 64  # integer inputs this small are embedded as constants (shapes, axes, pads)
+_MAX_ANSWERS = 1 << 14  # node signatures whose answer is kept
 
 
 def _region_ref(*inputs: Any, region: Region | None = None) -> Any:
@@ -71,6 +73,7 @@ class OpenVINODevice(Device):
         )
         self.region_opdef = _region_op()
         self._answers: OrderedDict[tuple, str | None] = OrderedDict()
+        self._asked: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
     def accepts(self, node: Any, quarantine: Any = None) -> tuple[bool, str]:
@@ -126,19 +129,65 @@ class OpenVINODevice(Device):
         return D.node_refusal(node)
 
     def _ask(self, node: Node) -> str | None:
+        """OpenVINO's answer on `node`: cached per signature (across sessions); on a miss,
+        every node of its graph not answered yet is put to OpenVINO at once (`_ask_graph`),
+        and only what that cannot answer is asked alone."""
         key = _signature(node)
-        with self._lock:
-            if key in self._answers:
-                return self._answers[key]
+        hit, answer = self._cached(key)
+        if hit:
+            return answer
+        g = node.graph
+        if g is not None and self._asked.get(id(g)) is not g:
+            self._asked[id(g)] = g
+            self._ask_graph(g)
+            hit, answer = self._cached(key)
+            if hit:
+                return answer
         outs = [v for v in node.outputs if v is not None]
         ins = [v for v in node.inputs if v is not None]
         opsets = {"": node.opset} if node.domain in ("", "ai.onnx") else {node.domain: node.opset}
-        answer = C.refusal(C.graph_model([node], ins, outs, opsets))
-        with self._lock:
-            self._answers[key] = answer
-            while len(self._answers) > 4096:
-                self._answers.popitem(last=False)
+        big: dict[str, Any] = {}
+        answer = C.refusal(C.graph_model([node], ins, outs, opsets, big=big), big=big)
+        self._store({key: answer})
         return answer
+
+    def _cached(self, key: tuple) -> tuple[bool, str | None]:
+        with self._lock:
+            if key in self._answers:
+                self._answers.move_to_end(key)
+                return True, self._answers[key]
+        return False, None
+
+    def _store(self, answers: dict[tuple, str | None]) -> None:
+        with self._lock:
+            self._answers.update(answers)
+            while len(self._answers) > _MAX_ANSWERS:
+                self._answers.popitem(last=False)
+
+    def _ask_graph(self, graph: Any) -> None:
+        """Answer every node of `graph` that passes the contract checks and whose signature
+        is not cached: one node per signature, each on inputs of its own (what asking it alone
+        would see), all in one model, one read and one query_model (convert.bag_answers)."""
+        todo: dict[tuple, Node] = {}
+        for n in graph.nodes:
+            if self._contract(n) is not None:
+                continue
+            k = _signature(n)
+            if k not in todo and not self._cached(k)[0]:
+                todo[k] = n
+        batches: list[tuple[dict[str, int], list[tuple]]] = []
+        for k, n in todo.items():  # one opset per domain in a model
+            dom = "" if n.domain in ("", "ai.onnx") else n.domain
+            for opsets, keys in batches:
+                if opsets.get(dom, n.opset) == n.opset:
+                    opsets[dom] = n.opset
+                    keys.append(k)
+                    break
+            else:
+                batches.append(({dom: n.opset}, [k]))
+        for opsets, keys in batches:
+            got = C.bag_answers([todo[k] for k in keys], opsets)
+            self._store({keys[i]: a for i, a in got.items()})
 
     def make_region(self, name: str, nodes: list[Node], inputs: list[Value],
                     outputs: list[Value], opsets: dict[str, int], options: Any,
@@ -166,7 +215,24 @@ class OpenVINODevice(Device):
 
 def _signature(node: Node) -> tuple:
     """What OpenVINO's answer about a node depends on: operator, attributes, input and output
-    facts, small constants' values."""
+    facts (symbolic dims by their pattern within the node, not their names: each layer of an
+    encoder names its own), small constants' values."""
+    syms: dict[Any, int] = {}
+
+    def dims(shape: Any) -> Any:
+        if shape is None:
+            return None
+        out = []
+        for d in shape:
+            v = d.value if isinstance(d, Declared) else d  # written as declared
+            if type(v) is int:
+                out.append(v)
+            elif type(v) is str:
+                out.append(("s", syms.setdefault(v, len(syms))))
+            else:  # unknown: tied to nothing
+                out.append(("?", len(out)))
+        return tuple(out)
+
     ins = []
     for v in node.inputs:
         if v is None:
@@ -174,10 +240,11 @@ def _signature(node: Node) -> tuple:
             continue
         c = v.const
         val = c.tobytes() if c is not None and c.size <= _MAX_EMBED else (c is not None)
-        ins.append((v.fact.dtype, v.fact.shape, val))
-    outs = tuple((v.fact.dtype, v.fact.shape) for v in node.outputs if v is not None)
-    return (node.op_type, node.opset, repr(sorted(node.attrs.items(), key=lambda t: t[0])),
-            tuple(ins), outs)
+        ins.append((v.fact.dtype, dims(v.fact.shape), val))
+    outs = tuple((v.fact.dtype, dims(v.fact.shape)) for v in node.outputs if v is not None)
+    attrs = tuple((k, (a.dtype.str, a.shape, a.tobytes()) if isinstance(a, np.ndarray)
+                   else repr(a)) for k, a in sorted(node.attrs.items(), key=lambda t: t[0]))
+    return (node.op_type, node.domain, node.opset, attrs, tuple(ins), outs)
 
 
 # -- single-node compiled variants ----------------------------------------------------------

@@ -149,7 +149,8 @@ class Region:
         # int64 feeds: OpenVINO computes them in int32 (deviations.py), so each call checks
         self.wide = [i for i, v in enumerate(self.feeds) if v.fact.dtype == "int64"]
         self.host_runs = 0  # calls run on the host kernels for an int64 feed beyond int32
-        self.onnx = C.graph_model(nodes, inputs, outputs, opsets, self.poison)
+        self.big: dict[str, Any] = {}  # weights, passed to OpenVINO by memory (convert.read)
+        self.onnx = C.graph_model(nodes, inputs, outputs, opsets, self.poison, self.big)
         self.key = hashlib.sha1(self.onnx[:1 << 20]).hexdigest()[:12]
         self.host_kernels = host_kernels or []
         self.owner = {v.name: n.name for n in nodes for v in n.outputs if v is not None}
@@ -175,8 +176,8 @@ class Region:
                     self.cache.move_to_end(sig)
                     return hit
         data = self.onnx if outputs is None else C.graph_model(
-            self.nodes, self.inputs, outputs, self.opsets, self.poison)
-        model = C.read(data)
+            self.nodes, self.inputs, outputs, self.opsets, self.poison, self.big)
+        model = C.read(data, self.big)
         if self.feeds:
             model.reshape({p.get_any_name(): list(s) for p, s in zip(model.inputs, sig)})
         cfg = ov_config(precision or self.precision, self.threads, self.profile)
