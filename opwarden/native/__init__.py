@@ -16,6 +16,7 @@ Tree ensembles (`Forest`): the forest is flattened once into arrays the C walk r
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -35,12 +36,37 @@ NODE_DTYPE = np.dtype([("thr", "<f8"), ("feat", "<i4"), ("child_false", "<i4"),
 AGGREGATES = {"AVERAGE": 0, "SUM": 1, "MIN": 2, "MAX": 3}
 
 
+# GOMP_SPINCOUNT while the extension's libgomp loads (it reads the variable once, then).
+# Each compiled kernel is one OpenMP region between NumPy/OpenBLAS operators, so a worker
+# spinning for libgomp's default 300000 iterations (milliseconds) after a region only takes
+# a core from the OpenBLAS threads of the operators that follow (a depthwise conv between
+# two pointwise GEMMs: MobileNetV3 at 2 threads spent ~3x its CPU time that way on a loaded
+# machine); a short spin keeps a worker through back-to-back regions.
+OMP_SPIN = "1000"
+
+
+@contextlib.contextmanager
+def _short_omp_spin():
+    """OMP spin default for the extension's libgomp only: set while it loads, then the
+    environment as it was (a policy the user set wins; a libgomp loaded earlier by another
+    library keeps what it read; torch loads its own copy and sets its own default)."""
+    if any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+        yield
+        return
+    os.environ["GOMP_SPINCOUNT"] = OMP_SPIN
+    try:
+        yield
+    finally:
+        os.environ.pop("GOMP_SPINCOUNT", None)
+
+
 def _load() -> tuple[Any, str]:
     """The compiled module (or None) and a sentence saying why that path is active."""
     if os.environ.get("OPWARDEN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, "NumPy fallback: disabled by OPWARDEN_NATIVE=0"
     try:
-        from opwarden.native import _native  # type: ignore[attr-defined]
+        with _short_omp_spin():
+            from opwarden.native import _native  # type: ignore[attr-defined]
     except ImportError as e:
         return None, f"NumPy fallback: the compiled extension did not import ({e})"
     omp = _native.openmp()
