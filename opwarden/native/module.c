@@ -141,6 +141,99 @@ static PyObject *py_swish(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Optional int32 vector of `count` entries: NULL when `has` is 0. */
+static int opt_i32(Py_buffer *b, int has, Py_ssize_t count, const char *what,
+                   const int32_t **dst) {
+    *dst = NULL;
+    if (!has) return 1;
+    if (!need(b, count * 4, what)) return 0;
+    *dst = b->buf;
+    return 1;
+}
+
+static PyObject *py_qgemm_8bit(PyObject *self, PyObject *args) {
+    Py_buffer A, Bp, CC, RC, U, V, S, FB, IB, O;
+    long long lda, m, n, k, ldo;
+    int has_cc, has_rc, has_uv, swap, mode, sidx, bidx, has_fb, has_ib, zy, out_signed;
+    int portable, n_threads;
+    qg_args_t p;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*LLLLy*iy*iy*y*iiiy*iy*iy*iiiiw*Lii", &A, &Bp, &lda, &m, &n,
+                          &k, &CC, &has_cc, &RC, &has_rc, &U, &V, &has_uv, &swap, &mode, &S,
+                          &sidx, &FB, &has_fb, &IB, &has_ib, &bidx, &zy, &out_signed, &O, &ldo,
+                          &portable, &n_threads))
+        return NULL;
+    int64_t panels = (n + QG_NR - 1) / QG_NR, groups = (k + 3) / 4;
+    int osz = mode == QG_OUT_Q8 ? 1 : 4;
+    Py_ssize_t bn = bidx == QG_PER_ROW ? m : n;
+    Py_ssize_t sn = sidx == QG_PER_ROW ? m : (sidx == QG_PER_COL ? n : 1);
+    int ok = m >= 0 && n >= 0 && k >= 0 && k % 4 == 0 && lda >= k && ldo >= n && mode >= 0 &&
+             mode <= 2 && sidx >= 0 && sidx <= 2 && bidx >= 0 && bidx <= 2 && n_threads >= 1 &&
+             (m == 0 || need(&A, (Py_ssize_t)((m - 1) * lda + k), "a")) &&
+             need(&Bp, (Py_ssize_t)(panels * groups * QG_NR * 4), "packed b") &&
+             opt_i32(&CC, has_cc, n, "colc", &p.colc) &&
+             opt_i32(&RC, has_rc, m, "rowc", &p.rowc) &&
+             opt_i32(&U, has_uv, m, "u", &p.u) && opt_i32(&V, has_uv, n, "v", &p.v) &&
+             (mode == QG_OUT_I32 || need(&S, sn * 4, "scale")) &&
+             (!has_fb || need(&FB, bn * 4, "fbias")) &&
+             opt_i32(&IB, has_ib, bn, "ibias", &p.ibias) &&
+             (m == 0 || need(&O, (Py_ssize_t)(((m - 1) * ldo + n) * osz), "out"));
+    if (ok) {
+        p.a = A.buf; p.bp = Bp.buf; p.lda = lda; p.m = m; p.n = n; p.k = k; p.ldo = ldo;
+        p.swap = swap; p.mode = mode; p.scale_idx = sidx; p.bias_idx = bidx;
+        p.out_signed = out_signed; p.portable = portable; p.scale = S.buf;
+        p.fbias = has_fb ? FB.buf : NULL; p.zy = zy; p.out = O.buf;
+        Py_BEGIN_ALLOW_THREADS
+        qgemm_8bit(&p, n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "qgemm_8bit: bad arguments");
+    }
+    PyBuffer_Release(&A); PyBuffer_Release(&Bp); PyBuffer_Release(&CC); PyBuffer_Release(&RC);
+    PyBuffer_Release(&U); PyBuffer_Release(&V); PyBuffer_Release(&S); PyBuffer_Release(&FB);
+    PyBuffer_Release(&IB); PyBuffer_Release(&O);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_qg_pack_im2col(PyObject *self, PyObject *args) {
+    Py_buffer X, P, CS;
+    long long g[11];
+    int has_cs, n_threads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*LLLLLLLLLLLw*w*ii", &X, &g[0], &g[1], &g[2], &g[3], &g[4],
+                          &g[5], &g[6], &g[7], &g[8], &g[9], &g[10], &P, &CS, &has_cs,
+                          &n_threads))
+        return NULL;
+    long long c = g[0], hp = g[1], wp = g[2], kh = g[3], kw = g[4], sh = g[5], sw = g[6];
+    long long dh = g[7], dw = g[8], oh = g[9], ow = g[10];
+    long long pix = oh * ow, kk = c * kh * kw;
+    int ok = c >= 0 && hp >= 0 && wp >= 0 && kh >= 1 && kw >= 1 && sh >= 1 && sw >= 1 &&
+             dh >= 1 && dw >= 1 && oh >= 0 && ow >= 0 && n_threads >= 1 &&
+             (oh == 0 || ow == 0 ||
+              ((oh - 1) * sh + (kh - 1) * dh < hp && (ow - 1) * sw + (kw - 1) * dw < wp)) &&
+             need(&X, (Py_ssize_t)(c * hp * wp), "x") &&
+             need(&P, (Py_ssize_t)(((pix + QG_NR - 1) / QG_NR) * ((kk + 3) / 4) * QG_NR * 4),
+                  "packed") &&
+             (!has_cs || need(&CS, (Py_ssize_t)(pix * 4), "colsum"));
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        qg_pack_im2col_u8(X.buf, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, P.buf,
+                          has_cs ? CS.buf : NULL, n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "qg_pack_im2col: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&P); PyBuffer_Release(&CS);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_qgemm_isa(PyObject *self, PyObject *args) {
+    (void)self; (void)args;
+    return PyLong_FromLong(qgemm_isa());
+}
+
 static PyObject *py_openmp(PyObject *self, PyObject *args) {
     (void)self; (void)args;
 #ifdef _OPENMP
@@ -163,6 +256,14 @@ static PyMethodDef methods[] = {
     {"swish", py_swish, METH_VARARGS,
      "swish(x, y, offset, n, alpha): y[i] = x[i] * sigmoid(alpha x[i]) for i in offset.."
      "offset+n-1 (y may be x)"},
+    {"qgemm_8bit", py_qgemm_8bit, METH_VARARGS,
+     "qgemm_8bit(a, packed, lda, m, n, k, colc, has_colc, rowc, has_rowc, u, v, has_uv, swap, "
+     "mode, scale, scale_idx, fbias, has_fbias, ibias, has_ibias, bias_idx, zy, out_signed, "
+     "out, ldo, portable, n_threads): 8-bit rows times packed panels, int32 exact, epilogue"},
+    {"qg_pack_im2col", py_qg_pack_im2col, METH_VARARGS,
+     "qg_pack_im2col(x, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, packed, colsum, has_colsum, "
+     "n_threads): a padded uint8 image's im2col columns in qgemm_8bit's panel layout"},
+    {"qgemm_isa", py_qgemm_isa, METH_NOARGS, "1 if qgemm_8bit runs on AVX512-VNNI, else 0."},
     {"openmp", py_openmp, METH_NOARGS, "The _OPENMP version the module was built with, or 0."},
     {NULL, NULL, 0, NULL},
 };

@@ -48,4 +48,31 @@ void depthwise_nhwc_f32(const dw_args_t *a, int64_t q0, int64_t q1, int n_thread
 /* y = x * sigmoid(alpha x) over n floats (silu.c); y may be x. */
 void swish_f32(const float *x, float *y, int64_t n, float alpha);
 
+/* 8-bit integer GEMM with an exact int32 accumulator and its epilogue (qgemm.c). Rows are
+ * uint8 against int8 panels, or with `swap` int8 rows against uint8 panels. */
+#define QG_NR 64 /* columns per packed panel */
+enum { QG_OUT_I32, QG_OUT_F32, QG_OUT_Q8 };
+enum { QG_ONE, QG_PER_COL, QG_PER_ROW }; /* how scale / bias are indexed */
+typedef struct {
+    const void *a;       /* [m, k] rows, stride lda; k a multiple of 4 (zero-padded) */
+    const void *bp;      /* packed panels (qgemm.c) */
+    int64_t lda, m, n, k, ldo;
+    /* acc = sum row * col + colc[n] + rowc[m] + u[m] v[n]; NULL terms are absent */
+    const int32_t *colc, *rowc, *u, *v;
+    int swap, mode, scale_idx, bias_idx, out_signed, portable;
+    const float *scale;    /* QG_OUT_F32 / QG_OUT_Q8 */
+    const float *fbias;    /* QG_OUT_F32, or NULL */
+    const int32_t *ibias;  /* QG_OUT_Q8: added to the accumulator, or NULL */
+    int32_t zy;
+    void *out;             /* int32, float32 or 8-bit [m, ldo] */
+} qg_args_t;
+
+void qgemm_8bit(const qg_args_t *p, int n_threads);
+int qgemm_isa(void); /* 1: AVX512-VNNI in use, 0: the portable loop */
+/* uint8 image [c, hp, wp] (padded) -> im2col columns of the oh x ow output pixels in the panel
+ * layout (rows k = (ci, i, j)), and each pixel's column sum if colsum is not NULL. */
+void qg_pack_im2col_u8(const uint8_t *x, int64_t c, int64_t hp, int64_t wp, int64_t kh,
+                       int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh,
+                       int64_t ow, uint8_t *packed, int32_t *colsum, int n_threads);
+
 #endif

@@ -336,7 +336,9 @@ def _gemm_workspace(a_shape, sa=None, za=None, b_shape=None, *rest, transA=0, tr
 
 def register() -> None:
     """Register the BLAS variants of QGemm, QLinearMatMul and QLinearConv, and those of
-    `quant_linear`."""
+    `quant_linear`, and the compiled ones of `quant_native` where the extension loaded."""
+    from opwarden.kernels.cpu import quant_native  # imports this module: registered last
+
     latest("QGemm", "com.microsoft").kernel(
         "cpu", priority=10, name="qgemm.cpu.blas", workspace_bytes=_gemm_workspace,
         when=lambda a, *r, **k: a.shape is not None and len(a.shape) == 2)(qgemm_blas)
@@ -351,3 +353,4 @@ def register() -> None:
         workspace_bytes=_gemm_workspace,
         when=lambda a, b, *r, **k: is_int8(b.dtype))(dynamic_quantize_matmul_blas)
     quant_linear.register()
+    quant_native.register()
