@@ -229,6 +229,35 @@ static PyObject *py_qg_pack_im2col(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_quantize_8bit(PyObject *self, PyObject *args) {
+    Py_buffer X, Y;
+    long long off, n;
+    float scale;
+    int zp, is_signed, to_8bit;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*LLfiii", &X, &Y, &off, &n, &scale, &zp, &is_signed,
+                          &to_8bit))
+        return NULL;
+    Py_ssize_t fbytes = (Py_ssize_t)((off + n) * 4), qbytes = (Py_ssize_t)(off + n);
+    int ok = off >= 0 && n >= 0 && need(&X, to_8bit ? fbytes : qbytes, "x") &&
+             need(&Y, to_8bit ? qbytes : fbytes, "y");
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        if (to_8bit)
+            quantize_f32_8bit((const float *)X.buf + off, (uint8_t *)Y.buf + off, n, scale, zp,
+                              is_signed);
+        else
+            dequantize_8bit_f32((const uint8_t *)X.buf + off, (float *)Y.buf + off, n, scale, zp,
+                                is_signed);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "quantize_8bit: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&Y);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_qgemm_isa(PyObject *self, PyObject *args) {
     (void)self; (void)args;
     return PyLong_FromLong(qgemm_isa());
@@ -263,6 +292,10 @@ static PyMethodDef methods[] = {
     {"qg_pack_im2col", py_qg_pack_im2col, METH_VARARGS,
      "qg_pack_im2col(x, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, packed, colsum, has_colsum, "
      "n_threads): a padded uint8 image's im2col columns in qgemm_8bit's panel layout"},
+    {"quantize_8bit", py_quantize_8bit, METH_VARARGS,
+     "quantize_8bit(x, y, offset, n, scale, zp, is_signed, to_8bit): per-tensor "
+     "QuantizeLinear (to_8bit 1: float32 x -> 8-bit y) or DequantizeLinear (0) of n elements "
+     "from offset"},
     {"qgemm_isa", py_qgemm_isa, METH_NOARGS, "1 if qgemm_8bit runs on AVX512-VNNI, else 0."},
     {"openmp", py_openmp, METH_NOARGS, "The _OPENMP version the module was built with, or 0."},
     {NULL, NULL, 0, NULL},

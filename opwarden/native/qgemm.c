@@ -208,10 +208,76 @@ static void qg_job_generic(const qg_args_t *p, int64_t mb, int64_t panel) {
 QG_TILE_VNNI(qg_tile_vnni_us, 0)
 QG_TILE_VNNI(qg_tile_vnni_su, 1)
 
-/* Compiled for AVX-512 as a whole, so that the epilogue inlined here is vectorized too. */
-QG_VNNI static void qg_job_vnni(const qg_args_t *p, int64_t mb, int64_t panel) {
-    QG_JOB_BODY(if (p->swap) qg_tile_vnni_su(a, p->lda, bp, p->k, mr, tile);
-                else qg_tile_vnni_us(a, p->lda, bp, p->k, mr, tile))
+/* qg_store in 16-lane vectors: the same integer terms (wrapping adds and multiplies), the
+ * same float steps (cvtepi32_ps rounds to nearest as the C conversion does; roundscale to
+ * nearest even is rintf; max(f, lo) sends NaN to lo). A vector whose int32 bias add would
+ * overflow (where the scalar path adds in int64) goes to qg_store. */
+QG_VNNI static void qg_store_avx512(const qg_args_t *p, int64_t m, int64_t n0, int cols,
+                                    const int32_t *t) {
+    if (p->mode == QG_OUT_I32) {
+        qg_store(p, m, n0, cols, t);
+        return;
+    }
+    __m512i rc = _mm512_set1_epi32(p->rowc ? p->rowc[m] : 0);
+    __m512i um = _mm512_set1_epi32(p->u ? p->u[m] : 0);
+    __m512 sc1 = _mm512_set1_ps(p->scale[p->scale_idx == QG_PER_ROW ? m : 0]);
+    int row_bias = p->bias_idx == QG_PER_ROW;
+    __m512i ib1 = _mm512_set1_epi32(p->ibias && row_bias ? p->ibias[m] : 0);
+    __m512 fb1 = _mm512_set1_ps(p->fbias && row_bias ? p->fbias[m] : 0.0f);
+    float lo = p->out_signed ? -128.0f : 0.0f, hi = p->out_signed ? 127.0f : 255.0f;
+    __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi), vzy = _mm512_set1_ps((float)p->zy);
+    for (int j0 = 0; j0 < cols; j0 += 16) {
+        int w = cols - j0 < 16 ? cols - j0 : 16;
+        __mmask16 mk = (__mmask16)((1u << w) - 1u);
+        int64_t n = n0 + j0;
+        __m512i v = _mm512_add_epi32(_mm512_maskz_loadu_epi32(mk, t + j0), rc);
+        if (p->colc) v = _mm512_add_epi32(v, _mm512_maskz_loadu_epi32(mk, p->colc + n));
+        if (p->u)
+            v = _mm512_add_epi32(v, _mm512_mullo_epi32(um, _mm512_maskz_loadu_epi32(mk, p->v + n)));
+        __m512 sc = p->scale_idx == QG_PER_COL ? _mm512_maskz_loadu_ps(mk, p->scale + n) : sc1;
+        if (p->mode == QG_OUT_F32) {
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), sc);
+            if (p->fbias)
+                f = _mm512_add_ps(f, row_bias ? fb1 : _mm512_maskz_loadu_ps(mk, p->fbias + n));
+            _mm512_mask_storeu_ps((float *)p->out + m * p->ldo + n, mk, f);
+            continue;
+        }
+        if (p->ibias) {
+            __m512i b = row_bias ? ib1 : _mm512_maskz_loadu_epi32(mk, p->ibias + n);
+            __m512i sum = _mm512_add_epi32(v, b);
+            __m512i ovf = _mm512_and_si512(_mm512_xor_si512(v, sum), _mm512_xor_si512(b, sum));
+            if (_mm512_mask_cmplt_epi32_mask(mk, ovf, _mm512_setzero_si512())) {
+                int32_t raw[16];
+                _mm512_storeu_si512((void *)raw, _mm512_maskz_loadu_epi32(mk, t + j0));
+                qg_store(p, m, n, w, raw);
+                continue;
+            }
+            v = sum;
+        }
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), sc);
+        f = _mm512_roundscale_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        f = _mm512_add_ps(f, vzy);
+        f = _mm512_min_ps(_mm512_max_ps(f, vlo), vhi);
+        __m512i q = _mm512_cvttps_epi32(f);
+        _mm512_mask_cvtepi32_storeu_epi8((uint8_t *)p->out + m * p->ldo + n, mk, q);
+    }
+}
+
+static void qg_job_vnni(const qg_args_t *p, int64_t mb, int64_t panel) {
+    int32_t tile[QG_MR * QG_NR];
+    int64_t m1 = (mb + 1) * QG_MB < p->m ? (mb + 1) * QG_MB : p->m;
+    int64_t n0 = panel * QG_NR;
+    int cols = (int)(p->n - n0 < QG_NR ? p->n - n0 : QG_NR);
+    const uint8_t *bp = (const uint8_t *)p->bp + panel * ((p->k + 3) / 4) * QG_NR * 4;
+    for (int64_t m = mb * QG_MB; m < m1; m += QG_MR) {
+        int mr = (int)(m1 - m < QG_MR ? m1 - m : QG_MR);
+        const uint8_t *a = (const uint8_t *)p->a + m * p->lda;
+        if (p->swap)
+            qg_tile_vnni_su(a, p->lda, bp, p->k, mr, tile);
+        else
+            qg_tile_vnni_us(a, p->lda, bp, p->k, mr, tile);
+        for (int r = 0; r < mr; r++) qg_store_avx512(p, m + r, n0, cols, tile + r * QG_NR);
+    }
 }
 
 static int qg_cpu_vnni(void) {

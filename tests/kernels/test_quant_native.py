@@ -250,3 +250,25 @@ def test_qlinear_matmul_matches_onnxruntime():
                   ("y", TensorProto.UINT8), inits)
     ours, theirs = _both(data, {"a": a})
     assert np.array_equal(ours, theirs)
+
+
+@needs_native
+@pytest.mark.parametrize("scale", [0.1, 1.0, 3.7e-3, 0.0, 1e-30])
+@pytest.mark.parametrize("zp", [np.uint8(0), np.uint8(128), np.int8(-5), np.int8(0), None])
+def test_quantize_and_dequantize_match_numpy(scale, zp):
+    from opwarden.kernels.cpu.quant_linear import dequantize_fast, quantize_fast
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(10007) * 50).astype(np.float32)
+    x[:12] = [np.nan, np.inf, -np.inf, 0.5, 1.5, 2.5, -0.5, -1.5, 1e30, -1e30, 3e9, 127.5]
+    s = np.float32(scale)
+    with np.errstate(all="ignore"):
+        ref, got = quantize_fast(x, s, zp), qn.quantize_native(x, s, zp)
+    assert got.dtype == ref.dtype and np.array_equal(got, ref)
+    if zp is not None:
+        ref2, got2 = dequantize_fast(ref, s, zp), qn.dequantize_native(ref, s, zp)
+        assert got2.dtype == np.float32 and np.array_equal(got2, ref2, equal_nan=True)
+    per_axis = np.array([0.1, 0.2], np.float32)  # per axis: the NumPy variant runs it
+    xa = x[:10000].reshape(2, -1)
+    assert np.array_equal(qn.quantize_native(xa, per_axis, None, axis=0),
+                          quantize_fast(xa, per_axis, None, axis=0))

@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import opwarden
+from opwarden import native
 
 ort = pytest.importorskip("onnxruntime")
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -189,7 +190,11 @@ def test_fusable_chain_is_bit_exact_with_onnxruntime(models, tmp_path):
     assert "QLinearConv" not in {n.op_type for n in plain.model.graph.nodes}
     variants = {p.variant.name for p in ours.placements if p.node.op_type in ("QLinearConv",
                                                                               "QGemm")}
-    assert variants == {"qlinearconv.cpu.im2col", "qgemm.cpu.blas"}
+    # the compiled integer GEMM where the extension is built (a grouped conv stays on im2col),
+    # else the float-BLAS one
+    assert variants == ({"qlinearconv.cpu.native_u8s8", "qlinearconv.cpu.im2col",
+                         "qgemm.cpu.native_u8s8"} if native.available()
+                        else {"qlinearconv.cpu.im2col", "qgemm.cpu.blas"})
     for feed in _feeds("chain"):
         (want,) = theirs.run(None, feed)
         (got,) = ours.run(None, feed)
@@ -237,10 +242,13 @@ def test_dynamic_quantized_bert_matches_onnxruntime(models, tmp_path):
     # its MatMulIntegerToFloat: the same arithmetic on the shared quantized input)
     assert _ort_fused(path, tmp_path) == {"DynamicQuantizeMatMul": 1}
     names = {p.node.op_type: p.variant.name for p in ours.placements}
-    assert names["DynamicQuantizeMatMul"] == "dynamicquantizematmul.cpu.blas"
+    assert names["DynamicQuantizeMatMul"] == ("dynamicquantizematmul.cpu.native_u8s8"
+                                              if native.available() else
+                                              "dynamicquantizematmul.cpu.blas")
     assert "DynamicQuantizeLinear" not in names and "MatMulInteger" not in names
     names = {p.node.op_type: p.variant.name for p in chain.placements}
-    assert names["MatMulInteger"] == "matmulinteger.cpu.blas"
+    assert names["MatMulInteger"] == ("matmulinteger.cpu.native_u8s8" if native.available()
+                                      else "matmulinteger.cpu.blas")
     assert names["DynamicQuantizeLinear"] == "dynamicquantizelinear.cpu.f32"
     assert not ours.model.graph.removed.keys() - chain.model.graph.removed.keys()
     for feed in _feeds("bert"):

@@ -24,11 +24,17 @@ from opwarden.blas import compute_threads
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu import quant
 from opwarden.kernels.cpu.quant_linear import (
+    _TYPE_OF,
     F32,
+    _dq_ok,
+    _f32_temp,
     _mmi_workspace,
+    _q_ok,
+    dequantize_fast,
     is_int8,
     latest,
     matmul_integer_blas,
+    quantize_fast,
 )
 from opwarden.kernels.cpu.util import packed
 from opwarden.memory.constants import is_constant
@@ -335,6 +341,54 @@ def _conv_rows(w: np.ndarray) -> np.ndarray:
     return np.concatenate([rows.reshape(-1), rs.view(np.int8)])
 
 
+def _per_tensor(s, z) -> tuple[float, int] | None:
+    """(scale, zero point) of a float32 per-tensor pair, None otherwise."""
+    sa = np.asarray(s)
+    if sa.dtype != F32 or sa.size != 1 or sa.ndim > 1:
+        return None
+    if z is None:
+        return float(sa.reshape(-1)[0]), 0
+    za = np.asarray(z)
+    if za.size != 1 or za.ndim > 1:
+        return None
+    return float(sa.reshape(-1)[0]), int(za.reshape(-1)[0])
+
+
+def quantize_native(x, y_scale, y_zero_point=None, *, axis=1, saturate=1, block_size=0,
+                    output_dtype=0, precision=0, out=None):
+    """Per-tensor QuantizeLinear of float32 to 8 bits in one compiled pass."""
+    dt = np.asarray(y_zero_point).dtype if y_zero_point is not None else _TYPE_OF.get(
+        int(output_dtype or 2))
+    st = _per_tensor(y_scale, y_zero_point)
+    if (st is None or dt is None or dt.name not in ("uint8", "int8") or x.dtype != F32
+            or int(block_size or 0) or int(precision or 0) not in (0, 1)):
+        return quantize_fast(x, y_scale, y_zero_point, axis=axis, saturate=saturate,
+                             block_size=block_size, output_dtype=output_dtype,
+                             precision=precision, out=out)
+    xc = np.ascontiguousarray(x)
+    ok = out is not None and out.shape == x.shape and out.dtype == dt and out.flags.c_contiguous
+    y = out if ok else np.empty(x.shape, dt)
+    _lib().quantize_8bit(xc.reshape(-1), y.reshape(-1), 0, xc.size, F32(st[0]), st[1],
+                         dt == np.int8, True)
+    return y
+
+
+def dequantize_native(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0,
+                      out=None):
+    """Per-tensor DequantizeLinear of 8 bits to float32 in one compiled pass."""
+    st = _per_tensor(x_scale, x_zero_point)
+    if (st is None or x.dtype.name not in ("uint8", "int8") or int(block_size or 0)
+            or int(output_dtype or 1) != 1):
+        return dequantize_fast(x, x_scale, x_zero_point, axis=axis, block_size=block_size,
+                               output_dtype=output_dtype, out=out)
+    xc = np.ascontiguousarray(x)
+    ok = out is not None and out.shape == x.shape and out.dtype == F32 and out.flags.c_contiguous
+    y = out if ok else np.empty(x.shape, F32)
+    _lib().quantize_8bit(xc.reshape(-1), y.reshape(-1), 0, xc.size, F32(st[0]), st[1],
+                         x.dtype == np.int8, False)
+    return y
+
+
 def _conv_ok(x, *rest, group=1, **attrs) -> bool:
     return quant._conv_ok(x, *rest, **attrs) and x.shape is not None and len(x.shape) == 4 \
         and int(group or 1) == 1
@@ -344,6 +398,12 @@ def register() -> None:
     """Register the compiled variants above their NumPy ones, where the extension loaded."""
     if not native.available() or _lib() is None or not hasattr(_lib(), "qgemm_8bit"):
         return
+    for opdef in REGISTRY.versions("QuantizeLinear"):
+        opdef.kernel("cpu", priority=20, name="quantizelinear.cpu.native", when=_q_ok,
+                     accepts_out=True, workspace_bytes=_f32_temp)(quantize_native)
+    for opdef in REGISTRY.versions("DequantizeLinear"):
+        opdef.kernel("cpu", priority=20, name="dequantizelinear.cpu.native", when=_dq_ok,
+                     accepts_out=True)(dequantize_native)
     latest("MatMulInteger").kernel(
         "cpu", priority=20, name="matmulinteger.cpu.native_u8s8",
         when=lambda a, b, *r, **k: quant_linear_mmi_ok(a, b) and len(b.shape) == 2,
