@@ -246,11 +246,10 @@ def dynamic_quantize_matmul_native(A, B, b_scale, b_zero_point=None, bias=None):
     with np.errstate(all="ignore"):
         scale = F32(1) if hi == lo else F32(F32(hi - lo) / F32(255))
         zp = int(np.rint(min(max(F32(F32(0) - F32(lo / scale)), F32(0)), F32(255))))
-        q = np.divide(a.reshape(-1, k), scale, out=np.empty((a.size // k, k), F32))
-        np.rint(q, out=q)
-        q += F32(zp)
-        np.clip(q, 0, 255, out=q)
-        rows = q.astype(np.uint8)
+        # saturate(rint(a / scale) + zp) in one pass: the NumPy variant's float steps
+        ac = np.ascontiguousarray(a).reshape(-1)
+        rows = np.empty((a.size // k, k), np.uint8)
+        _lib().quantize_8bit(ac, rows.reshape(-1), 0, ac.size, scale, zp, False, True)
         mult = (F32(scale) * (bs.reshape(()) if bs.size == 1 else bs.reshape(-1))).astype(F32)
     pb = _packed_b(B, "dqmm") if is_constant(B) else pack_b(B)
     fb = None if bias is None else np.asarray(bias).astype(F32)
