@@ -300,15 +300,15 @@ def qlinear_conv_native(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
     xs = np.ascontiguousarray(xs)
     wrows = packed(w, ("qgemm-native", "qconv-rows"), _conv_rows)
     kp = -(-kk // 4) * 4
-    rs = wrows[m * kp:].view(np.int32).astype(np.int64)
-    zw = np.zeros(m, np.int64) if wz is None else np.broadcast_to(
-        wz.astype(np.int64).reshape(-1), (m,)).astype(np.int64)
-    if w.dtype == np.uint8:
-        zw = zw - 128
-    rowc = _wrap32(np.int64(kk) * zw * xz - np.int64(xz) * rs) if xz or zw.any() else None
-    sx, sy = np.asarray(x_scale, F32).reshape(()), np.asarray(y_scale, F32).reshape(())
-    with np.errstate(all="ignore"):
-        mult = ((sx * (sw.reshape(-1) if sw.size > 1 else sw.reshape(()))) / sy).astype(F32)
+    params = (x_scale, x_zero_point, w_scale, w_zero_point, y_scale)
+    arrays = tuple(v for v in params if isinstance(v, np.ndarray))
+    tag = ("qgemm-native", "qconv-terms", x.dtype.str,
+           *(None if isinstance(v, np.ndarray) else v for v in params))
+    terms = packed(w, tag, lambda _: _conv_terms(wrows, m, kk, kp, w.dtype, xz, wz, sw,
+                                                  x_scale, y_scale), arrays)
+    has_rowc, has_zw = bool(terms[0]), bool(terms[1])
+    rowc, zw32 = terms[2:2 + m], terms[2 + m:2 + 2 * m]
+    mult = terms[2 + 2 * m:].view(F32)
     pix = oh * ow
     panels = np.empty(-(-pix // NR) * (-(-kk // 4)) * NR * 4, np.uint8)
     colsum = np.empty(pix, np.int32)
@@ -319,13 +319,31 @@ def qlinear_conv_native(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
     hp, wp = xs.shape[2:]
     for b in range(n):
         lib.qg_pack_im2col(xs[b], cg, hp, wp, kh, kw, s[0], s[1], d[0], d[1], oh, ow, panels,
-                           colsum, bool(zw.any()), compute_threads())
-        _run(wrows[:m * kp].reshape(m, kp), panels, kp, pix, swap=True, rowc=rowc,
-             u=_wrap32(zw) if zw.any() else None, v=_wrap32(-colsum.astype(np.int64))
-             if zw.any() else None, mode=Q8, scale=mult,
-             scale_idx=PER_ROW if mult.size > 1 else ONE, ibias=bias, bias_idx=PER_ROW,
-             zy=int(zy.reshape(-1)[0]), out_dtype=zy.dtype, out=y[b].reshape(m, pix))
+                           colsum, has_zw, compute_threads())
+        _run(wrows[:m * kp].reshape(m, kp), panels, kp, pix, swap=True,
+             rowc=rowc if has_rowc else None, u=zw32 if has_zw else None,
+             v=_wrap32(-colsum.astype(np.int64)) if has_zw else None, mode=Q8, scale=mult,
+             scale_idx=PER_ROW, ibias=bias, bias_idx=PER_ROW, zy=int(zy.reshape(-1)[0]),
+             out_dtype=zy.dtype, out=y[b].reshape(m, pix))
     return y
+
+
+def _conv_terms(wrows, m, kk, kp, wdtype, xz, wz, sw, x_scale, y_scale) -> np.ndarray:
+    """The per-output-channel terms of a convolution, computed once for constant parameters:
+    int32 [has rowc, has zw, rowc (m), zw (m), the float32 multiplier's bits (m)], rowc =
+    K zw xz - xz rowsum(w) in wrapping int32 (the expansion of sum (w - zw)(x - xz))."""
+    rs = wrows[m * kp:].view(np.int32).astype(np.int64)
+    zw = np.zeros(m, np.int64) if wz is None else np.broadcast_to(
+        wz.astype(np.int64).reshape(-1), (m,)).astype(np.int64)
+    if wdtype == np.uint8:
+        zw = zw - 128
+    rowc = _wrap32(np.int64(kk) * zw * xz - np.int64(xz) * rs)
+    sx, sy = np.asarray(x_scale, F32).reshape(()), np.asarray(y_scale, F32).reshape(())
+    with np.errstate(all="ignore"):
+        mult = ((sx * (sw.reshape(-1) if sw.size > 1 else sw.reshape(()))) / sy).astype(F32)
+    mult = np.broadcast_to(mult, (m,)).astype(F32)
+    head = np.array([int(bool(xz) or bool(zw.any())), int(bool(zw.any()))], np.int32)
+    return np.concatenate([head, rowc, _wrap32(zw), mult.view(np.int32)])
 
 
 def _conv_rows(w: np.ndarray) -> np.ndarray:
