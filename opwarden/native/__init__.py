@@ -181,10 +181,11 @@ def depthwise_nhwc(x: np.ndarray, taps: np.ndarray, bias: np.ndarray | None,
 
 
 def swish(x: np.ndarray, y: np.ndarray, alpha: float = 1.0,
-          span: tuple[int, int] | None = None) -> np.ndarray:
+          span: tuple[int, int] | None = None, n_threads: int = 1) -> np.ndarray:
     """y = x * sigmoid(alpha x) (SiLU for alpha 1) over C-contiguous float32 arrays of one
     size (y may be x); `span` (start, stop): only those flat elements, for a caller sharing
-    the work out over its own threads. Returns y."""
+    the work out over its own threads; `n_threads` > 1: OpenMP threads over the span (large
+    spans only). Returns y."""
     if _LIB is None:
         raise KernelError(f"compiled kernels not available: {_REASON}")
     if (x.dtype != np.float32 or y.dtype != np.float32 or not x.flags.c_contiguous
@@ -195,7 +196,7 @@ def swish(x: np.ndarray, y: np.ndarray, alpha: float = 1.0,
     lo, hi = span if span is not None else (0, x.size)
     if not 0 <= lo <= hi <= x.size:
         raise KernelError(f"swish: span {span} outside 0..{x.size}")
-    _LIB.swish(x, y, lo, hi - lo, float(alpha))
+    _LIB.swish(x, y, lo, hi - lo, float(alpha), max(1, int(n_threads)))
     return y
 
 

@@ -125,13 +125,16 @@ static PyObject *py_swish(PyObject *self, PyObject *args) {
     Py_buffer X, Y;
     long long off, n;
     float alpha;
+    int n_threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*w*LLf", &X, &Y, &off, &n, &alpha)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*w*LLf|i", &X, &Y, &off, &n, &alpha, &n_threads))
+        return NULL;
     int ok = off >= 0 && n >= 0 && need(&X, (Py_ssize_t)((off + n) * 4), "x") &&
-             need(&Y, (Py_ssize_t)((off + n) * 4), "y");
+             need(&Y, (Py_ssize_t)((off + n) * 4), "y") && n_threads >= 1;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        swish_f32((const float *)X.buf + off, (float *)Y.buf + off, n, alpha);
+        swish_f32_threads((const float *)X.buf + off, (float *)Y.buf + off, n, alpha,
+                          n_threads);
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "swish: bad arguments");
@@ -283,8 +286,8 @@ static PyMethodDef methods[] = {
      "dh, dw, pad_top, pad_left, act, p0, p1, row0, row1, n_threads): output rows row0..row1-1 "
      "of an NHWC depthwise conv + epilogue"},
     {"swish", py_swish, METH_VARARGS,
-     "swish(x, y, offset, n, alpha): y[i] = x[i] * sigmoid(alpha x[i]) for i in offset.."
-     "offset+n-1 (y may be x)"},
+     "swish(x, y, offset, n, alpha[, n_threads]): y[i] = x[i] * sigmoid(alpha x[i]) for i in "
+     "offset..offset+n-1 (y may be x)"},
     {"qgemm_8bit", py_qgemm_8bit, METH_VARARGS,
      "qgemm_8bit(a, packed, lda, m, n, k, colc, has_colc, rowc, has_rowc, u, v, has_uv, swap, "
      "mode, scale, scale_idx, fbias, has_fbias, ibias, has_ibias, bias_idx, zy, out_signed, "

@@ -47,6 +47,7 @@ void depthwise_nhwc_f32(const dw_args_t *a, int64_t q0, int64_t q1, int n_thread
 
 /* y = x * sigmoid(alpha x) over n floats (silu.c); y may be x. */
 void swish_f32(const float *x, float *y, int64_t n, float alpha);
+void swish_f32_threads(const float *x, float *y, int64_t n, float alpha, int n_threads);
 
 /* 8-bit integer GEMM with an exact int32 accumulator and its epilogue (qgemm.c). Rows are
  * uint8 against int8 panels, or with `swap` int8 rows against uint8 panels. */

@@ -56,3 +56,19 @@ void swish_f32(const float *x, float *y, int64_t n, float alpha) {
         y[i] = v / (1.0f + p * scale);
     }
 }
+
+/* swish_f32 over blocks of the n floats on up to n_threads OpenMP threads (large tensors
+ * only: a region's wake-up costs more than a small one takes). Elementwise, so the result
+ * does not depend on the split. */
+void swish_f32_threads(const float *x, float *y, int64_t n, float alpha, int n_threads) {
+    const int64_t block = 1 << 14, n_blocks = (n + block - 1) / block;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(n_threads) \
+    if (n_threads > 1 && n >= (1 << 16))
+#endif
+    for (int64_t b = 0; b < n_blocks; b++) {
+        int64_t lo = b * block, len = n - lo < block ? n - lo : block;
+        swish_f32(x + lo, y + lo, len, alpha);
+    }
+    (void)n_threads;
+}

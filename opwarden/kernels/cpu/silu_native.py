@@ -6,7 +6,8 @@ elementwise_fusion turns into a FusedElementwise running the program
 ``t0=sigmoid(x0);t1=mul(x0,t0)``; Swish-24 is the same with an alpha. The NumPy kernels make
 four or five passes per chunk (negate, exp, add, reciprocal, multiply); the C loop makes one,
 with a vectorized polynomial e^x (native/silu.c, relative error below 2e-7), and blocks of
-the tensor are shared out over the session's threads (blas_split.over_rows). y is written
+the tensor are shared out over the session's threads (blas_split.over_rows where it splits,
+else OpenMP threads in the C loop, as the depthwise kernel). y is written
 directly (over x where the plan puts it there); strided operands run the NumPy kernels.
 """
 
@@ -17,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from opwarden import native
+from opwarden.blas import blas_thread_count
 from opwarden.kernels.cpu.activation import SWISH_TEMPS
 from opwarden.kernels.cpu.activation import swish as numpy_swish
-from opwarden.kernels.cpu.blas_split import over_rows
+from opwarden.kernels.cpu.blas_split import over_rows, split_threads
 from opwarden.kernels.cpu.elementwise import _chunk_workspace
 from opwarden.ops.fused_elementwise import fused_elementwise_inplace
 
@@ -60,6 +62,11 @@ def _output(x: np.ndarray, out) -> np.ndarray:
 
 def _swish_into(x: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
     n = x.size
+    if split_threads() <= 1:
+        # (no split threads: OpenMP on OpenBLAS's count, as the depthwise kernel; over_rows
+        # would run the whole tensor on this thread)
+        native.swish(x, y, alpha, n_threads=blas_thread_count())
+        return y
     blocks = -(-n // BLOCK)
 
     def run(b0: int, b1: int) -> None:
