@@ -29,12 +29,16 @@ def test_native_integer_gemm_registers_unless_disabled():
     from opwarden.ops.base import REGISTRY
 
     names = {v.name for v in REGISTRY.latest("QLinearConv").variants}
+    q_names = {v.name for v in REGISTRY.latest("QuantizeLinear").variants}
     if DISABLED:
         assert "qlinearconv.cpu.native_u8s8" not in names
+        assert "quantizelinear.cpu.native" not in q_names
     else:
         assert native.status()["active"] == "native"
-        assert "qlinearconv.cpu.native_u8s8" in names
+        assert "quantizelinear.cpu.native" in q_names
         assert qn.isa() in ("avx512-vnni", "portable")
+        # the portable loop is not a fast path: the float-BLAS variants stay without VNNI
+        assert ("qlinearconv.cpu.native_u8s8" in names) == (qn.isa() == "avx512-vnni")
 
 
 @pytest.fixture(params=["isa", "portable"])

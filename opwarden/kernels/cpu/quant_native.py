@@ -319,7 +319,7 @@ def qlinear_conv_native(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
     hp, wp = xs.shape[2:]
     for b in range(n):
         lib.qg_pack_im2col(xs[b], cg, hp, wp, kh, kw, s[0], s[1], d[0], d[1], oh, ow, panels,
-                           colsum, has_zw, compute_threads())
+                           colsum, has_zw, 1)  # a copy: a second thread gains little
         _run(wrows[:m * kp].reshape(m, kp), panels, kp, pix, swap=True,
              rowc=rowc if has_rowc else None, u=zw32 if has_zw else None,
              v=_wrap32(-colsum.astype(np.int64)) if has_zw else None, mode=Q8, scale=mult,
@@ -412,7 +412,8 @@ def _conv_ok(x, *rest, group=1, **attrs) -> bool:
 
 
 def register() -> None:
-    """Register the compiled variants above their NumPy ones, where the extension loaded."""
+    """Register the compiled variants above their NumPy ones, where the extension loaded (the
+    integer GEMM ones where it runs on AVX512-VNNI)."""
     if not native.available() or _lib() is None or not hasattr(_lib(), "qgemm_8bit"):
         return
     for opdef in REGISTRY.versions("QuantizeLinear"):
@@ -421,6 +422,10 @@ def register() -> None:
     for opdef in REGISTRY.versions("DequantizeLinear"):
         opdef.kernel("cpu", priority=20, name="dequantizelinear.cpu.native", when=_dq_ok,
                      accepts_out=True)(dequantize_native)
+    if isa() != "avx512-vnni":
+        # The portable loop is the reference for the kernel's arithmetic, not a fast path:
+        # 6-10x slower than the float-BLAS variants, which keep these operators here.
+        return
     latest("MatMulInteger").kernel(
         "cpu", priority=20, name="matmulinteger.cpu.native_u8s8",
         when=lambda a, b, *r, **k: quant_linear_mmi_ok(a, b) and len(b.shape) == 2,
