@@ -261,9 +261,57 @@ static PyObject *py_quantize_8bit(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_qlinear_add(PyObject *self, PyObject *args) {
+    Py_buffer X, Y, O;
+    long long n;
+    float rx, ry, fixed;
+    int is_signed;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*w*Lfffi", &X, &Y, &O, &n, &rx, &ry, &fixed, &is_signed))
+        return NULL;
+    int ok = n >= 0 && need(&X, (Py_ssize_t)n, "x") && need(&Y, (Py_ssize_t)n, "y") &&
+             need(&O, (Py_ssize_t)n, "out");
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        qlinear_add_8bit(X.buf, Y.buf, O.buf, n, rx, ry, fixed, is_signed);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "qlinear_add: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&Y); PyBuffer_Release(&O);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_qgemm_isa(PyObject *self, PyObject *args) {
     (void)self; (void)args;
     return PyLong_FromLong(qgemm_isa());
+}
+
+static PyObject *py_conv_epilogue(PyObject *self, PyObject *args) {
+    Py_buffer Y, B, Z;
+    int has_bias, has_z, act, n_threads;
+    long long rows, cols;
+    float p0, p1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "w*y*y*iiLLiffi", &Y, &B, &Z, &has_bias, &has_z, &rows, &cols,
+                          &act, &p0, &p1, &n_threads))
+        return NULL;
+    int ok = rows >= 0 && cols >= 0 && act >= 0 && act <= 4 &&
+             need(&Y, (Py_ssize_t)(rows * cols * 4), "y") &&
+             (!has_bias || need(&B, (Py_ssize_t)(cols * 4), "bias")) &&
+             (!has_z || need(&Z, (Py_ssize_t)(rows * cols * 4), "z")) && n_threads >= 1;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        conv_epilogue_f32(Y.buf, has_bias ? B.buf : NULL, has_z ? Z.buf : NULL, rows, cols,
+                          act, p0, p1, n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "conv_epilogue: bad arguments");
+    }
+    PyBuffer_Release(&Y); PyBuffer_Release(&B); PyBuffer_Release(&Z);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_openmp(PyObject *self, PyObject *args) {
@@ -299,7 +347,13 @@ static PyMethodDef methods[] = {
      "quantize_8bit(x, y, offset, n, scale, zp, is_signed, to_8bit): per-tensor "
      "QuantizeLinear (to_8bit 1: float32 x -> 8-bit y) or DequantizeLinear (0) of n elements "
      "from offset"},
+    {"qlinear_add", py_qlinear_add, METH_VARARGS,
+     "qlinear_add(x, y, out, n, rx, ry, fixed, is_signed): com.microsoft QLinearAdd of two "
+     "same-shape 8-bit tensors (the reference's fma32 steps)"},
     {"qgemm_isa", py_qgemm_isa, METH_NOARGS, "1 if qgemm_8bit runs on AVX512-VNNI, else 0."},
+    {"conv_epilogue", py_conv_epilogue, METH_VARARGS,
+     "conv_epilogue(y, bias, z, has_bias, has_z, rows, cols, act, p0, p1, n_threads): "
+     "y = act(y + bias + z) in place over a [rows, cols] float32 output"},
     {"openmp", py_openmp, METH_NOARGS, "The _OPENMP version the module was built with, or 0."},
     {NULL, NULL, 0, NULL},
 };

@@ -49,6 +49,11 @@ void depthwise_nhwc_f32(const dw_args_t *a, int64_t q0, int64_t q1, int n_thread
 void swish_f32(const float *x, float *y, int64_t n, float alpha);
 void swish_f32_threads(const float *x, float *y, int64_t n, float alpha, int n_threads);
 
+/* y = act(y + bias + z) over a row-major [rows, cols] float32 output (conv_epilogue.c); bias
+ * [cols] and z [rows, cols] may be NULL, z may not overlap y other than being y. */
+void conv_epilogue_f32(float *y, const float *bias, const float *z, int64_t rows, int64_t cols,
+                       int act, float p0, float p1, int n_threads);
+
 /* 8-bit integer GEMM with an exact int32 accumulator and its epilogue (qgemm.c). Rows are
  * uint8 against int8 panels, or with `swap` int8 rows against uint8 panels. */
 #define QG_NR 64 /* columns per packed panel */
@@ -81,5 +86,7 @@ void quantize_f32_8bit(const float *x, void *y, int64_t n, float scale, int32_t 
                        int out_signed);
 void dequantize_8bit_f32(const void *x, float *y, int64_t n, float scale, int32_t zp,
                          int in_signed);
+void qlinear_add_8bit(const void *x, const void *y, void *out, int64_t n, float rx, float ry,
+                      float fixed, int is_signed);
 
 #endif

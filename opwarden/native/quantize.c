@@ -57,3 +57,24 @@ Q_CLONES void dequantize_8bit_f32(const void *x, float *y, int64_t n, float scal
         for (int64_t i = 0; i < n; i++) y[i] = (float)((int32_t)s[i] - zp) * scale;
     }
 }
+
+/* com.microsoft QLinearAdd of two same-shape 8-bit tensors as the reference computes it:
+ * r = fma32(x, rx, fma32(y, ry, fixed)), each fma32 a float64 multiply-add of float32
+ * operands rounded once to float32, then rint and saturation (NaN to the minimum). x is the
+ * operand the caller names first (ORT's broadcaster order). */
+Q_CLONES void qlinear_add_8bit(const void *x, const void *y, void *out, int64_t n, float rx,
+                               float ry, float fixed, int is_signed) {
+    float lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
+    for (int64_t i = 0; i < n; i++) {
+        double xv = is_signed ? (double)((const int8_t *)x)[i] : (double)((const uint8_t *)x)[i];
+        double yv = is_signed ? (double)((const int8_t *)y)[i] : (double)((const uint8_t *)y)[i];
+        float inner = (float)(yv * (double)ry + (double)fixed);
+        float f = rintf((float)(xv * (double)rx + (double)inner));
+        f = f >= lo ? f : lo;
+        f = f <= hi ? f : hi;
+        if (is_signed)
+            ((int8_t *)out)[i] = (int8_t)(int32_t)f;
+        else
+            ((uint8_t *)out)[i] = (uint8_t)(int32_t)f;
+    }
+}

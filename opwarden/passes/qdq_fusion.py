@@ -7,6 +7,8 @@ so that they run as integer GEMMs with one requantization, as there.
 - MatMul of two dequantized inputs into a QuantizeLinear -> QLinearMatMul.
 - Gemm of dequantized A and B (a bias, if any, dequantized int32; beta 1), with or without
   the QuantizeLinear -> com.microsoft QGemm (float output without it).
+- Add of two dequantized uint8 inputs, per tensor, into a uint8 QuantizeLinear ->
+  com.microsoft QLinearAdd (ORT on x86 leaves int8 Adds in float).
 
 ORT's conditions are kept, since the fused operators round differently from the float chain
 (one requantization of the exact integer sum instead of a float convolution rounded by the
@@ -251,6 +253,26 @@ def _gemm(rw: Rewriter, res: PassResult, node: Node) -> None:
     _fuse(rw, res, "QGemm", node, [da, db, dc], tail, ins, attrs, types, MS)
 
 
+def _add(rw: Rewriter, res: PassResult, node: Node) -> None:
+    """DequantizeLinear A, B (uint8, per tensor) -> Add [-> redundant Relu/Clip] ->
+    QuantizeLinear (uint8) -> com.microsoft QLinearAdd, as ORT's binary-op selector fuses it
+    on x86 (it leaves int8 Adds in float; its QLinearAdd rounds once where the chain rounded
+    in float)."""
+    if len(node.inputs) != 2:
+        return
+    da, db = _dq(rw, node.inputs[0]), _dq(rw, node.inputs[1])
+    if da is None or db is None or da.dtype != "uint8" or db.dtype != "uint8":
+        return
+    if not da.per_tensor or not db.per_tensor or da.x is db.x:
+        return
+    q = _q_after(rw, node.outputs[0], da.dtype)
+    if q is None:
+        return
+    act, qn = q
+    ins = [da.x, da.scale, da.zp, db.x, db.scale, db.zp, qn.inputs[1], qn.inputs[2]]
+    _fuse(rw, res, "QLinearAdd", node, [da, db], [*act, qn], ins, {}, {}, MS)
+
+
 def qdq_fusion(rw: Rewriter) -> PassResult:
     """DequantizeLinear -> Conv/MatMul/Gemm -> QuantizeLinear as QLinearConv, QLinearMatMul,
     QGemm (see the module docstring for when)."""
@@ -266,4 +288,6 @@ def qdq_fusion(rw: Rewriter) -> PassResult:
             _matmul(rw, res, node)
         elif is_std(node, "Gemm") and node.opdef.since >= 7:
             _gemm(rw, res, node)
+        elif is_std(node, "Add") and node.opdef.since >= 7:
+            _add(rw, res, node)
     return res

@@ -276,3 +276,28 @@ def test_quantize_and_dequantize_match_numpy(scale, zp):
     xa = x[:10000].reshape(2, -1)
     assert np.array_equal(qn.quantize_native(xa, per_axis, None, axis=0),
                           quantize_fast(xa, per_axis, None, axis=0))
+
+
+@needs_native
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+def test_qlinear_add_matches_reference(dt):
+    from opwarden.kernels.cpu.quant_linear import latest
+
+    ref = latest("QLinearAdd", "com.microsoft").reference
+    rng = np.random.default_rng(6)
+    for t in range(20):
+        a, b = q8(rng, dt, (2, 17, 9, 9)), q8(rng, dt, (2, 17, 9, 9))
+        ps = [np.float32(rng.random() * 0.1 + 1e-3), q8(rng, dt, ()),
+              np.float32(rng.random() * 0.1 + 1e-3), q8(rng, dt, ()),
+              np.float32(rng.random() * 0.2 + 1e-3), q8(rng, dt, ())]
+        want = ref(a, ps[0], ps[1], b, ps[2], ps[3], ps[4], ps[5])
+        got = qn.qlinear_add_native(a, ps[0], ps[1], b, ps[2], ps[3], ps[4], ps[5])
+        assert got.dtype == want.dtype and np.array_equal(got, want), t
+    # broadcasting and a zero C_scale run the reference
+    c = q8(rng, dt, (1, 17, 1, 1))
+    args = (np.float32(0.1), q8(rng, dt, ()), c, np.float32(0.2), q8(rng, dt, ()))
+    zc = q8(rng, dt, ())
+    for sc in (np.float32(0.3), np.float32(0.0)):
+        with np.errstate(all="ignore"):
+            assert np.array_equal(qn.qlinear_add_native(a, *args, sc, zc),
+                                  ref(a, *args, sc, zc))

@@ -147,8 +147,8 @@ def _ort(path, optimize=True):
 
 
 def _ort_fused(data_or_path, tmp_path) -> dict[str, int]:
-    """The QLinearConv/QLinearMatMul/QGemm/DynamicQuantizeMatMul counts of ORT's own
-    optimized graph."""
+    """The QLinearConv/QLinearMatMul/QGemm/DynamicQuantizeMatMul/QLinearAdd counts of ORT's
+    own optimized graph."""
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "ort_optimized.onnx")
     so.log_severity_level = 3
@@ -156,7 +156,7 @@ def _ort_fused(data_or_path, tmp_path) -> dict[str, int]:
     ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     ops = [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
     return {t: ops.count(t) for t in ("QLinearConv", "QLinearMatMul", "QGemm",
-                                      "DynamicQuantizeMatMul") if t in ops}
+                                      "DynamicQuantizeMatMul", "QLinearAdd") if t in ops}
 
 
 def _ours(path, disabled=()):
@@ -205,8 +205,9 @@ def test_fusable_chain_is_bit_exact_with_onnxruntime(models, tmp_path):
         _close(plain.run(None, feed)[0], want)
 
 
-@pytest.mark.parametrize("name,expect", [("cnn", {"QLinearConv": 3, "QGemm": 1}),
-                                         ("bert", {"QLinearMatMul": 6})])
+@pytest.mark.parametrize("name,expect", [("cnn", {"QLinearConv": 3, "QGemm": 1,
+                                                   "QLinearAdd": 1}),
+                                         ("bert", {"QLinearMatMul": 6, "QLinearAdd": 5})])
 def test_quantized_models_match_onnxruntime(models, name, expect, tmp_path):
     path = models[(name, "u8")]
     ours, plain, theirs = _ours(path), _ours(path, ["qdq_fusion"]), _ort(path)

@@ -39,6 +39,7 @@ from opwarden.kernels.cpu.quant_linear import (
 from opwarden.kernels.cpu.util import packed
 from opwarden.memory.constants import is_constant
 from opwarden.ops.base import REGISTRY
+from opwarden.ops.contrib_quant import _binary_params, _first_is_scalar_span, fma32
 from opwarden.ops.contrib_quant_nn import qgemm_finish
 
 NR = 64  # columns per packed panel (QG_NR in native.h)
@@ -406,6 +407,32 @@ def dequantize_native(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
     return y
 
 
+def qlinear_add_native(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
+                       C_zero_point=None):
+    """com.microsoft QLinearAdd of same-shape operands in one compiled pass, the reference's
+    float steps (ops.contrib_quant.QLinearAdd); other shapes and non-finite ratios run the
+    reference."""
+    ref = latest("QLinearAdd", "com.microsoft").reference
+    if (A.shape != B.shape or A.dtype != B.dtype or A.dtype not in (np.uint8, np.int8)
+            or A.size == 0):
+        return ref(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point)
+    sa, za, sb, zb, sc, zc = _binary_params(A, B, A_scale, A_zero_point, B_scale,
+                                            B_zero_point, C_scale, C_zero_point, "QLinearAdd")
+    with np.errstate(all="ignore"):
+        ra, rb = F32(sa / sc), F32(sb / sc)
+        x, rx, zx, y, ry, zy = A, ra, za, B, rb, zb
+        if _first_is_scalar_span(A.shape, B.shape):
+            x, rx, zx, y, ry, zy = B, rb, zb, A, ra, za
+        fixed = F32(F32(zc) - fma32(rx, F32(zx), F32(ry * F32(zy))))
+    if not (np.isfinite(rx) and np.isfinite(ry) and np.isfinite(fixed)):
+        return ref(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point)
+    xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
+    out = np.empty(A.shape, A.dtype)
+    _lib().qlinear_add(xc.reshape(-1), yc.reshape(-1), out.reshape(-1), out.size, rx, ry,
+                       fixed, A.dtype == np.int8)
+    return out
+
+
 def _conv_ok(x, *rest, group=1, **attrs) -> bool:
     return quant._conv_ok(x, *rest, **attrs) and x.shape is not None and len(x.shape) == 4 \
         and int(group or 1) == 1
@@ -422,6 +449,10 @@ def register() -> None:
     for opdef in REGISTRY.versions("DequantizeLinear"):
         opdef.kernel("cpu", priority=20, name="dequantizelinear.cpu.native", when=_dq_ok,
                      accepts_out=True)(dequantize_native)
+    latest("QLinearAdd", "com.microsoft").kernel(
+        "cpu", priority=20, name="qlinearadd.cpu.native",
+        when=lambda a, sa, za, b, *r, **k: a.shape is not None and a.shape == b.shape)(
+        qlinear_add_native)
     if isa() != "avx512-vnni":
         # The portable loop is the reference for the kernel's arithmetic, not a fast path:
         # 6-10x slower than the float-BLAS variants, which keep these operators here.
