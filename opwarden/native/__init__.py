@@ -180,6 +180,53 @@ def depthwise_nhwc(x: np.ndarray, taps: np.ndarray, bias: np.ndarray | None,
     return y
 
 
+# Activations conv_epilogue applies (conv_epilogue.c's codes): the piecewise ones, which it
+# computes exactly as the NumPy kernels do.
+EPILOGUE_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "HardSwish": 4}
+
+
+def epilogue_act_code(activation: str, params) -> tuple[int, float, float] | None:
+    """(code, p0, p1) of an activation for conv_epilogue, None if it has none there."""
+    code = EPILOGUE_ACTS.get(activation or "")
+    if code is None:
+        return None
+    p = [float(v) for v in (params or ())]
+    if activation == "Clip":
+        return code, (p[0] if p else -np.inf), (p[1] if len(p) > 1 else np.inf)
+    if activation == "LeakyRelu":
+        return code, (p[0] if p else 0.01), 0.0
+    return code, 0.0, 0.0
+
+
+def conv_epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None,
+                  activation: str = "", params=(), n_threads: int = 1) -> np.ndarray:
+    """y = act(y + bias + z) in place over a C-contiguous float32 y whose last axis is the
+    channels (bias [C] or None; z y's shape, C-contiguous, or None; z may be y itself but
+    not overlap it otherwise); act one of EPILOGUE_ACTS. Returns y."""
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    arrays = [y] + [a for a in (bias, z) if a is not None]
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays) \
+            or not y.flags.writeable:
+        raise KernelError("conv_epilogue needs C-contiguous float32 arrays, y writable")
+    cols = y.shape[-1] if y.ndim else 1
+    rows = y.size // cols if cols else 0
+    if bias is not None and bias.size != cols:
+        raise KernelError(f"conv_epilogue: bias has {bias.size} values for {cols} channels")
+    if z is not None and z.shape != y.shape:
+        raise KernelError(f"conv_epilogue: z {z.shape} must match y {y.shape}")
+    if z is not None and z.ctypes.data != y.ctypes.data and np.may_share_memory(z, y):
+        raise KernelError("conv_epilogue: z overlaps y without being y")
+    act = epilogue_act_code(activation, params)
+    if act is None:
+        raise KernelError(f"conv_epilogue: activation {activation!r} is not one of "
+                          f"{sorted(EPILOGUE_ACTS)}")
+    _LIB.conv_epilogue(y, bias if bias is not None else y[:0], z if z is not None else y[:0],
+                       bias is not None, z is not None, rows, cols, act[0], act[1], act[2],
+                       _threads(n_threads))
+    return y
+
+
 def swish(x: np.ndarray, y: np.ndarray, alpha: float = 1.0,
           span: tuple[int, int] | None = None, n_threads: int = 1) -> np.ndarray:
     """y = x * sigmoid(alpha x) (SiLU for alpha 1) over C-contiguous float32 arrays of one

@@ -15,8 +15,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from opwarden import native
+from opwarden.blas import blas_thread_count
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu.blas_split import splits
+from opwarden.kernels.cpu.blas_split import split_threads, splits
 from opwarden.kernels.cpu.shuffle import channel_shuffle, shuffle_into
 from opwarden.kernels.cpu.util import (
     F32,
@@ -108,10 +110,36 @@ def _hot(m: int, n: int, k: int) -> bool:
     return m * n * k >= HOT_MNK and not splits(m * n * k)
 
 
+def _native_epilogue(y: np.ndarray, bias, z, activation: str, params) -> bool:
+    """The epilogue on native.conv_epilogue; False (y untouched) where it does not apply."""
+    if (not native.available() or not isinstance(y, np.ndarray) or y.dtype != F32
+            or not y.flags.c_contiguous or not y.flags.writeable or y.size == 0
+            or native.epilogue_act_code(activation or "", params) is None):
+        return False
+    cols = y.shape[-1] if y.ndim else 1
+    if bias is not None:
+        bias = np.asarray(bias)
+        if bias.dtype != F32 or bias.shape != (cols,):
+            return False  # (a pre-shaped bias, e.g. NCHW's (M, 1, 1), broadcasts otherwise)
+        bias = np.ascontiguousarray(bias)
+    if z is not None:
+        if (not isinstance(z, np.ndarray) or z.dtype != F32 or z.shape != y.shape
+                or not z.flags.c_contiguous or np.may_share_memory(z, y)):
+            return False  # (z in y's memory: the NumPy path's order of reads decides)
+    threads = blas_thread_count() if split_threads() <= 1 else 1
+    native.conv_epilogue(y, bias, z, activation or "", params, threads)
+    return True
+
+
 def _epilogue(y: np.ndarray, bias, z, activation: str, params, hot: bool = False) -> None:
     """y += bias (broadcast on the last axis or given pre-shaped), y += z, y = act(y); in place.
     `hot` (see _hot): the adds run on OpenBLAS's threads where they can (util.add_rows,
-    add_into), faster than NumPy's single-threaded adds on large outputs."""
+    add_into), faster than NumPy's single-threaded adds on large outputs. With the compiled
+    kernels, C-contiguous float32 operands and a piecewise activation, one pass does it all
+    (native.conv_epilogue, bit for bit the same)."""
+    if (bias is not None or z is not None or activation) and _native_epilogue(
+            y, bias, z, activation, params):
+        return
     if bias is not None:
         add_rows(y, bias, hot)
     if z is not None:

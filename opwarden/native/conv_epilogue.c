@@ -1,0 +1,110 @@
+/* A convolution's epilogue in one pass over its row-major float32 output [rows, cols]:
+ * y = act(y + bias[col] + z), in place (the NumPy path makes one pass per term and two to
+ * four per activation). The sums are formed in the NumPy path's order ((y + bias) + z, a term
+ * left out when absent, so -0.0 stays -0.0), and the activations are written as the NumPy
+ * kernels compute them (HardSwish divides by 6 as they do), so results match them bit for
+ * bit; NaN fails every comparison and passes through. Rows are shared over OpenMP threads
+ * for large outputs. Built for the x86-64-v3/v4 levels too (target_clones, as depthwise.c).
+ */
+#include "native.h"
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    __GNUC__ >= 11
+#define EP_CLONES \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define EP_CLONES
+#endif
+
+#if defined(__GNUC__)
+#define EP_INLINE static inline __attribute__((always_inline))
+#else
+#define EP_INLINE static inline
+#endif
+
+/* opwarden.native.EPILOGUE_ACTS */
+enum { E_NONE, E_RELU, E_CLIP, E_LEAKY, E_HARDSWISH };
+
+/* One row; hb/hz are constants at each call, so every combination compiles to its own loop
+ * the compiler vectorizes. */
+EP_INLINE void ep_row(float *yr, const float *b, const float *zr, int64_t cols, int hb, int hz,
+                      int act, float p0, float p1) {
+    switch (act) {
+    case E_RELU:
+        for (int64_t j = 0; j < cols; j++) {
+            float v = yr[j];
+            if (hb) v += b[j];
+            if (hz) v += zr[j];
+            yr[j] = v < 0.0f ? 0.0f : v;
+        }
+        return;
+    case E_CLIP:
+        for (int64_t j = 0; j < cols; j++) {
+            float v = yr[j];
+            if (hb) v += b[j];
+            if (hz) v += zr[j];
+            yr[j] = v < p0 ? p0 : (v > p1 ? p1 : v);
+        }
+        return;
+    case E_LEAKY:
+        for (int64_t j = 0; j < cols; j++) {
+            float v = yr[j];
+            if (hb) v += b[j];
+            if (hz) v += zr[j];
+            yr[j] = v < 0.0f ? v * p0 : v;
+        }
+        return;
+    case E_HARDSWISH:
+        for (int64_t j = 0; j < cols; j++) {
+            float v = yr[j];
+            if (hb) v += b[j];
+            if (hz) v += zr[j];
+            float t = v / 6.0f + 0.5f;
+            t = t > 1.0f ? 1.0f : t;
+            t = t < 0.0f ? 0.0f : t;
+            yr[j] = v * t;
+        }
+        return;
+    default:
+        for (int64_t j = 0; j < cols; j++) {
+            float v = yr[j];
+            if (hb) v += b[j];
+            if (hz) v += zr[j];
+            yr[j] = v;
+        }
+    }
+}
+
+EP_CLONES
+static void ep_rows(float *y, const float *b, const float *z, int64_t r0, int64_t r1,
+                    int64_t cols, int act, float p0, float p1) {
+    for (int64_t r = r0; r < r1; r++) {
+        float *yr = y + r * cols;
+        const float *zr = z ? z + r * cols : 0;
+        if (b && zr)
+            ep_row(yr, b, zr, cols, 1, 1, act, p0, p1);
+        else if (b)
+            ep_row(yr, b, zr, cols, 1, 0, act, p0, p1);
+        else if (zr)
+            ep_row(yr, b, zr, cols, 0, 1, act, p0, p1);
+        else
+            ep_row(yr, b, zr, cols, 0, 0, act, p0, p1);
+    }
+}
+
+void conv_epilogue_f32(float *y, const float *bias, const float *z, int64_t rows, int64_t cols,
+                       int act, float p0, float p1, int n_threads) {
+    /* Blocks of rows of about 16k floats each. */
+    int64_t step = cols > 0 ? (16384 + cols - 1) / cols : rows;
+    if (step < 1) step = 1;
+    const int64_t n_blocks = (rows + step - 1) / step;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(n_threads) \
+    if (n_threads > 1 && n_blocks > 1 && rows * cols >= (1 << 16))
+#endif
+    for (int64_t q = 0; q < n_blocks; q++) {
+        int64_t r0 = q * step, r1 = r0 + step < rows ? r0 + step : rows;
+        ep_rows(y, bias, z, r0, r1, cols, act, p0, p1);
+    }
+    (void)n_threads;
+}
