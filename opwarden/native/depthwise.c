@@ -226,6 +226,63 @@ DW_INLINE void dw_block(const dw_args_t *a, int64_t n, int64_t r, int64_t j0, in
     }
 }
 
+/* Stride 1 and dilation 1 along W, kw = KW (a constant at each call): PB1 pixels j0.. of row
+ * (n, r), channels [cb, cb + 8), all taps inside along W. Each input column is loaded once per
+ * kernel row and used for every pixel whose window covers it, the row's KW weight vectors stay
+ * in registers: (PB1 + KW - 1) + KW loads per PB1 * KW multiply-adds, where dw_block loads
+ * each tap's input again for each pixel (~1 load per multiply-add). Per pixel the taps are
+ * still added in dw_block's order, so the sums are the same bits. */
+#define PB1 8
+
+DW_INLINE void dw_block_s1(const dw_args_t *a, int64_t n, int64_t r, int64_t j0, int64_t cb,
+                           const int KW) {
+    const int64_t c = a->c;
+    const int64_t o0 = ((n * a->oh + r) * a->ow + j0) * c + cb;
+    const v8f zero = {0};
+    v8f acc[PB1];
+    v8f b = a->bias ? ld8(a->bias + cb) : zero;
+#pragma GCC unroll 8
+    for (int p = 0; p < PB1; p++) acc[p] = a->z ? b + ld8(a->z + o0 + p * c) : b;
+    for (int64_t ta = 0; ta < a->kh; ta++) {
+        int64_t ih = r * a->sh - a->pt + ta * a->dh;
+        if (ih < 0 || ih >= a->h) continue;
+        const float *xrow = a->x + ((n * a->h + ih) * a->w + j0 - a->pl) * c + cb;
+        const float *wrow = a->taps + ta * KW * c + cb;
+        v8f wv[7];
+#pragma GCC unroll 7
+        for (int tb = 0; tb < KW; tb++) wv[tb] = ld8(wrow + tb * c);
+#pragma GCC unroll 14
+        for (int q = 0; q < PB1 + KW - 1; q++) {
+            v8f xv = ld8(xrow + q * c);
+#pragma GCC unroll 8
+            for (int p = 0; p < PB1; p++) {
+                int tb = q - p;
+                if (tb >= 0 && tb < KW) acc[p] += xv * wv[tb];
+            }
+        }
+    }
+    const int in_regs = dw_vact_ok(a->act);
+#pragma GCC unroll 8
+    for (int p = 0; p < PB1; p++) {
+        float *yp = a->y + o0 + p * c;
+        st8(yp, in_regs ? dw_vact(acc[p], a) : acc[p]);
+        if (!in_regs) dw_act_run(yp, 8, a);
+    }
+}
+
+/* The pixels [j, jhi) of a row on dw_block_s1 where it applies (returns the first pixel not
+ * done): channel tails past the last 8 on dw_pixel. */
+DW_INLINE int64_t dw_row_s1(const dw_args_t *a, int64_t n, int64_t r, int64_t j, int64_t jhi,
+                            const int KW) {
+    const int64_t c = a->c, c8 = c - c % 8;
+    for (; j + PB1 <= jhi; j += PB1) {
+        for (int64_t cb = 0; cb < c8; cb += 8) dw_block_s1(a, n, r, j, cb, KW);
+        if (c8 < c)
+            for (int p = 0; p < PB1; p++) dw_pixel(a, n, r, j + p, c8, c);
+    }
+    return j;
+}
+
 DW_CLONES
 static void dw_row(const dw_args_t *a, int64_t n, int64_t r) {
     const int64_t c = a->c, cfull = c - c % CB;
@@ -239,6 +296,14 @@ static void dw_row(const dw_args_t *a, int64_t n, int64_t r) {
     if (jlo > jhi) jlo = jhi;
     int64_t j = 0;
     for (; j < jlo; j++) dw_pixel(a, n, r, j, 0, c);
+    if (a->sw == 1 && a->dw == 1 && c >= 8) {
+        if (a->kw == 3)
+            j = dw_row_s1(a, n, r, j, jhi, 3);
+        else if (a->kw == 5)
+            j = dw_row_s1(a, n, r, j, jhi, 5);
+        else if (a->kw == 7)
+            j = dw_row_s1(a, n, r, j, jhi, 7);
+    }
     for (; j + PB <= jhi; j += PB) {
         for (int64_t cb = 0; cb < cfull; cb += CB) dw_block(a, n, r, j, cb);
         if (cfull < c)

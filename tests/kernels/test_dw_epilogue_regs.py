@@ -81,3 +81,42 @@ def test_session_hardswish_depthwise_agrees_with_ort():
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None,
                                                                                {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+# The stride-1 sliding-window blocks (dw_block_s1: kw 3, 5, 7, 8 pixels x 8 channels): wide
+# rows so most pixels take them, channel counts with tails past the last 8, pads on each side.
+S1_GEOMS = [(5, 30, 8, 3, (1, 1, 1, 1)), (6, 33, 12, 5, (2, 2, 2, 2)),
+            (9, 40, 72, 7, (3, 3, 3, 3)), (4, 27, 100, 3, (0, 1, 0, 2)),
+            (7, 19, 24, 7, (3, 0, 3, 1)), (6, 16, 16, 5, (0, 0, 0, 0))]
+
+
+@needs_native
+@pytest.mark.parametrize("h,w,c,k,pads", S1_GEOMS)
+@pytest.mark.parametrize("activation,params", [("", []), ("HardSwish", []), ("Sigmoid", [])])
+def test_stride1_blocks_match_reference(h, w, c, k, pads, activation, params):
+    rng = np.random.default_rng(h * w + c)
+    x = rng.standard_normal((2, h, w, c), dtype=np.float32)
+    x[1, h // 2, w // 2, c - 1] = np.nan
+    wt = rng.standard_normal((c, 1, k, k), dtype=np.float32)
+    b = rng.standard_normal(c, dtype=np.float32)
+    attrs = dict(group=c, kernel_shape=[k, k], strides=[1, 1], dilations=[1, 1], pads=pads)
+    want = _reference(x, wt, b, activation, params, **attrs)
+    got = dwn.depthwise_native(x, wt, b, activation=activation, activation_params=params,
+                               **attrs)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    fin = ~np.isnan(want)
+    scale = max(1.0, float(np.abs(want[fin]).max()))
+    np.testing.assert_allclose(got[fin], want[fin], rtol=0, atol=2e-5 * scale)
+    # with a residual, also written over it in place (FusedConv's alias)
+    z = rng.standard_normal(want.shape, dtype=np.float32)
+    zc = z.transpose(0, 3, 1, 2)
+    want_z = np.asarray(FusedConv(x.transpose(0, 3, 1, 2), wt, b, zc, activation=activation,
+                                  activation_params=list(params), **attrs),
+                        np.float32).transpose(0, 2, 3, 1)
+    y = z.copy()
+    dwn.depthwise_native(x, wt, b, y, activation=activation, activation_params=params,
+                         out=y, **attrs)
+    fin = ~np.isnan(want_z)
+    assert np.array_equal(np.isnan(y), np.isnan(want_z))
+    np.testing.assert_allclose(y[fin], want_z[fin], rtol=0,
+                               atol=2e-5 * max(1.0, float(np.abs(want_z[fin]).max())))
