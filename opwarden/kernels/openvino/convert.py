@@ -82,7 +82,7 @@ def graph_model(
             params.append(value_info(v))
             big[v.name] = v.const
         elif v.const is not None:
-            inits.append(numpy_helper.from_array(np.asarray(v.const), v.name))
+            inits.append(numpy_helper.from_array(np.ascontiguousarray(v.const), v.name))
         else:
             params.append(value_info(v))
     g = helper.make_graph(protos, "opwarden_region", params, [value_info(v) for v in outputs],
@@ -223,7 +223,7 @@ def bag(nodes: Sequence[Node], opsets: dict[str, int]
                         params.append(_own_info(v, consts[id(v)], i))
                         big[consts[id(v)]] = v.const
                     else:
-                        inits.append(numpy_helper.from_array(np.asarray(v.const),
+                        inits.append(numpy_helper.from_array(np.ascontiguousarray(v.const),
                                                              consts[id(v)]))
                 ins.append(consts[id(v)])
             else:
@@ -289,9 +289,9 @@ def bag_answers(nodes: Sequence[Node], opsets: dict[str, int],
         if len(nodes) < _MIN_SPLIT:
             return {}
         h = len(nodes) // 2
-        out = bag_answers(nodes[:h], opsets, device)
-        out.update({h + j: a for j, a in bag_answers(nodes[h:], opsets, device).items()})
-        return out
+        split = bag_answers(nodes[:h], opsets, device)
+        split.update({h + j: a for j, a in bag_answers(nodes[h:], opsets, device).items()})
+        return split
     op_owner = owners(model, {t: str(i) for t, i in owner.items()})
     missing: dict[int, set[str]] = {}
     for op in model.get_ops():

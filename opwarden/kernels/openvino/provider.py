@@ -32,7 +32,14 @@ from opwarden.ir.graph import Node, Value
 from opwarden.kernels.openvino import convert as C
 from opwarden.kernels.openvino import deviations as D
 from opwarden.kernels.openvino import probe
-from opwarden.kernels.openvino.region import LRU_SIZE, PRECISIONS, Region, ov_config, shared
+from opwarden.kernels.openvino.region import (
+    LRU_SIZE,
+    PRECISIONS,
+    Region,
+    feed_order,
+    ov_config,
+    shared,
+)
 from opwarden.ops.base import REGISTRY, OpDef
 from opwarden.ops.custom import build_schema
 from opwarden.ops.select import kernel_kwargs, select
@@ -108,7 +115,7 @@ class OpenVINODevice(Device):
     def note(self, node: Node) -> str | None:
         """explain's note on a node in a region whose OpenVINO kernel departs from its
         contract (deviations.NAN_LOST), or None."""
-        return D.nan_note(node.op_type)
+        return D.nan_note(node.op_type, node.opset)
 
     def layouts_for(self, node: Any, quarantine: Any = None) -> tuple[str, ...]:
         return ("NCHW",)
@@ -222,7 +229,7 @@ def _signature(node: Node) -> tuple:
     def dims(shape: Any) -> Any:
         if shape is None:
             return None
-        out = []
+        out: list[Any] = []
         for d in shape:
             v = d.value if isinstance(d, Declared) else d  # written as declared
             if type(v) is int:
@@ -233,7 +240,7 @@ def _signature(node: Node) -> tuple:
                 out.append(("?", len(out)))
         return tuple(out)
 
-    ins = []
+    ins: list[Any] = []
     for v in node.inputs:
         if v is None:
             ins.append(None)
@@ -274,7 +281,7 @@ class _OneNode:
             a = np.asarray(a)
             names.append(f"x{i}")
             if _embedded(i, a):
-                inits.append(numpy_helper.from_array(a, f"x{i}"))
+                inits.append(numpy_helper.from_array(np.ascontiguousarray(a), f"x{i}"))
             else:
                 params.append(helper.make_tensor_value_info(f"x{i}", onnx_type(a.dtype),
                                                             list(a.shape)))
@@ -317,9 +324,13 @@ class _OneNode:
                  **attrs: Any) -> Any:
         attrs = {k: v for k, v in attrs.items() if k not in ("out", "workspace")}
         compiled = self.compiled(list(args), attrs, noutputs, or_one)
-        feeds = [shared(a)[0] for i, a in enumerate(np.asarray(x) if x is not None else None
+        by_name = {f"x{i}": a for i, a in enumerate(np.asarray(x) if x is not None else None
                                                     for x in args)
-                 if a is not None and not _embedded(i, a)]
+                   if a is not None and not _embedded(i, a)}
+        # by name: OpenVINO drops a parameter the operator ignores (Dropout's ratio at
+        # inference), which shifts the positions of the others
+        names = list(by_name)
+        feeds = [shared(by_name[names[k]])[0] for k in feed_order(compiled.inputs, names)]
         if len(compiled.outputs) < (1 if or_one else noutputs):
             raise KernelError(f"OpenVINO's {self.opdef.op_type} yields {len(compiled.outputs)}"
                               f" of the {noutputs} outputs asked for")
@@ -331,7 +342,8 @@ class _OneNode:
 def _when(opdef: OpDef, noutputs: int = 1, or_one: bool = False):
     def when(*facts: TensorFact, **attrs: Any) -> bool:
         if D.variant_refusal(opdef.op_type, [f.dtype for f in facts],
-                             [f.shape for f in facts], attrs) is not None:
+                             [f.shape for f in facts], attrs, opdef.since,
+                             bool(opdef.contract.must_alias)) is not None:
             return False
         ins = [f"x{i}" for i in range(len(facts))]
         params = [helper.make_tensor_value_info(

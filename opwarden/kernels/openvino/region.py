@@ -93,6 +93,17 @@ def shared(x: Any) -> tuple[Any, Any]:
     return a, None
 
 
+def feed_order(ports: Any, names: list[str]) -> list[int]:
+    """Which of `names` (the feeds, in order) each of OpenVINO's input `ports` reads: by name,
+    as OpenVINO drops a parameter its operators ignore (Dropout's ratio at inference); a port
+    it renamed (a parameter passed straight to an output takes the output's name) reads the
+    first feed not matched otherwise."""
+    pos = {n: k for k, n in enumerate(names)}
+    got = [next((pos[n] for n in p.get_names() if n in pos), None) for p in ports]
+    rest = iter(k for k in range(len(names)) if k not in got)
+    return [k if k is not None else next(rest) for k in got]
+
+
 class _Request:
     """One infer request and what is bound to it: per input the array it reads (kept alive,
     so its memory is the one the request points at), per small output OpenVINO's own buffer
@@ -113,6 +124,7 @@ class _Compiled:
 
     def __init__(self, compiled: Any, layers: dict[str, tuple[str, ...]]) -> None:
         self.compiled = compiled
+        self.order: list[int] = list(range(len(compiled.inputs)))  # feed of each input
         self.layers = layers
         self.idle: list[_Request] = []
         self.lock = threading.Lock()
@@ -179,7 +191,8 @@ class Region:
             self.nodes, self.inputs, outputs, self.opsets, self.poison, self.big)
         model = C.read(data, self.big)
         if self.feeds:
-            model.reshape({p.get_any_name(): list(s) for p, s in zip(model.inputs, sig)})
+            order = feed_order(model.inputs, [v.name for v in self.feeds])
+            model.reshape({p: list(sig[k]) for p, k in zip(model.inputs, order)})
         cfg = ov_config(precision or self.precision, self.threads, self.profile)
         if self.broken:
             cfg["INFERENCE_PRECISION_HINT"] = "not-a-precision"
@@ -190,6 +203,7 @@ class Region:
                               f"{list(sig)}: {C.frontend_reason(e)}") from None
         layers = C.layer_owners(compiled, C.owners(model, self.owner)) if self.profile else {}
         entry = _Compiled(compiled, layers)
+        entry.order = feed_order(compiled.inputs, [v.name for v in self.feeds])
         if precision is None and outputs is None:
             with self.lock:
                 self.cache[sig] = entry
@@ -216,7 +230,8 @@ class Region:
         req = r.req
         try:
             fed = r.fed
-            for i, x in enumerate(args):
+            for i, k in enumerate(entry.order):
+                x = args[k]
                 a, owner = shared(x)
                 ptr = a.__array_interface__["data"][0]
                 if i < len(fed):
