@@ -226,16 +226,16 @@ DW_INLINE void dw_block(const dw_args_t *a, int64_t n, int64_t r, int64_t j0, in
     }
 }
 
-/* Stride 1 and dilation 1 along W, kw = KW (a constant at each call): PB1 pixels j0.. of row
- * (n, r), channels [cb, cb + 8), all taps inside along W. Each input column is loaded once per
- * kernel row and used for every pixel whose window covers it, the row's KW weight vectors stay
- * in registers: (PB1 + KW - 1) + KW loads per PB1 * KW multiply-adds, where dw_block loads
- * each tap's input again for each pixel (~1 load per multiply-add). Per pixel the taps are
- * still added in dw_block's order, so the sums are the same bits. */
+/* Stride SW (1 or 2) and dilation 1 along W, kw = KW (constants at each call): PB1 pixels
+ * j0.. of row (n, r), channels [cb, cb + 8), all taps inside along W. Each input column is
+ * loaded once per kernel row and used for every pixel whose window covers it, the row's KW
+ * weight vectors stay in registers: SW (PB1 - 1) + KW + KW loads per PB1 * KW multiply-adds,
+ * where dw_block loads each tap's input again for each pixel (~1 load per multiply-add). Per
+ * pixel the taps are still added in dw_block's order, so the sums are the same bits. */
 #define PB1 8
 
 DW_INLINE void dw_block_s1(const dw_args_t *a, int64_t n, int64_t r, int64_t j0, int64_t cb,
-                           const int KW) {
+                           const int KW, const int SW) {
     const int64_t c = a->c;
     const int64_t o0 = ((n * a->oh + r) * a->ow + j0) * c + cb;
     const v8f zero = {0};
@@ -246,17 +246,17 @@ DW_INLINE void dw_block_s1(const dw_args_t *a, int64_t n, int64_t r, int64_t j0,
     for (int64_t ta = 0; ta < a->kh; ta++) {
         int64_t ih = r * a->sh - a->pt + ta * a->dh;
         if (ih < 0 || ih >= a->h) continue;
-        const float *xrow = a->x + ((n * a->h + ih) * a->w + j0 - a->pl) * c + cb;
+        const float *xrow = a->x + ((n * a->h + ih) * a->w + j0 * SW - a->pl) * c + cb;
         const float *wrow = a->taps + ta * KW * c + cb;
         v8f wv[7];
 #pragma GCC unroll 7
         for (int tb = 0; tb < KW; tb++) wv[tb] = ld8(wrow + tb * c);
-#pragma GCC unroll 14
-        for (int q = 0; q < PB1 + KW - 1; q++) {
+#pragma GCC unroll 21
+        for (int q = 0; q < SW * (PB1 - 1) + KW; q++) {
             v8f xv = ld8(xrow + q * c);
 #pragma GCC unroll 8
             for (int p = 0; p < PB1; p++) {
-                int tb = q - p;
+                int tb = q - SW * p;
                 if (tb >= 0 && tb < KW) acc[p] += xv * wv[tb];
             }
         }
@@ -273,10 +273,10 @@ DW_INLINE void dw_block_s1(const dw_args_t *a, int64_t n, int64_t r, int64_t j0,
 /* The pixels [j, jhi) of a row on dw_block_s1 where it applies (returns the first pixel not
  * done): channel tails past the last 8 on dw_pixel. */
 DW_INLINE int64_t dw_row_s1(const dw_args_t *a, int64_t n, int64_t r, int64_t j, int64_t jhi,
-                            const int KW) {
+                            const int KW, const int SW) {
     const int64_t c = a->c, c8 = c - c % 8;
     for (; j + PB1 <= jhi; j += PB1) {
-        for (int64_t cb = 0; cb < c8; cb += 8) dw_block_s1(a, n, r, j, cb, KW);
+        for (int64_t cb = 0; cb < c8; cb += 8) dw_block_s1(a, n, r, j, cb, KW, SW);
         if (c8 < c)
             for (int p = 0; p < PB1; p++) dw_pixel(a, n, r, j + p, c8, c);
     }
@@ -298,11 +298,18 @@ static void dw_row(const dw_args_t *a, int64_t n, int64_t r) {
     for (; j < jlo; j++) dw_pixel(a, n, r, j, 0, c);
     if (a->sw == 1 && a->dw == 1 && c >= 8) {
         if (a->kw == 3)
-            j = dw_row_s1(a, n, r, j, jhi, 3);
+            j = dw_row_s1(a, n, r, j, jhi, 3, 1);
         else if (a->kw == 5)
-            j = dw_row_s1(a, n, r, j, jhi, 5);
+            j = dw_row_s1(a, n, r, j, jhi, 5, 1);
         else if (a->kw == 7)
-            j = dw_row_s1(a, n, r, j, jhi, 7);
+            j = dw_row_s1(a, n, r, j, jhi, 7, 1);
+    } else if (a->sw == 2 && a->dw == 1 && c >= 8 && c % CB) {
+        /* (stride 2 reuses fewer loads: dw_block is as fast where the channels fill its
+         * 16-wide blocks; here they do not, and its tail would run pixel by pixel) */
+        if (a->kw == 3)
+            j = dw_row_s1(a, n, r, j, jhi, 3, 2);
+        else if (a->kw == 5)
+            j = dw_row_s1(a, n, r, j, jhi, 5, 2);
     }
     for (; j + PB <= jhi; j += PB) {
         for (int64_t cb = 0; cb < cfull; cb += CB) dw_block(a, n, r, j, cb);

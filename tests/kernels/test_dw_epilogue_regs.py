@@ -83,23 +83,27 @@ def test_session_hardswish_depthwise_agrees_with_ort():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
-# The stride-1 sliding-window blocks (dw_block_s1: kw 3, 5, 7, 8 pixels x 8 channels): wide
+# The sliding-window blocks (dw_block_s1: kw 3, 5, 7, 8 pixels x 8 channels): wide
 # rows so most pixels take them, channel counts with tails past the last 8, pads on each side.
-S1_GEOMS = [(5, 30, 8, 3, (1, 1, 1, 1)), (6, 33, 12, 5, (2, 2, 2, 2)),
-            (9, 40, 72, 7, (3, 3, 3, 3)), (4, 27, 100, 3, (0, 1, 0, 2)),
-            (7, 19, 24, 7, (3, 0, 3, 1)), (6, 16, 16, 5, (0, 0, 0, 0))]
+# (h, w, c, k, pads, stride); stride 2 takes them where c is not a multiple of 16.
+S1_GEOMS = [(5, 30, 8, 3, (1, 1, 1, 1), 1), (6, 33, 12, 5, (2, 2, 2, 2), 1),
+            (9, 40, 72, 7, (3, 3, 3, 3), 1), (4, 27, 100, 3, (0, 1, 0, 2), 1),
+            (7, 19, 24, 7, (3, 0, 3, 1), 1), (6, 16, 16, 5, (0, 0, 0, 0), 1),
+            (7, 41, 40, 3, (1, 1, 1, 1), 2), (9, 50, 72, 5, (2, 2, 2, 2), 2),
+            (6, 37, 24, 3, (0, 0, 1, 1), 2), (5, 45, 8, 5, (2, 1, 2, 2), 2)]
 
 
 @needs_native
-@pytest.mark.parametrize("h,w,c,k,pads", S1_GEOMS)
+@pytest.mark.parametrize("h,w,c,k,pads,stride", S1_GEOMS)
 @pytest.mark.parametrize("activation,params", [("", []), ("HardSwish", []), ("Sigmoid", [])])
-def test_stride1_blocks_match_reference(h, w, c, k, pads, activation, params):
+def test_sliding_blocks_match_reference(h, w, c, k, pads, stride, activation, params):
     rng = np.random.default_rng(h * w + c)
     x = rng.standard_normal((2, h, w, c), dtype=np.float32)
     x[1, h // 2, w // 2, c - 1] = np.nan
     wt = rng.standard_normal((c, 1, k, k), dtype=np.float32)
     b = rng.standard_normal(c, dtype=np.float32)
-    attrs = dict(group=c, kernel_shape=[k, k], strides=[1, 1], dilations=[1, 1], pads=pads)
+    attrs = dict(group=c, kernel_shape=[k, k], strides=[stride, stride], dilations=[1, 1],
+                 pads=pads)
     want = _reference(x, wt, b, activation, params, **attrs)
     got = dwn.depthwise_native(x, wt, b, activation=activation, activation_params=params,
                                **attrs)
