@@ -10,6 +10,7 @@ from collections.abc import Callable
 from opwarden.devices import base as _devices
 from opwarden.kernels.cpu import (
     activation,
+    attention,
     conv,
     conv_dw_native,
     elementwise,
@@ -27,7 +28,7 @@ from opwarden.kernels.cpu import (
 )
 
 for _module in (conv, pool, norm, linalg, elementwise, activation, fused, conv_dw_native, select,
-                shape, shuffle, quant, quant_nbits, ml, silu_native):
+                shape, shuffle, quant, quant_nbits, ml, silu_native, attention):
     _module.register()
 
 

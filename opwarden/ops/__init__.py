@@ -50,6 +50,7 @@ FAMILIES = (
     "contrib_fused", "contrib_legacy",
     "fused_elementwise",
     "fused",
+    "fused_attention",
 )
 
 for _family in FAMILIES:

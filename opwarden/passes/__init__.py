@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from opwarden.ir.graph import Model
 from opwarden.ir.validate import graphs_of
+from opwarden.passes.attention import attention_fusion
 from opwarden.passes.basic import constant_folding, shape_folding
 from opwarden.passes.conv_branches import concat_conv_merge
 from opwarden.passes.dead_code import dead_code_elimination
@@ -84,6 +85,7 @@ PASSES: list[Pass] = [
     Pass("sibling_conv_merge", 2, sibling_conv_merge),
     Pass("avgpool_conv_reorder", 2, avgpool_conv_reorder),
     Pass("activation_after_maxpool", 2, activation_after_maxpool),
+    Pass("attention_fusion", 2, attention_fusion),
     Pass("gemm_fusion", 2, gemm_fusion),
     Pass("transpose_cancellation", 2, transpose_cancellation),
     Pass("elementwise_fusion", 2, elementwise_fusion),
