@@ -325,12 +325,34 @@ void qgemm_8bit(const qg_args_t *p, int n_threads) {
 #include <emmintrin.h>
 #endif
 
-/* d[4 t + r] = s_r[t] for t < len: four source rows interleaved into 32-bit columns. */
+#if defined(__SSE2__)
+/* 16 bytes p[0], p[2], ..., p[30] (reads p[0..31]). */
+static inline __m128i qg_even16(const uint8_t *p) {
+    __m128i lo = _mm_loadu_si128((const __m128i *)p);
+    __m128i hi = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i m = _mm_set1_epi16(0x00ff);
+    return _mm_packus_epi16(_mm_and_si128(lo, m), _mm_and_si128(hi, m));
+}
+#endif
+
+/* d[4 t + r] = s_r[t st] for t < len (st 1 or 2): four source rows interleaved into 32-bit
+ * columns. */
 static inline void qg_interleave4(const uint8_t *s0, const uint8_t *s1, const uint8_t *s2,
-                                  const uint8_t *s3, int len, uint8_t *d) {
+                                  const uint8_t *s3, int len, int64_t st, uint8_t *d) {
     int t = 0;
 #if defined(__SSE2__)
-    for (; t + 16 <= len; t += 16) {
+    /* stride 2: the last element stays scalar, so the 32-byte loads end inside the rows */
+    for (; st == 2 && t + 16 <= len - 1; t += 16) {
+        __m128i r0 = qg_even16(s0 + 2 * t), r1 = qg_even16(s1 + 2 * t);
+        __m128i r2 = qg_even16(s2 + 2 * t), r3 = qg_even16(s3 + 2 * t);
+        __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
+        __m128i t2 = _mm_unpacklo_epi8(r2, r3), t3 = _mm_unpackhi_epi8(r2, r3);
+        _mm_storeu_si128((__m128i *)(d + 4 * t), _mm_unpacklo_epi16(t0, t2));
+        _mm_storeu_si128((__m128i *)(d + 4 * t + 16), _mm_unpackhi_epi16(t0, t2));
+        _mm_storeu_si128((__m128i *)(d + 4 * t + 32), _mm_unpacklo_epi16(t1, t3));
+        _mm_storeu_si128((__m128i *)(d + 4 * t + 48), _mm_unpackhi_epi16(t1, t3));
+    }
+    for (; st == 1 && t + 16 <= len; t += 16) {
         __m128i r0 = _mm_loadu_si128((const __m128i *)(s0 + t));
         __m128i r1 = _mm_loadu_si128((const __m128i *)(s1 + t));
         __m128i r2 = _mm_loadu_si128((const __m128i *)(s2 + t));
@@ -344,10 +366,10 @@ static inline void qg_interleave4(const uint8_t *s0, const uint8_t *s1, const ui
     }
 #endif
     for (; t < len; t++) {
-        d[4 * t] = s0[t];
-        d[4 * t + 1] = s1[t];
-        d[4 * t + 2] = s2[t];
-        d[4 * t + 3] = s3[t];
+        d[4 * t] = s0[t * st];
+        d[4 * t + 1] = s1[t * st];
+        d[4 * t + 2] = s2[t * st];
+        d[4 * t + 3] = s3[t * st];
     }
 }
 
@@ -371,11 +393,12 @@ void qg_pack_im2col_u8(const uint8_t *x, int64_t c, int64_t hp, int64_t wp, int6
             int64_t q = p0 + j;
             off[j] = (q / ow) * sh * wp + (q % ow) * sw;
         }
-        /* runs of pixels whose source bytes are consecutive (stride 1 along a row, or whole
-         * rows of a 1x1 convolution) */
+        /* runs of pixels whose source bytes step by st (the stride along a row if 2, else 1:
+         * consecutive, as whole rows of a 1x1 convolution are) */
+        int64_t st = sw == 2 ? 2 : 1;
         for (int j = 0; j < cols;) {
             int j0 = j;
-            while (j + 1 < cols && off[j + 1] == off[j] + 1) j++;
+            while (j + 1 < cols && off[j + 1] == off[j] + st) j++;
             j++;
             run0[runs] = j0;
             runlen[runs++] = j - j0;
@@ -394,7 +417,7 @@ void qg_pack_im2col_u8(const uint8_t *x, int64_t c, int64_t hp, int64_t wp, int6
                 for (int u = 0; u < runs; u++) {
                     int64_t o = off[run0[u]];
                     qg_interleave4(src[0] + o, src[1] + o, src[2] + o, src[3] + o, runlen[u],
-                                   dg + 4 * run0[u]);
+                                   st, dg + 4 * run0[u]);
                 }
             } else {
                 for (int64_t kk = 4 * g; kk < k; kk++) {

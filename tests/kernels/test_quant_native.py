@@ -156,6 +156,8 @@ CONVS = [  # (n, c, h, w, m, kh, kw, strides, pads, dilations)
     (1, 8, 5, 5, 4, 1, 1, [1, 1], [0, 0, 0, 0], [1, 1]),
     (1, 4, 6, 7, 5, 3, 3, [1, 1], [4, 2, 3, 5], [1, 1]),  # pads beyond the taps' reach
     (1, 4, 30, 40, 8, 5, 5, [3, 1], [2, 2, 2, 2], [1, 2]),  # long rows, strided, dilated
+    (1, 3, 50, 70, 6, 7, 7, [2, 2], [3, 3, 3, 3], [1, 1]),  # stride-2 rows of 35 pixels
+    (1, 5, 9, 67, 4, 1, 3, [1, 2], [0, 0, 0, 0], [1, 1]),  # stride-2 runs to the row's end
 ]
 
 
