@@ -249,9 +249,7 @@ def _signature(node: Node) -> tuple:
         val = c.tobytes() if c is not None and c.size <= _MAX_EMBED else (c is not None)
         ins.append((v.fact.dtype, dims(v.fact.shape), val))
     outs = tuple((v.fact.dtype, dims(v.fact.shape)) for v in node.outputs if v is not None)
-    attrs = tuple((k, (a.dtype.str, a.shape, a.tobytes()) if isinstance(a, np.ndarray)
-                   else repr(a)) for k, a in sorted(node.attrs.items(), key=lambda t: t[0]))
-    return (node.op_type, node.domain, node.opset, attrs, tuple(ins), outs)
+    return (node.op_type, node.domain, node.opset, _attr_key(node.attrs), tuple(ins), outs)
 
 
 # -- single-node compiled variants ----------------------------------------------------------
@@ -339,12 +337,30 @@ class _OneNode:
         return outs if len(outs) > 1 else outs[0]
 
 
+def _attr_key(attrs: dict[str, Any]) -> tuple:
+    return tuple((k, (a.dtype.str, a.shape, a.tobytes()) if isinstance(a, np.ndarray)
+                  else repr(a)) for k, a in sorted(attrs.items(), key=lambda t: t[0]))
+
+
 def _when(opdef: OpDef, noutputs: int = 1, or_one: bool = False):
+    answers: OrderedDict[tuple, bool] = OrderedDict()  # what OpenVINO said, per facts
+
     def when(*facts: TensorFact, **attrs: Any) -> bool:
         if D.variant_refusal(opdef.op_type, [f.dtype for f in facts],
                              [f.shape for f in facts], attrs, opdef.since,
                              bool(opdef.contract.must_alias)) is not None:
             return False
+        key = (tuple((f.dtype, None if f.shape is None else tuple(
+            d if isinstance(d, int) else None for d in f.shape)) for f in facts),
+            _attr_key(attrs))
+        hit = answers.get(key)
+        if hit is None:
+            hit = answers[key] = asks(facts, attrs)
+            while len(answers) > 1024:
+                answers.popitem(last=False)
+        return hit
+
+    def asks(facts: tuple[TensorFact, ...], attrs: dict[str, Any]) -> bool:
         ins = [f"x{i}" for i in range(len(facts))]
         params = [helper.make_tensor_value_info(
             n, onnx_type(np.dtype(f.dtype or "float32")),
