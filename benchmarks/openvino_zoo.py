@@ -37,7 +37,7 @@ def _runners(data: bytes, feeds: dict[str, np.ndarray]):
     core = ov.Core()
     cm = core.compile_model(core.read_model(data), "CPU", {
         "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": THREADS,
-        "PERFORMANCE_HINT": "LATENCY"})
+        "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False})  # as the regions' config
     req = cm.create_infer_request()
     vals = list(feeds.values())
     return {

@@ -9,7 +9,7 @@
   (`_COPY_BYTES`) is copied out of OpenVINO's buffer, which costs less than re-setting.
 - Precision: INFERENCE_PRECISION_HINT is always set, f32 unless the session asked for another
   (SessionOptions.precision): OpenVINO's own default on a CPU with AVX512_BF16 is bf16, a silent
-  degrade. Threads: INFERENCE_NUM_THREADS from intra_op_num_threads.
+  degrade. Threads: INFERENCE_NUM_THREADS from intra_op_num_threads, not pinned to cores.
 - With tracing, PERF_COUNT is on and `provenance()` turns the last call's profiling info into
   per-node times (each runtime layer's time split over the ONNX nodes fused into it).
 - `cpu(*inputs)` reruns the region node by node on the host kernels (the guard's fallback) and
@@ -67,6 +67,9 @@ def ov_config(precision: str, threads: int, profile: bool) -> dict[str, Any]:
         "INFERENCE_PRECISION_HINT": PRECISIONS[precision],
         "PERFORMANCE_HINT": "LATENCY",
         "PERF_COUNT": "YES" if profile else "NO",
+        # LATENCY pins its threads to cores; a pinned thread cannot move off a core that
+        # another process (or our own host kernels' threads) is using
+        "ENABLE_CPU_PINNING": False,
     }
     if threads > 0:
         cfg["INFERENCE_NUM_THREADS"] = threads
