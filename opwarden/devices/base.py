@@ -334,7 +334,7 @@ def _find(key: str) -> Device | None:
 
 # Loaders of optional providers (the torch one), added by `opwarden/devices/__init__.py`: their
 # modules import this registry, so the registry never imports them itself.
-_OPTIONAL: list[Callable[[], None]] = []
+_OPTIONAL: list[tuple[tuple[str, ...], Callable[[], None]]] = []
 
 
 def has_device(name: str) -> bool:
@@ -342,14 +342,17 @@ def has_device(name: str) -> bool:
     return name in _DEVICES
 
 
-def add_optional_provider(load: Callable[[], None]) -> None:
-    """`load()` registers an optional provider when it can; called on first need, repeatedly."""
-    _OPTIONAL.append(load)
+def add_optional_provider(load: Callable[[], None], names: tuple[str, ...] = ()) -> None:
+    """`load()` registers an optional provider when it can; called on first need, repeatedly.
+    `names` (lower case, aliases included) are the devices it can provide: asking for one of
+    them loads only this provider (importing torch takes seconds); empty: any name."""
+    _OPTIONAL.append((tuple(n.lower() for n in names), load))
 
 
-def _try_optional() -> None:
-    for load in _OPTIONAL:
-        load()
+def _try_optional(name: str | None = None) -> None:
+    for names, load in _OPTIONAL:
+        if name is None or not names or name in names:
+            load()
 
 
 def get_device(name: str) -> Device:
@@ -357,7 +360,7 @@ def get_device(name: str) -> Device:
     key = name.lower()
     dev = _find(key)
     if dev is None:
-        _try_optional()
+        _try_optional(key)
         dev = _find(key)
     if dev is None:
         raise OptionsError(f"unknown device {name!r}; available: {', '.join(_DEVICES)}")

@@ -20,6 +20,7 @@ from opwarden.kernels.cpu import (
     norm,
     pool,
     quant,
+    quant_native,
     quant_nbits,
     select,
     shape,
@@ -28,7 +29,7 @@ from opwarden.kernels.cpu import (
 )
 
 for _module in (conv, pool, norm, linalg, elementwise, activation, fused, conv_dw_native, select,
-                shape, shuffle, quant, quant_nbits, ml, silu_native, attention):
+                shape, shuffle, quant, quant_native, quant_nbits, ml, silu_native, attention):
     _module.register()
 
 
@@ -47,6 +48,8 @@ def _optional_provider(device: str, package: str, module: str) -> Callable[[], N
 
 
 _devices.add_optional_provider(_optional_provider("torch", "torch",
-                                                  "opwarden.kernels.torch.provider"))
+                                                  "opwarden.kernels.torch.provider"),
+                               names=("torch", "pytorch"))
 _devices.add_optional_provider(_optional_provider("openvino", "openvino",
-                                                  "opwarden.kernels.openvino.provider"))
+                                                  "opwarden.kernels.openvino.provider"),
+                               names=("openvino",))

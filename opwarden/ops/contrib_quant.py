@@ -109,7 +109,7 @@ def _broadcast_out(a: np.ndarray, b: np.ndarray, what: str) -> tuple[int, ...]:
         raise KernelError(f"{what}: shapes {a.shape} and {b.shape} do not broadcast") from None
 
 
-def _first_is_scalar_span(a_shape, b_shape) -> bool:
+def first_is_scalar_span(a_shape, b_shape) -> bool:
     """Whether ORT's broadcaster treats A as the scalar of each innermost span (it then runs
     the kernel with B as the first operand)."""
     if math.prod(a_shape) == 1:
@@ -138,7 +138,7 @@ _BINARY_IO = dict(
 _BINARY = Contract(nan="none", overflow="saturate", broadcast="multidirectional")
 
 
-def _binary_params(A, B, sa, za, sb, zb, sc, zc, what):
+def binary_params(A, B, sa, za, sb, zb, sc, zc, what):
     _same_dtype(B, A.dtype, what, "B")
     dt = A.dtype
     return (F32(scalar_param(sa, what, "A_scale")), int(scalar_param(za, what, "A_zero_point", dt)),
@@ -151,13 +151,13 @@ def QLinearAdd(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_ze
     """Quantized A + B with multidirectional broadcasting (com.microsoft QLinearAdd-1);
     bit-exact with ORT's AVX2 kernel (see the module docstring)."""
     what = "QLinearAdd"
-    sa, za, sb, zb, sc, zc = _binary_params(A, B, A_scale, A_zero_point, B_scale, B_zero_point,
+    sa, za, sb, zb, sc, zc = binary_params(A, B, A_scale, A_zero_point, B_scale, B_zero_point,
                                             C_scale, C_zero_point, what)
     _broadcast_out(A, B, what)
     with np.errstate(all="ignore"):
         ra, rb = F32(sa / sc), F32(sb / sc)
         x, rx, zx, y, ry, zy = A, ra, za, B, rb, zb
-        if _first_is_scalar_span(A.shape, B.shape):
+        if first_is_scalar_span(A.shape, B.shape):
             x, rx, zx, y, ry, zy = B, rb, zb, A, ra, za
         fixed = F32(F32(zc) - fma32(rx, F32(zx), F32(ry * F32(zy))))
         r = fma32(x.astype(F32), rx, fma32(y.astype(F32), ry, fixed))
@@ -169,7 +169,7 @@ def QLinearMul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_ze
     """Quantized A * B with multidirectional broadcasting (com.microsoft QLinearMul-1):
     rint(float32((a - zA)(b - zB)) * float32(sA * sB / sC) + zC), bit-exact with ORT."""
     what = "QLinearMul"
-    sa, za, sb, zb, sc, zc = _binary_params(A, B, A_scale, A_zero_point, B_scale, B_zero_point,
+    sa, za, sb, zb, sc, zc = binary_params(A, B, A_scale, A_zero_point, B_scale, B_zero_point,
                                             C_scale, C_zero_point, what)
     _broadcast_out(A, B, what)
     with np.errstate(all="ignore"):

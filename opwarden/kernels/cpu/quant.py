@@ -336,8 +336,8 @@ def _gemm_workspace(a_shape, sa=None, za=None, b_shape=None, *rest, transA=0, tr
 
 def register() -> None:
     """Register the BLAS variants of QGemm, QLinearMatMul and QLinearConv, and those of
-    `quant_linear`, and the compiled ones of `quant_native` where the extension loaded."""
-    from opwarden.kernels.cpu import quant_native  # imports this module: registered last
+    `quant_linear` (the compiled ones of `quant_native` register after these, from
+    kernels/registry.py)."""
 
     latest("QGemm", "com.microsoft").kernel(
         "cpu", priority=10, name="qgemm.cpu.blas", workspace_bytes=_gemm_workspace,
@@ -353,4 +353,3 @@ def register() -> None:
         workspace_bytes=_gemm_workspace,
         when=lambda a, b, *r, **k: is_int8(b.dtype))(dynamic_quantize_matmul_blas)
     quant_linear.register()
-    quant_native.register()

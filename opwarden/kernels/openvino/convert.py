@@ -113,8 +113,6 @@ def read(data: bytes, big: dict[str, Any] | None = None) -> Any:
     if big:
         from openvino import op
 
-        from opwarden.kernels.openvino.region import shared
-
         for p in list(model.get_parameters()):
             a = big.get(p.get_friendly_name())
             if a is None:
@@ -317,3 +315,23 @@ def bag_answers(nodes: Sequence[Node], opsets: dict[str, int],
         else:
             out[i] = None
     return out
+
+
+def shared(x: Any) -> tuple[Any, Any]:
+    """(x as an array OpenVINO may wrap without a copy: C-contiguous, writable, the array
+    whose memory it uses, to keep alive meanwhile)."""
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.flags.writeable:
+        return x, None
+    a = np.ascontiguousarray(x)
+    if not a.flags.writeable:
+        v = a.view()
+        try:
+            v.flags.writeable = True
+            return v, a
+        except ValueError:  # read-only memory (frozen feeds): an alias OpenVINO only reads
+            import ctypes
+
+            buf = (ctypes.c_char * a.nbytes).from_address(a.ctypes.data) if a.nbytes else b""
+            alias = np.frombuffer(buf, a.dtype).reshape(a.shape) if a.nbytes else a.copy()
+            return alias, a
+    return a, None

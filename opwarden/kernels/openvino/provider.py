@@ -38,7 +38,6 @@ from opwarden.kernels.openvino.region import (
     Region,
     feed_order,
     ov_config,
-    shared,
 )
 from opwarden.ops.base import REGISTRY, OpDef
 from opwarden.ops.custom import build_schema
@@ -328,7 +327,7 @@ class _OneNode:
         # by name: OpenVINO drops a parameter the operator ignores (Dropout's ratio at
         # inference), which shifts the positions of the others
         names = list(by_name)
-        feeds = [shared(by_name[names[k]])[0] for k in feed_order(compiled.inputs, names)]
+        feeds = [C.shared(by_name[names[k]])[0] for k in feed_order(compiled.inputs, names)]
         if len(compiled.outputs) < (1 if or_one else noutputs):
             raise KernelError(f"OpenVINO's {self.opdef.op_type} yields {len(compiled.outputs)}"
                               f" of the {noutputs} outputs asked for")

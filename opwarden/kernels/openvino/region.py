@@ -76,26 +76,6 @@ def ov_config(precision: str, threads: int, profile: bool) -> dict[str, Any]:
     return cfg
 
 
-def shared(x: Any) -> tuple[Any, Any]:
-    """(x as an array OpenVINO may wrap without a copy: C-contiguous, writable, the array
-    whose memory it uses, to keep alive meanwhile)."""
-    if type(x) is np.ndarray and x.flags.c_contiguous and x.flags.writeable:
-        return x, None
-    a = np.ascontiguousarray(x)
-    if not a.flags.writeable:
-        v = a.view()
-        try:
-            v.flags.writeable = True
-            return v, a
-        except ValueError:  # read-only memory (frozen feeds): an alias OpenVINO only reads
-            import ctypes
-
-            buf = (ctypes.c_char * a.nbytes).from_address(a.ctypes.data) if a.nbytes else b""
-            alias = np.frombuffer(buf, a.dtype).reshape(a.shape) if a.nbytes else a.copy()
-            return alias, a
-    return a, None
-
-
 def feed_order(ports: Any, names: list[str]) -> list[int]:
     """Which of `names` (the feeds, in order) each of OpenVINO's input `ports` reads: by name,
     as OpenVINO drops a parameter its operators ignore (Dropout's ratio at inference); a port
@@ -235,7 +215,7 @@ class Region:
             fed = r.fed
             for i, k in enumerate(entry.order):
                 x = args[k]
-                a, owner = shared(x)
+                a, owner = C.shared(x)
                 ptr = a.__array_interface__["data"][0]
                 if i < len(fed):
                     prev = fed[i]
