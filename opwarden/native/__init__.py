@@ -123,9 +123,10 @@ DW_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "Sigmoid": 4, "HardSwish
            "Tanh": 6, "Gelu": 7}
 
 
-def dw_act_code(activation: str, params) -> tuple[int, float, float] | None:
-    """(code, p0, p1) of a fused activation for depthwise_nhwc, None if it has none here."""
-    code = DW_ACTS.get(activation or "")
+def _act_code(codes: dict[str, int], activation: str,
+              params) -> tuple[int, float, float] | None:
+    """(code, p0, p1) of a fused activation in a kernel's table `codes`, None if absent."""
+    code = codes.get(activation or "")
     if code is None:
         return None
     p = [float(v) for v in (params or ())]
@@ -133,9 +134,14 @@ def dw_act_code(activation: str, params) -> tuple[int, float, float] | None:
         return code, (p[0] if p else -np.inf), (p[1] if len(p) > 1 else np.inf)
     if activation == "LeakyRelu":
         return code, (p[0] if p else 0.01), 0.0
-    if activation == "Gelu" and p and p[0]:
-        return 8, 0.0, 0.0
     return code, 0.0, 0.0
+
+
+def dw_act_code(activation: str, params) -> tuple[int, float, float] | None:
+    """(code, p0, p1) of a fused activation for depthwise_nhwc, None if it has none here."""
+    if activation == "Gelu" and params and float(params[0]):
+        return 8, 0.0, 0.0  # the tanh form
+    return _act_code(DW_ACTS, activation, params)
 
 
 def depthwise_nhwc(x: np.ndarray, taps: np.ndarray, bias: np.ndarray | None,
@@ -187,15 +193,7 @@ EPILOGUE_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "HardSwish": 4}
 
 def epilogue_act_code(activation: str, params) -> tuple[int, float, float] | None:
     """(code, p0, p1) of an activation for conv_epilogue, None if it has none there."""
-    code = EPILOGUE_ACTS.get(activation or "")
-    if code is None:
-        return None
-    p = [float(v) for v in (params or ())]
-    if activation == "Clip":
-        return code, (p[0] if p else -np.inf), (p[1] if len(p) > 1 else np.inf)
-    if activation == "LeakyRelu":
-        return code, (p[0] if p else 0.01), 0.0
-    return code, 0.0, 0.0
+    return _act_code(EPILOGUE_ACTS, activation, params)
 
 
 def conv_epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None,

@@ -146,20 +146,31 @@ def binary_params(A, B, sa, za, sb, zb, sc, zc, what):
             F32(scalar_param(sc, what, "C_scale")), int(scalar_param(zc, what, "C_zero_point", dt)))
 
 
-@op("QLinearAdd", domain=MS, since=1, contract=_BINARY, **_BINARY_IO)
-def QLinearAdd(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None):
-    """Quantized A + B with multidirectional broadcasting (com.microsoft QLinearAdd-1);
-    bit-exact with ORT's AVX2 kernel (see the module docstring)."""
-    what = "QLinearAdd"
+def qlinear_add_terms(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
+                      C_zero_point):
+    """(x, rx, y, ry, fixed) with QLinearAdd = saturate(rint(fma(x, rx, fma(y, ry, fixed)))):
+    the operands in ORT's order (a scalar-span first operand swapped to second) and the
+    float32 ratios and offset it computes them with (the reference and compiled kernels share
+    them, so they stay bit-identical)."""
     sa, za, sb, zb, sc, zc = binary_params(A, B, A_scale, A_zero_point, B_scale, B_zero_point,
-                                            C_scale, C_zero_point, what)
-    _broadcast_out(A, B, what)
+                                            C_scale, C_zero_point, "QLinearAdd")
     with np.errstate(all="ignore"):
         ra, rb = F32(sa / sc), F32(sb / sc)
         x, rx, zx, y, ry, zy = A, ra, za, B, rb, zb
         if first_is_scalar_span(A.shape, B.shape):
             x, rx, zx, y, ry, zy = B, rb, zb, A, ra, za
         fixed = F32(F32(zc) - fma32(rx, F32(zx), F32(ry * F32(zy))))
+    return x, rx, y, ry, fixed
+
+
+@op("QLinearAdd", domain=MS, since=1, contract=_BINARY, **_BINARY_IO)
+def QLinearAdd(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None):
+    """Quantized A + B with multidirectional broadcasting (com.microsoft QLinearAdd-1);
+    bit-exact with ORT's AVX2 kernel (see the module docstring)."""
+    x, rx, y, ry, fixed = qlinear_add_terms(A, A_scale, A_zero_point, B, B_scale,
+                                            B_zero_point, C_scale, C_zero_point)
+    _broadcast_out(A, B, "QLinearAdd")
+    with np.errstate(all="ignore"):
         r = fma32(x.astype(F32), rx, fma32(y.astype(F32), ry, fixed))
         return saturate(np.rint(r), A.dtype)
 

@@ -39,7 +39,7 @@ from opwarden.kernels.cpu.quant_linear import (
 from opwarden.kernels.cpu.util import packed
 from opwarden.memory.constants import is_constant
 from opwarden.ops.base import REGISTRY
-from opwarden.ops.contrib_quant import binary_params, first_is_scalar_span, fma32
+from opwarden.ops.contrib_quant import qlinear_add_terms
 from opwarden.ops.contrib_quant_nn import qgemm_finish
 
 NR = 64  # columns per packed panel (QG_NR in native.h)
@@ -429,14 +429,8 @@ def qlinear_add_native(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_sca
     if (A.shape != B.shape or A.dtype != B.dtype or A.dtype not in (np.uint8, np.int8)
             or A.size == 0):
         return ref(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point)
-    sa, za, sb, zb, sc, zc = binary_params(A, B, A_scale, A_zero_point, B_scale,
-                                            B_zero_point, C_scale, C_zero_point, "QLinearAdd")
-    with np.errstate(all="ignore"):
-        ra, rb = F32(sa / sc), F32(sb / sc)
-        x, rx, zx, y, ry, zy = A, ra, za, B, rb, zb
-        if first_is_scalar_span(A.shape, B.shape):
-            x, rx, zx, y, ry, zy = B, rb, zb, A, ra, za
-        fixed = F32(F32(zc) - fma32(rx, F32(zx), F32(ry * F32(zy))))
+    x, rx, y, ry, fixed = qlinear_add_terms(A, A_scale, A_zero_point, B, B_scale,
+                                            B_zero_point, C_scale, C_zero_point)
     if not (np.isfinite(rx) and np.isfinite(ry) and np.isfinite(fixed)):
         return ref(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point)
     xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
