@@ -154,6 +154,7 @@ def qlinear_add_terms(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scal
     them, so they stay bit-identical)."""
     sa, za, sb, zb, sc, zc = binary_params(A, B, A_scale, A_zero_point, B_scale, B_zero_point,
                                             C_scale, C_zero_point, "QLinearAdd")
+    _broadcast_out(A, B, "QLinearAdd")
     with np.errstate(all="ignore"):
         ra, rb = F32(sa / sc), F32(sb / sc)
         x, rx, zx, y, ry, zy = A, ra, za, B, rb, zb
@@ -169,7 +170,6 @@ def QLinearAdd(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_ze
     bit-exact with ORT's AVX2 kernel (see the module docstring)."""
     x, rx, y, ry, fixed = qlinear_add_terms(A, A_scale, A_zero_point, B, B_scale,
                                             B_zero_point, C_scale, C_zero_point)
-    _broadcast_out(A, B, "QLinearAdd")
     with np.errstate(all="ignore"):
         r = fma32(x.astype(F32), rx, fma32(y.astype(F32), ry, fixed))
         return saturate(np.rint(r), A.dtype)

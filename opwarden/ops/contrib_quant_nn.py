@@ -359,7 +359,9 @@ def _qconv_ms_infer(x, xs=None, xz=None, w=None, ws=None, wz=None, ys=None, yz=N
 def _qconv_ms_samples(rng):
     for cl in (0, 1):
         x = _q8(rng, np.uint8, (1, 3, 6, 6))
-        w = _q8(rng, np.int8, (4, 3, 3, 3))
+        # Weights in [-64, 63]: without VNNI, ORT's x86 u8s8 kernel sums adjacent products in
+        # saturating int16 (vpmaddubsw), so a full-range sample is not exact there.
+        w = (_q8(rng, np.int8, (4, 3, 3, 3)) // 2).astype(np.int8)
         xs, xz = _qparams(rng, np.uint8, 0.02)
         ws = rng.uniform(0.005, 0.02, 4).astype(F32)
         ys, yz = _qparams(rng, np.uint8, 0.05)
