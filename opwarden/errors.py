@@ -68,6 +68,11 @@ class ProviderFallbackWarning(OpwardenWarning):
     which warns with a UserWarning); the session runs on the ones that are."""
 
 
+class PrecisionWarning(OpwardenWarning):
+    """A device cannot compute in the precision the session asked for; it computes in f32
+    (explain says so)."""
+
+
 def describe_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -54,6 +54,9 @@ class RegionPlacement(Placement):
         deg = getattr(self.node.attrs.get("region"), "degrade", None)
         if self.precision != "f32":
             d["degrade"] = {"from": "f32", "to": self.precision, **(deg or {})}
+        unavailable = getattr(self.node.attrs.get("region"), "precision_note", None)
+        if unavailable:
+            d["precision_note"] = unavailable
         return d
 
 
@@ -361,6 +364,9 @@ def calibrate(placements: list[Placement], run: Any, names: list[str] | None = N
 def degrade_text(rows: list[dict[str, Any]], report: dict[str, Any]) -> str:
     """The explain summary's sentence on precision degrades ('' when none was asked for)."""
     degs = [r for r in rows if r.get("degrade")]
+    notes = sorted({r["precision_note"] for r in rows if r.get("precision_note")})
+    if notes:
+        return f". Precision asked for but NOT APPLIED: {'; '.join(notes)}"
     if not degs:
         return ""
     to = sorted({r["degrade"]["to"] for r in degs})

@@ -164,6 +164,14 @@ def test_default_precision_is_f32_on_a_bf16_cpu(squeeze):
         assert "bfloat16" in get_device("openvino").extra["default_precision"]
 
 
+def _has_bf16() -> bool:
+    return "BF16" in get_device("openvino").extra["capabilities"]
+
+
+needs_bf16 = pytest.mark.skipif("not _has_bf16()", reason="this CPU's OpenVINO plugin has no BF16")
+
+
+@needs_bf16
 def test_bf16_is_asked_for_and_shown_as_a_degrade(squeeze):
     data, feeds, want = squeeze
     s = ow.InferenceSession(data, providers=PROVIDERS, precision="bf16")
@@ -178,6 +186,7 @@ def test_a_precision_openvino_cannot_compute_is_a_clear_error(squeeze):
         ow.InferenceSession(squeeze[0], providers=PROVIDERS, precision="int8")
 
 
+@needs_bf16
 def test_calibration_measures_a_degrade_against_f32_and_explain_says_so(squeeze):
     data, feeds, want = squeeze
     s = ow.InferenceSession(data, providers=PROVIDERS, precision="bf16")
@@ -329,3 +338,23 @@ def test_the_op_table_and_flame_graph_show_a_regions_operators(squeeze, tmp_path
         sum(r.exec_us for r in recs), rel=1e-6)
     svg = open(flame_svg(recs, str(tmp_path / "flame.svg"))).read()
     assert ">Conv" in svg or "Conv:" in svg
+
+
+def test_a_precision_the_cpu_lacks_is_not_applied_and_says_so(squeeze, monkeypatch):
+    import openvino as ov
+
+    data, feeds, want = squeeze
+    dev = get_device("openvino")
+    monkeypatch.setitem(dev.extra, "capabilities", ["FP32", "INT8"])
+    with pytest.warns(ow.PrecisionWarning, match="no BF16 capability"):
+        s = ow.InferenceSession(data, providers=PROVIDERS, precision="bf16")
+    rows = [r for r in s.explain() if r.get("inserted") == "region"]
+    assert rows and not any(r.get("degrade") for r in rows)
+    assert all("no BF16" in r["precision_note"] for r in rows)
+    assert "NOT APPLIED" in s.explain_summary()["text"]
+    (got,) = s.run(None, feeds)
+    assert np.abs(got - want).max() <= _tol(want)
+    reg = next(p for p in s.placements if p.inserted == "region").node.attrs["region"]
+    (entry,) = reg.cache.values()
+    assert entry.compiled.get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32
+    assert s.calibrate(feeds)["regions"] == []

@@ -206,6 +206,8 @@ class OpenVINODevice(Device):
             raise OptionsError(
                 f"openvino: precision {precision!r} is not one its CPU plugin computes in; it "
                 f"takes {', '.join(PRECISIONS)} (int8 runs only in a quantized, QDQ model)")
+        asked = precision
+        precision, unavailable = self.effective_precision(precision)
         host = []
         for n in nodes:
             var, _ = select(n, "cpu", "NCHW", quarantine)
@@ -213,10 +215,30 @@ class OpenVINODevice(Device):
             kw = kernel_kwargs(n)
             fn = var.fn if var.specialize is None else var.specialize(dict(kw))
             host.append((fn, {} if var.specialize is not None else kw))
-        return Region(name, nodes, inputs, outputs, opsets, precision,
-                      int(getattr(options, "intra_op_num_threads", 0) or 0),
-                      bool(getattr(options, "trace", False)
-                           or getattr(options, "enable_profiling", False)), host)
+        region = Region(name, nodes, inputs, outputs, opsets, precision,
+                        int(getattr(options, "intra_op_num_threads", 0) or 0),
+                        bool(getattr(options, "trace", False)
+                             or getattr(options, "enable_profiling", False)), host)
+        if unavailable:
+            region.precision_note = unavailable
+            import warnings
+
+            from opwarden.errors import PrecisionWarning
+
+            warnings.warn(f"openvino region {name}: precision {asked} asked for; {unavailable}",
+                          PrecisionWarning, stacklevel=2)
+        return region
+
+    def effective_precision(self, precision: str) -> tuple[str, str | None]:
+        """(the precision a region computes in, why it is not the one asked for): OpenVINO's
+        CPU plugin given a bf16/f16 hint on a CPU without that capability computes in f32
+        without saying so; opwarden says so."""
+        need = {"bf16": "BF16", "f16": "FP16"}.get(precision)
+        caps = self.extra.get("capabilities", [])
+        if need is None or need in caps:
+            return precision, None
+        return "f32", (f"this CPU's OpenVINO plugin has no {need} capability "
+                       f"(OPTIMIZATION_CAPABILITIES: {', '.join(caps)}), so it computes in f32")
 
 
 def _signature(node: Node) -> tuple:

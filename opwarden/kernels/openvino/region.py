@@ -155,6 +155,7 @@ class Region:
         self.cpu_times: dict[str, float] = {}
         self.cpu_env: dict[str, Any] = {}
         self.degrade: dict[str, Any] = {}  # the measured error of a precision degrade
+        self.precision_note: str | None = None  # why the asked precision is not applied
         self.calib: dict[str, Any] | None = None  # set only while a calibration runs
         if all(v.fact.static for v in self.feeds):
             self.compiled_for(tuple(tuple(v.fact.shape) for v in self.feeds))
