@@ -132,3 +132,24 @@ def test_a_session_runs_the_fast_conv_variant():
     want = ort.InferenceSession(model.SerializeToString(),
                                 providers=["CPUExecutionProvider"]).run(None, {"X": feed})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 7, 5, 6), (3, 4, 6), (2, 1, 3, 6)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_stacked_a_times_2d_b_is_one_gemm_with_numpys_values(shape, dtype):
+    from opwarden.kernels.cpu.linalg import matmul
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(shape).astype(dtype)
+    b = rng.standard_normal((6, 9)).astype(dtype)
+    want = np.matmul(a, b)
+    got = matmul(a, b)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    out = np.full(want.shape, np.nan if dtype != np.int64 else -1, dtype)
+    assert matmul(a, b, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    # a transposed (non-contiguous) A and an out of another layout take NumPy's own path
+    at = np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
+    np.testing.assert_allclose(matmul(at, b), want, rtol=1e-6)
+    fortran = np.asfortranarray(np.zeros(want.shape, dtype))
+    np.testing.assert_allclose(matmul(a, b, out=fortran), want, rtol=1e-6)

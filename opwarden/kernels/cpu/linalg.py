@@ -98,11 +98,32 @@ def _split_matmul(A, B, out, bias: np.ndarray | None = None) -> np.ndarray | Non
     return y if split_batched(A, B, y, batch) else None
 
 
+def _flat_matmul(A, B, out) -> np.ndarray | None:
+    """A stacked A times a 2-D B as one GEMM over all of A's rows (NumPy's matmul calls BLAS
+    once per stacked matrix: ConvNeXt's (1, 56, 56, 96) @ (96, 384) is 56 small GEMMs), or
+    None where A's rows are not one contiguous block or `out` is not C-contiguous."""
+    if (not isinstance(A, np.ndarray) or not isinstance(B, np.ndarray) or A.ndim < 3
+            or B.ndim != 2 or not A.flags.c_contiguous or A.shape[-1] != B.shape[0]
+            or A.dtype != B.dtype):
+        return None
+    n = B.shape[1]
+    shape = (*A.shape[:-1], n)
+    if out is not None and (out.shape != shape or not out.flags.c_contiguous
+                            or out.dtype != A.dtype):
+        return None
+    y = np.empty(shape, A.dtype) if out is None else out
+    np.matmul(A.reshape(-1, A.shape[-1]), B, out=y.reshape(-1, n))
+    return y
+
+
 def matmul(A, B, *, out=None):
     """MatMul (NumPy semantics) into the planned buffer; large float32 products shared out
     by blas_split."""
     try:
         y = _split_matmul(A, B, out)
+        if y is not None:
+            return y
+        y = _flat_matmul(A, B, out)
         if y is not None:
             return y
         if out is not None:
