@@ -6,8 +6,8 @@
  * |r| <= ln2 / 2 (relative error below 2e-7), 2^k put in the exponent bits. t is clamped to
  * [-88, 89]: below, e^t is taken as 0 (sigmoid is 1 within float32); at 89, k = 128 makes 2^k
  * +inf, so e^t overflows to inf beyond 88.72 as expf does, sigmoid is then exactly 0 and
- * -inf * sigmoid(-inf) is NaN as in the reference. A NaN passes every clamp (the comparisons
- * are false) and reaches the output. Built for the x86-64-v3/v4 levels too
+ * -inf * sigmoid(-inf) is NaN as in the reference. A NaN x reaches the output through the final
+ * x / (1 + e^t). The loop has no branches, so it vectorizes without AVX512's masks. Built for the x86-64-v3/v4 levels too
  * (target_clones, as depthwise.c).
  */
 #include "native.h"
@@ -35,8 +35,10 @@ void swish_f32(const float *x, float *y, int64_t n, float alpha) {
     for (int64_t i = 0; i < n; i++) {
         float v = x[i];
         float t = -alpha * v;
-        t = t > 89.0f ? 89.0f : t;
-        t = t < -88.0f ? -88.0f : t;
+        /* (a < b ? a : b) is minps exactly, so the loop needs no masks on AVX2; a NaN t
+         * becomes 89 here, and the output is still NaN since v is. */
+        t = t < 89.0f ? t : 89.0f;
+        t = t > -88.0f ? t : -88.0f;
         float k = (t * log2e + magic) - magic;
         float r = t - k * ln2_hi;
         r = r - k * ln2_lo;
@@ -47,9 +49,8 @@ void swish_f32(const float *x, float *y, int64_t n, float alpha) {
         p = p * r + 0.5f;
         p = p * r + 1.0f;
         p = p * r + 1.0f;
-        /* k is an integer in [-127, 128] for every non-NaN t; a NaN t gives p NaN already,
-         * so its scale is taken as 1 (no float-to-int conversion of a NaN). */
-        int32_t ki = (int32_t)(k == k ? k : 0.0f);
+        /* k is an integer in [-127, 128] (t is never NaN here). */
+        int32_t ki = (int32_t)k;
         int32_t bits = (ki + 127) << 23;
         float scale;
         memcpy(&scale, &bits, sizeof scale);
