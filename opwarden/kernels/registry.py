@@ -12,6 +12,7 @@ from opwarden.kernels.cpu import (
     activation,
     attention,
     conv,
+    conv1d,
     conv_dw_native,
     elementwise,
     fused,
@@ -28,8 +29,9 @@ from opwarden.kernels.cpu import (
     silu_native,
 )
 
-for _module in (conv, pool, norm, linalg, elementwise, activation, fused, conv_dw_native, select,
-                shape, shuffle, quant, quant_native, quant_nbits, ml, silu_native, attention):
+for _module in (conv, pool, norm, linalg, elementwise, activation, fused, conv1d, conv_dw_native,
+                select, shape, shuffle, quant, quant_native, quant_nbits, ml, silu_native,
+                attention):
     _module.register()
 
 
