@@ -273,6 +273,9 @@ def _conv_samples(rng):
         ("asymmetric pads", (1, 4, 8, 8), (6, 4, 3, 3), True, {"pads": [0, 0, 1, 1]}),
         ("empty batch", (0, 4, 5, 5), (6, 4, 3, 3), True, {"pads": p1}),
         ("1-D", (1, 4, 10), (6, 4, 3), True, {"pads": [1, 1]}),
+        ("1-D strided, grouped", (1, 6, 21), (6, 3, 4), True, {"strides": [2], "group": 2}),
+        ("1-D dilated, SAME_UPPER", (1, 4, 15), (5, 4, 3), False,
+         {"dilations": [2], "auto_pad": "SAME_UPPER"}),
     ]
     for label, xs, ws, bias, attrs in calls:
         inputs = [x(*xs), w(*ws)] + ([x(ws[0])] if bias else [])
