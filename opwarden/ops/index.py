@@ -64,8 +64,13 @@ def _along_axis_index(idx: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
 def Gather(data, indices, *, axis=0):
     """Take entries along `axis` at `indices`, negatives wrap (ONNX Gather-1/11/13)."""
     a = axis_index(axis, data.ndim)
-    idx = _norm_indices(indices, data.shape[a], "Gather input 'indices'")
-    return np.take(data, idx, axis=a)
+    try:
+        # np.take wraps a negative index once and raises on any outside [-dim, dim): ONNX's
+        # rule, without the per-call wrapping arrays (shape subgraphs gather one dim at a time)
+        return np.take(data, np.asarray(indices), axis=a)
+    except IndexError:
+        _norm_indices(indices, data.shape[a], "Gather input 'indices'")  # the clear error
+        raise
 
 
 @op("GatherElements", since=11)
