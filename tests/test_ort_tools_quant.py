@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import opwarden
+from tests import ort_int8
 
 ort = pytest.importorskip("onnxruntime")
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -106,7 +107,8 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory):
-    """Every (model, format) quantized once per module: name -> model path."""
+    """Every (model, format) quantized once per module: name -> model path. Weights in 7 bits
+    (reduce_range) where ORT's u8 x s8 kernel saturates int16 pair sums (tests/ort_int8.py)."""
     root = tmp_path_factory.mktemp("quantized")
     out = {}
     for mname, (build, shape) in MODELS.items():
@@ -117,7 +119,8 @@ def quantized(tmp_path_factory):
             quantization.quantize_static(
                 str(src), str(dst), _Reader(shape, 3), quant_format=fmt,
                 activation_type=quantization.QuantType.QUInt8,
-                weight_type=quantization.QuantType.QInt8, per_channel=(mname == "cnn"))
+                weight_type=quantization.QuantType.QInt8, per_channel=(mname == "cnn"),
+                reduce_range=ort_int8.reduce_range())
             out[(mname, fname)] = dst
     return out
 

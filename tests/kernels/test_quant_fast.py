@@ -9,6 +9,7 @@ points at the ends of their ranges, so a chunking or centering slip shows as a w
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -26,6 +27,7 @@ from opwarden.kernels.cpu.quant_linear import (
     quantize_fast,
 )
 from opwarden.ops.base import REGISTRY
+from tests import ort_int8
 
 F32 = np.float32
 
@@ -226,7 +228,8 @@ def test_dynamic_quantize_and_matmul_integer_match_onnxruntime():
     import opwarden
 
     rng = np.random.default_rng(9)
-    b = q8(rng, np.int8, (1024, 16))
+    # weights ORT's int8 products sum exactly on this machine (tests/ort_int8.py)
+    b = ort_int8.s8_weights(rng, (1024, 16))
     dql = _single("DynamicQuantizeLinear", [("x", TensorProto.FLOAT, [6, 1024])],
                   [("y", TensorProto.UINT8, None), ("s", TensorProto.FLOAT, None),
                    ("z", TensorProto.UINT8, None)], [])
@@ -240,6 +243,42 @@ def test_dynamic_quantize_and_matmul_integer_match_onnxruntime():
                    for p in ours.placements)
         for g, w in zip(ours.run(None, feed), theirs.run(None, feed), strict=True):
             assert g.dtype == w.dtype and np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("b_constant", [True, False])
+def test_matmul_integer_is_exact_where_onnxruntime_saturates(b_constant):
+    """uint8 x int8 pairs whose sums overflow int16: opwarden gives the exact int32 answer
+    (int64 NumPy's and onnx.reference's). ORT agrees where its kernel is exact (VNNI); where
+    it sums adjacent products with the saturating int16 vpmaddubsw (AVX2) it does not, and
+    its uniform cells are 32 pair sums each clipped to int16."""
+    pytest.importorskip("onnxruntime")
+    from onnx.reference import ReferenceEvaluator
+
+    import opwarden
+
+    rng = np.random.default_rng(12)
+    k = 64
+    a = np.full((3, k), 255, np.uint8)
+    a[2] = rng.integers(0, 256, k)
+    b = np.full((k, 4), -128, np.int8)
+    b[:, 1] = 127
+    b[:, 2] = rng.integers(-128, 128, k)
+    b[:, 3] = rng.integers(-64, 64, k)  # a column ORT sums exactly either way
+    exact = a.astype(np.int64) @ b.astype(np.int64)
+    data = ort_int8.matmul_integer_model(a, b, b_constant)
+    feeds = {"a": a} if b_constant else {"a": a, "b": b}
+    ours = opwarden.InferenceSession(data).run(None, feeds)[0]
+    (onnx_ref,) = ReferenceEvaluator(onnx.load_from_string(data)).run(None, feeds)
+    theirs = ort_int8.ort_matmul_integer(a, b, b_constant)
+    assert ours.dtype == theirs.dtype == np.int32
+    assert np.array_equal(ours, exact) and np.array_equal(onnx_ref, exact)
+    assert np.array_equal(theirs[:, 3], exact[:, 3])
+    if ort_int8.ort_int8_exact():
+        assert np.array_equal(theirs, exact)
+    else:
+        assert theirs[0, 0] == (k // 2) * -32768 != exact[0, 0]  # 255 * -128 * 2 -> -32768
+        assert theirs[0, 1] == (k // 2) * 32767 != exact[0, 1]  # 255 * 127 * 2 -> 32767
+        assert not np.array_equal(theirs, exact)
 
 
 @pytest.mark.parametrize("fill", ["extreme", "random"])
