@@ -245,6 +245,59 @@ def swish(x: np.ndarray, y: np.ndarray, alpha: float = 1.0,
     return y
 
 
+# gelu.c's modes
+GELU_ERF, GELU_TANH, GELU_PLAIN_ERF = range(3)
+_NO_BIAS = np.empty(0, np.float32)  # (the buffer passed for "no bias": x may be 0-d)
+
+
+def _gelu_call(x: np.ndarray, y: np.ndarray, bias: np.ndarray | None, mode: int,
+               span: tuple[int, int] | None, n_threads: int, what: str) -> np.ndarray:
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    if (not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray)
+            or x.dtype != np.float32 or y.dtype != np.float32 or not x.flags.c_contiguous
+            or not y.flags.c_contiguous or not y.flags.writeable):
+        raise KernelError(f"{what} needs C-contiguous float32 arrays, y writable")
+    if x.size != y.size:
+        raise KernelError(f"{what}: x has {x.size} values, y {y.size}")
+    # (y is x, or apart from it: the loop reads x[i] just before it writes y[i])
+    if x.ctypes.data != y.ctypes.data and np.may_share_memory(x, y):
+        raise KernelError(f"{what}: y overlaps x without being x")
+    cols = 1
+    if bias is not None:
+        cols = x.shape[-1] if x.ndim else 1
+        if (bias.dtype != np.float32 or not bias.flags.c_contiguous or bias.size != cols
+                or cols == 0):
+            raise KernelError(f"{what}: bias must be {cols} C-contiguous float32 values (one "
+                              f"per column of x {x.shape}), got {bias.dtype} {bias.shape}")
+        if np.may_share_memory(bias, y):
+            raise KernelError(f"{what}: bias overlaps y")
+    lo, hi = span if span is not None else (0, x.size)
+    if not 0 <= lo <= hi <= x.size:
+        raise KernelError(f"{what}: span {span} outside 0..{x.size}")
+    _LIB.gelu(x, y, bias if bias is not None else _NO_BIAS, bias is not None, cols, lo,
+              hi - lo, mode, max(1, int(n_threads)))
+    return y
+
+
+def gelu(x: np.ndarray, y: np.ndarray, tanh: bool = False, bias: np.ndarray | None = None,
+         span: tuple[int, int] | None = None, n_threads: int = 1) -> np.ndarray:
+    """y = Gelu(x + bias) over C-contiguous float32 arrays of one size (y may be x, but not
+    overlap it otherwise): the erf form x/2 (1 + erf(x / sqrt 2)) or, `tanh`, the tanh
+    approximation; `bias` None or a row of x.shape[-1] float32 values added first (one
+    pass). `span` (start, stop): only those flat elements, for a caller sharing the work out
+    over its own threads; `n_threads` > 1: OpenMP threads over the span (large spans only).
+    Returns y."""
+    return _gelu_call(x, y, bias, GELU_TANH if tanh else GELU_ERF, span, n_threads, "gelu")
+
+
+def erf(x: np.ndarray, y: np.ndarray, span: tuple[int, int] | None = None,
+        n_threads: int = 1) -> np.ndarray:
+    """y = erf(x) (the rational approximation the erf form of `gelu` uses) over
+    C-contiguous float32 arrays of one size (y may be x); span and n_threads as `gelu`."""
+    return _gelu_call(x, y, None, GELU_PLAIN_ERF, span, n_threads, "erf")
+
+
 @dataclass(frozen=True)
 class Forest:
     """A flattened forest (module docstring) ready for `eval`."""

@@ -144,6 +144,32 @@ static PyObject *py_swish(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_gelu(PyObject *self, PyObject *args) {
+    Py_buffer X, Y, B;
+    long long off, n, cols;
+    int has_bias, mode, n_threads = 1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*y*iLLLi|i", &X, &Y, &B, &has_bias, &cols, &off, &n, &mode,
+                          &n_threads))
+        return NULL;
+    int ok = off >= 0 && n >= 0 && mode >= GELU_ERF && mode <= GELU_PLAIN_ERF &&
+             need(&X, (Py_ssize_t)((off + n) * 4), "x") &&
+             need(&Y, (Py_ssize_t)((off + n) * 4), "y") &&
+             (!has_bias || (cols >= 1 && need(&B, (Py_ssize_t)(cols * 4), "bias"))) &&
+             n_threads >= 1;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        gelu_f32_threads(X.buf, Y.buf, has_bias ? B.buf : NULL, cols, off, off + n, mode,
+                         n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "gelu: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&Y); PyBuffer_Release(&B);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* Optional int32 vector of `count` entries: NULL when `has` is 0. */
 static int opt_i32(Py_buffer *b, int has, Py_ssize_t count, const char *what,
                    const int32_t **dst) {
@@ -336,6 +362,10 @@ static PyMethodDef methods[] = {
     {"swish", py_swish, METH_VARARGS,
      "swish(x, y, offset, n, alpha[, n_threads]): y[i] = x[i] * sigmoid(alpha x[i]) for i in "
      "offset..offset+n-1 (y may be x)"},
+    {"gelu", py_gelu, METH_VARARGS,
+     "gelu(x, y, bias, has_bias, cols, offset, n, mode[, n_threads]): y[i] = f(x[i] + "
+     "bias[i % cols]) for i in offset..offset+n-1, f Gelu's erf form (mode 0), its tanh form "
+     "(1) or erf (2); y may be x"},
     {"qgemm_8bit", py_qgemm_8bit, METH_VARARGS,
      "qgemm_8bit(a, packed, lda, m, n, k, colc, has_colc, rowc, has_rowc, u, v, has_uv, swap, "
      "mode, scale, scale_idx, fbias, has_fbias, ibias, has_ibias, bias_idx, zy, out_signed, "

@@ -49,6 +49,14 @@ void depthwise_nhwc_f32(const dw_args_t *a, int64_t q0, int64_t q1, int n_thread
 void swish_f32(const float *x, float *y, int64_t n, float alpha);
 void swish_f32_threads(const float *x, float *y, int64_t n, float alpha, int n_threads);
 
+/* Gelu or erf over float32 elements [lo, hi) (gelu.c): y[i] = f(x[i] + bias[i % cols]), bias
+ * NULL for none (cols is then unused); y may be x, bias may not overlap y. */
+enum { GELU_ERF, GELU_TANH, GELU_PLAIN_ERF };
+void gelu_f32(const float *x, float *y, const float *bias, int64_t cols, int64_t lo, int64_t hi,
+              int mode);
+void gelu_f32_threads(const float *x, float *y, const float *bias, int64_t cols, int64_t lo,
+                      int64_t hi, int mode, int n_threads);
+
 /* y = act(y + bias + z) over a row-major [rows, cols] float32 output (conv_epilogue.c); bias
  * [cols] and z [rows, cols] may be NULL, z may not overlap y other than being y. */
 void conv_epilogue_f32(float *y, const float *bias, const float *z, int64_t rows, int64_t cols,

@@ -26,7 +26,9 @@ import math
 
 import numpy as np
 
+from opwarden import native
 from opwarden.kernels.cpu.elementwise import _chunk_workspace
+from opwarden.kernels.cpu.elementwise import gelu as onnx_gelu
 from opwarden.kernels.cpu.util import (
     _ONE,
     CHUNK_TEMPS,
@@ -36,6 +38,7 @@ from opwarden.kernels.cpu.util import (
     chunked_into,
     chunked_workspace,
     gelu_chunk,
+    gelu_native,
     one_chunk,
     output,
     zero_chunk,
@@ -282,6 +285,52 @@ def fast_gelu(X, bias=None, *, out=None):
     return y if y is not None else _reference_into(_MS["FastGelu"], X, out, bias=bias)
 
 
+# -- Gelu on the compiled loop (util.gelu_native: native/gelu.c) ---------------------------------
+# Named variants above the NumPy ones, for the ONNX Gelu and com.microsoft Gelu, BiasGelu,
+# FastGelu; operands the compiled loop does not take (strided, another dtype, a bias that is
+# not a row) run the NumPy kernel (whose chunk workspace they declare too).
+
+
+def _native_when(x, *rest, **_attrs) -> bool:
+    """Extension loaded, X float32 and each further input float32 or absent."""
+    return (native.available() and x.dtype == "float32"
+            and all(f is None or f.dtype in (None, "float32") for f in rest))
+
+
+def _gelu_into(x: np.ndarray, bias, out, tanh: bool) -> np.ndarray | None:
+    """Gelu(x + bias) on the compiled loop into the planned buffer (a new one where it does
+    not fit); None: nothing written."""
+    y = output(out, x.shape, x.dtype)
+    return y if gelu_native(x, y, tanh, bias) else None
+
+
+def native_onnx_gelu(X, *, approximate="none", out=None):
+    """Gelu-20 (gelu.cpu.native); see _gelu_into, else gelu.cpu.out."""
+    x = np.asarray(X)
+    y = _gelu_into(x, None, out, approximate == "tanh") if approximate in ("none", "tanh") \
+        else None
+    return y if y is not None else onnx_gelu(X, approximate=approximate, out=out)
+
+
+def native_ms_gelu(X, *, out=None):
+    """com.microsoft Gelu-1 (gelu.ms.cpu.native); see _gelu_into, else ms_gelu."""
+    y = _gelu_into(np.asarray(X), None, out, False)
+    return y if y is not None else ms_gelu(X, out=out)
+
+
+def native_bias_gelu(A, B, *, out=None):
+    """com.microsoft BiasGelu-1 (biasgelu.ms.cpu.native): the bias row added in the same
+    pass; see _gelu_into, else bias_gelu."""
+    y = _gelu_into(np.asarray(A), np.asarray(B), out, False)
+    return y if y is not None else bias_gelu(A, B, out=out)
+
+
+def native_fast_gelu(X, bias=None, *, out=None):
+    """com.microsoft FastGelu-1 (fastgelu.ms.cpu.native); see _gelu_into, else fast_gelu."""
+    y = _gelu_into(np.asarray(X), None if bias is None else np.asarray(bias), out, True)
+    return y if y is not None else fast_gelu(X, bias, out=out)
+
+
 _MS: dict = {}
 
 
@@ -327,3 +376,14 @@ def register() -> None:
             _MS[op_type] = opdef.reference
             opdef.kernel(name=f"{op_type.lower()}.ms.cpu.out",
                          workspace_bytes=_chunked_rule(ntemps), **kw)(fn)
+    # The compiled Gelu variants (taken where the extension loaded: `when`), contiguous out.
+    nkw = {"device": "cpu", "dtypes": ["float32"], "priority": 11, "accepts_out": True,
+           "when": _native_when}
+    for opdef in REGISTRY.versions("Gelu"):
+        opdef.kernel(name="gelu.cpu.native", workspace_bytes=_chunk_workspace(
+            CHUNK_TEMPS["Gelu"]), **nkw)(native_onnx_gelu)
+    for op_type, fn in (("Gelu", native_ms_gelu), ("BiasGelu", native_bias_gelu),
+                        ("FastGelu", native_fast_gelu)):
+        for opdef in REGISTRY.versions(op_type, MS):
+            opdef.kernel(name=f"{op_type.lower()}.ms.cpu.native",
+                         workspace_bytes=_chunked_rule(MS_KERNELS[op_type][1]), **nkw)(fn)

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from opwarden.blas import openblas_symbol
+from opwarden import native
+from opwarden.blas import blas_thread_count, openblas_symbol
 from opwarden.errors import KernelError
 from opwarden.memory import hugepages
 from opwarden.memory.constants import is_constant
@@ -279,8 +280,48 @@ def gelu_chunk(tanh: bool) -> tuple[Callable[..., None], int]:
 
 def _gelu_inplace(y: np.ndarray, tanh: bool) -> None:
     # params [1] selects the tanh approximation (the fused operators' convention).
+    if gelu_native(y, y, tanh):
+        return
     fn, ntemps = gelu_chunk(tanh)
     chunked(fn, y, y, ntemps)
+
+
+# Gelu on the compiled loop (native/gelu.c): one pass where the NumPy chunks make eight to
+# twenty, the bias row added in the same pass. Blocks of the tensor are shared out as
+# silu_native's: blas_split.over_rows where it splits, else OpenMP threads on OpenBLAS's count.
+GELU_BLOCK = 1 << 14
+GELU_COST = 24  # multiply-adds an element, over_rows' threshold unit (~22 flops, a division)
+
+
+def gelu_native(x: Any, y: Any, tanh: bool, bias: Any = None) -> bool:
+    """y = Gelu(x + bias) on the compiled kernel (native.gelu) where it applies: extension
+    loaded, float32 C-contiguous x and y of one shape, y x itself or apart from it, bias None
+    or a float32 row over the last axis apart from y. False: nothing written (the caller runs
+    the NumPy chunks)."""
+    if (not native.available() or not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray)
+            or x.dtype != F32 or y.dtype != F32 or x.shape != y.shape
+            or not x.flags.c_contiguous or not y.flags.c_contiguous or not y.flags.writeable
+            or (x.ctypes.data != y.ctypes.data and np.may_share_memory(x, y))):
+        return False
+    if bias is not None:
+        if (not isinstance(bias, np.ndarray) or bias.dtype != F32 or bias.ndim != 1
+                or x.ndim == 0 or bias.shape[0] != x.shape[-1] or bias.size == 0
+                or np.may_share_memory(bias, y)):
+            return False
+        bias = np.ascontiguousarray(bias)
+    # (imported here: blas_split imports this module)
+    from opwarden.kernels.cpu.blas_split import over_rows, split_threads
+
+    n = x.size
+    if split_threads() <= 1:
+        native.gelu(x, y, tanh, bias, n_threads=blas_thread_count())
+        return True
+
+    def run(b0: int, b1: int) -> None:
+        native.gelu(x, y, tanh, bias, (b0 * GELU_BLOCK, min(b1 * GELU_BLOCK, n)))
+
+    over_rows(-(-n // GELU_BLOCK), n * GELU_COST, run)
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
