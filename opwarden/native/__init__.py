@@ -298,6 +298,41 @@ def erf(x: np.ndarray, y: np.ndarray, span: tuple[int, int] | None = None,
     return _gelu_call(x, y, None, GELU_PLAIN_ERF, span, n_threads, "erf")
 
 
+def layernorm(x: np.ndarray, y: np.ndarray, scale: np.ndarray | None,
+              bias: np.ndarray | None, epsilon: float, mean: np.ndarray, inv: np.ndarray,
+              rows: tuple[int, int] | None = None, n_threads: int = 1) -> np.ndarray:
+    """LayerNormalization over the rows of C-contiguous float32 x and y [R, C] (y may be x):
+    y = (x - mean) * inv * scale + bias, inv = 1 / sqrt(var + epsilon) (the two-pass variance,
+    sums in double), scale and bias [C] float32 or None; mean and inv [R] float32 get each
+    row's. `rows` (r0, r1): only those rows (for a caller sharing them out over its own
+    threads); `n_threads` > 1: OpenMP threads over the rows (large arrays only). Returns y."""
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    arrays = [x, y, mean, inv] + [a for a in (scale, bias) if a is not None]
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays) \
+            or not (y.flags.writeable and mean.flags.writeable and inv.flags.writeable):
+        raise KernelError("layernorm needs C-contiguous float32 arrays, y, mean, inv writable")
+    if x.ndim != 2 or y.shape != x.shape or x.shape[1] == 0:
+        raise KernelError(f"layernorm: x {x.shape}, y {y.shape}: need equal [rows, cols], "
+                          "cols >= 1")
+    n_rows, cols = x.shape
+    for name, p in (("scale", scale), ("bias", bias)):
+        if p is not None and p.size != cols:
+            raise KernelError(f"layernorm: {name} has {p.size} values for {cols} columns")
+    if mean.size != n_rows or inv.size != n_rows:
+        raise KernelError(f"layernorm: mean and inv need {n_rows} values, got {mean.size} "
+                          f"and {inv.size}")
+    if x.ctypes.data != y.ctypes.data and np.may_share_memory(x, y):
+        raise KernelError("layernorm: y overlaps x without being x")
+    r0, r1 = rows if rows is not None else (0, n_rows)
+    if not 0 <= r0 <= r1 <= n_rows:
+        raise KernelError(f"layernorm: rows {rows} outside 0..{n_rows}")
+    _LIB.layernorm(x, y, scale if scale is not None else _NO_BIAS, scale is not None,
+                   bias if bias is not None else _NO_BIAS, bias is not None, n_rows, cols,
+                   float(epsilon), mean, inv, r0, r1, max(1, int(n_threads)))
+    return y
+
+
 @dataclass(frozen=True)
 class Forest:
     """A flattened forest (module docstring) ready for `eval`."""

@@ -170,6 +170,36 @@ static PyObject *py_gelu(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_layernorm(PyObject *self, PyObject *args) {
+    Py_buffer X, Y, S, B, M, I;
+    int has_scale, has_bias, n_threads;
+    long long rows, cols, r0, r1;
+    float eps;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*y*iy*iLLfw*w*LLi", &X, &Y, &S, &has_scale, &B, &has_bias,
+                          &rows, &cols, &eps, &M, &I, &r0, &r1, &n_threads))
+        return NULL;
+    int ok = rows >= 0 && cols >= 1 && r0 >= 0 && r0 <= r1 && r1 <= rows &&
+             need(&X, (Py_ssize_t)(rows * cols * 4), "x") &&
+             need(&Y, (Py_ssize_t)(rows * cols * 4), "y") &&
+             (!has_scale || need(&S, (Py_ssize_t)(cols * 4), "scale")) &&
+             (!has_bias || need(&B, (Py_ssize_t)(cols * 4), "bias")) &&
+             need(&M, (Py_ssize_t)(rows * 4), "mean") &&
+             need(&I, (Py_ssize_t)(rows * 4), "inv") && n_threads >= 1;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        layernorm_f32(X.buf, Y.buf, has_scale ? S.buf : NULL, has_bias ? B.buf : NULL, rows,
+                      cols, eps, M.buf, I.buf, r0, r1, n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "layernorm: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&Y); PyBuffer_Release(&S); PyBuffer_Release(&B);
+    PyBuffer_Release(&M); PyBuffer_Release(&I);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* Optional int32 vector of `count` entries: NULL when `has` is 0. */
 static int opt_i32(Py_buffer *b, int has, Py_ssize_t count, const char *what,
                    const int32_t **dst) {
@@ -366,6 +396,9 @@ static PyMethodDef methods[] = {
      "gelu(x, y, bias, has_bias, cols, offset, n, mode[, n_threads]): y[i] = f(x[i] + "
      "bias[i % cols]) for i in offset..offset+n-1, f Gelu's erf form (mode 0), its tanh form "
      "(1) or erf (2); y may be x"},
+    {"layernorm", py_layernorm, METH_VARARGS,
+     "layernorm(x, y, scale, has_scale, bias, has_bias, rows, cols, eps, mean, inv, row0, row1, "
+     "n_threads): LayerNormalization of rows row0..row1-1 of a [rows, cols] float32 x"},
     {"qgemm_8bit", py_qgemm_8bit, METH_VARARGS,
      "qgemm_8bit(a, packed, lda, m, n, k, colc, has_colc, rowc, has_rowc, u, v, has_uv, swap, "
      "mode, scale, scale_idx, fbias, has_fbias, ibias, has_ibias, bias_idx, zy, out_signed, "

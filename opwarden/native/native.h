@@ -57,6 +57,13 @@ void gelu_f32(const float *x, float *y, const float *bias, int64_t cols, int64_t
 void gelu_f32_threads(const float *x, float *y, const float *bias, int64_t cols, int64_t lo,
                       int64_t hi, int mode, int n_threads);
 
+/* LayerNormalization of rows r0..r1-1 of a row-major float32 [rows, cols] x into y
+ * (layernorm.c): mean[r] and inv[r] = 1 / sqrt(var + eps) per row, then
+ * y = (x - mean) * inv * scale + bias; scale, bias [cols] or NULL; y may be x. */
+void layernorm_f32(const float *x, float *y, const float *scale, const float *bias,
+                   int64_t rows, int64_t cols, float eps, float *mean, float *inv, int64_t r0,
+                   int64_t r1, int n_threads);
+
 /* y = act(y + bias + z) over a row-major [rows, cols] float32 output (conv_epilogue.c); bias
  * [cols] and z [rows, cols] may be NULL, z may not overlap y other than being y. */
 void conv_epilogue_f32(float *y, const float *bias, const float *z, int64_t rows, int64_t cols,

@@ -7,7 +7,10 @@ import math
 
 import numpy as np
 
+from opwarden import native
+from opwarden.blas import blas_thread_count
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu.blas_split import over_rows, split_threads
 from opwarden.kernels.cpu.util import EW_CHUNK, F32, ones_row, output, scratch
 from opwarden.ops.base import REGISTRY
 
@@ -149,9 +152,36 @@ def layernorm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
         mean.fill(np.nan)
         inv.fill(np.nan)
         return y, mean.reshape(stat_shape), inv.reshape(stat_shape)
-    _normalize_rows(np.ascontiguousarray(x).reshape(rows, cols), y.reshape(rows, cols),
-                    epsilon, mean, inv, scale, bias)
+    x2, y2 = np.ascontiguousarray(x).reshape(rows, cols), y.reshape(rows, cols)
+    if not _native_rows(x2, y2, epsilon, mean, inv, scale, bias):
+        _normalize_rows(x2, y2, epsilon, mean, inv, scale, bias)
     return y, mean.reshape(stat_shape), inv.reshape(stat_shape)
+
+
+# LayerNorm rows on the compiled loop (native/layernorm.c: one read of the row for the mean,
+# one for the variance, one to write y, the sums in double) where the extension loads; row
+# blocks shared out as the SiLU kernel's (blas_split.over_rows where it splits, else OpenMP
+# threads on OpenBLAS's count). Multiply-adds an element, over_rows' threshold unit:
+LN_COST = 6
+
+
+def _native_rows(x2, y2, epsilon, mean, inv, scale, bias) -> bool:
+    """_normalize_rows on native.layernorm; False (nothing written) where it does not apply
+    (no extension, a y that overlaps x without being x)."""
+    if (not native.available() or x2.dtype != F32 or not x2.flags.c_contiguous
+            or not y2.flags.c_contiguous
+            or (x2.ctypes.data != y2.ctypes.data and np.may_share_memory(x2, y2))):
+        return False
+    rows, cols = x2.shape
+    if split_threads() <= 1:
+        native.layernorm(x2, y2, scale, bias, epsilon, mean, inv, n_threads=blas_thread_count())
+        return True
+
+    def run(r0: int, r1: int) -> None:
+        native.layernorm(x2, y2, scale, bias, epsilon, mean, inv, (r0, r1))
+
+    over_rows(rows, rows * cols * LN_COST, run)
+    return True
 
 
 def instancenorm(input, scale, B, *, epsilon=1e-5, out=None, **_legacy):
