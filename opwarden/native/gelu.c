@@ -12,10 +12,10 @@
  *   x / (1 + e^(-2z)) (1 + tanh z = 2 / (1 + e^-2z)): one exponential and one division, and
  *   no cancellation in 1 + tanh(z) for negative x, so the tails keep their relative
  *   accuracy (the reference's 1 + tanh loses it there, by up to |x| 2^-25 absolutely).
- *   e^t is silu.c's polynomial (relative error below 2e-7), t clamped to [-88, 89]: e^89
+ *   e^t is native.h's ow_over_one_plus_exp (relative error below 2e-7), t clamped to [-88, 89]: e^89
  *   overflows to inf, so -inf gives -inf / inf = NaN as the reference's -inf * 0 does.
  *
- * NaN passes every clamp (the comparisons are false) and reaches the output. Built for the
+ * A NaN input reaches the output. Built for the
  * x86-64-v3/v4 levels too (target_clones, as silu.c).
  */
 #include "native.h"
@@ -85,28 +85,9 @@ GELU_INLINE float gelu_erf1(float v) {
 }
 
 GELU_INLINE float gelu_tanh1(float v) {
-    const float log2e = 1.44269504088896341f, ln2_hi = 0.693145751953125f,
-                ln2_lo = 1.428606765330187e-06f, magic = 12582912.0f;
     /* t = -2z = -2 sqrt(2/pi) v (1 + 0.044715 v^2) */
     float t = (-1.5957691216057308f * v) * (0.044715f * (v * v) + 1.0f);
-    t = t > 89.0f ? 89.0f : t;
-    t = t < -88.0f ? -88.0f : t;
-    float k = (t * log2e + magic) - magic;
-    float r = t - k * ln2_hi;
-    r = r - k * ln2_lo;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    /* k is an integer in [-127, 128] for every non-NaN t (a NaN t makes p NaN already). */
-    int32_t ki = (int32_t)(k == k ? k : 0.0f);
-    int32_t bits = (ki + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return v / (1.0f + p * scale);
+    return ow_over_one_plus_exp(v, t);
 }
 
 /* One contiguous run: y[i] = f(x[i] + b[i]) (b NULL: f(x[i]); adding 0 would turn -0 into

@@ -3,6 +3,7 @@
 #define OPWARDEN_NATIVE_H
 
 #include <stdint.h>
+#include <string.h>
 
 /* One interior node; the layout matches NODE_DTYPE in opwarden/native/__init__.py. For a
  * BRANCH_MEMBER node `thr` holds two int32: the [begin, end) range of its set in `members`. */
@@ -103,5 +104,38 @@ void dequantize_8bit_f32(const void *x, float *y, int64_t n, float scale, int32_
                          int in_signed);
 void qlinear_add_8bit(const void *x, const void *y, void *out, int64_t n, float rx, float ry,
                       float fixed, int is_signed);
+
+/* v / (1 + e^t) in float32 without libm, branch-free so every target clone vectorizes it (the
+ * SiLU and tanh-Gelu core, inlined into each caller): t = k ln2 + r with k = round(t / ln2)
+ * (the 1.5 * 2^23 rounding trick), ln2 split in a part exact in float32 and a low part, e^r by
+ * a degree-6 Taylor polynomial on |r| <= ln2 / 2 (relative error below 2e-7), 2^k put in the
+ * exponent bits. t is clamped to [-88, 89] as minps/maxps do (a NaN t becomes 89): below, e^t
+ * is taken as 0; at 89, k = 128 makes 2^k +inf, so e^t overflows to inf beyond 88.72 as expf
+ * does. A NaN v reaches the result through the division. */
+#if defined(__GNUC__)
+#define OW_INLINE static inline __attribute__((always_inline))
+#else
+#define OW_INLINE static inline
+#endif
+OW_INLINE float ow_over_one_plus_exp(float v, float t) {
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693145751953125f,
+                ln2_lo = 1.428606765330187e-06f, magic = 12582912.0f;
+    t = t < 89.0f ? t : 89.0f;
+    t = t > -88.0f ? t : -88.0f;
+    float k = (t * log2e + magic) - magic;
+    float r = t - k * ln2_hi;
+    r = r - k * ln2_lo;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)k + 127) << 23; /* k is an integer in [-127, 128] */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return v / (1.0f + p * scale);
+}
 
 #endif
