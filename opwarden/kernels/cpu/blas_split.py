@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from opwarden.blas import blas_thread_count, set_blas_threads, set_split_threads
-from opwarden.kernels.cpu.util import F32, sgemm
+from opwarden.kernels.cpu.util import F32, set_row_sharer, sgemm
 
 # Opt-in (OPWARDEN_BLAS_SPLIT=1): it wins where cores are contended (a worker OpenBLAS waits
 # for is descheduled) and loses on a quiet machine, where OpenBLAS's own threads are faster
@@ -306,3 +306,6 @@ def split_batched(a: np.ndarray, b: np.ndarray, y: np.ndarray,
             np.matmul(ab[idx[j]], bb[idx[j]], out=y[idx[j]])
 
     return run_chunks(group, len(groups))
+
+
+set_row_sharer(over_rows, split_threads)

@@ -291,6 +291,14 @@ def _gelu_inplace(y: np.ndarray, tanh: bool) -> None:
 # silu_native's: blas_split.over_rows where it splits, else OpenMP threads on OpenBLAS's count.
 GELU_BLOCK = 1 << 14
 GELU_COST = 24  # multiply-adds an element, over_rows' threshold unit (~22 flops, a division)
+# (over_rows, split_threads), installed by blas_split when it loads (it imports this module,
+# so this one cannot import it).
+_ROW_SHARER: list[tuple[Any, Any]] = []
+
+
+def set_row_sharer(over_rows: Any, split_threads: Any) -> None:
+    """blas_split's hook: how gelu_native shares blocks over the split threads."""
+    _ROW_SHARER[:] = [(over_rows, split_threads)]
 
 
 def gelu_native(x: Any, y: Any, tanh: bool, bias: Any = None) -> bool:
@@ -309,18 +317,15 @@ def gelu_native(x: Any, y: Any, tanh: bool, bias: Any = None) -> bool:
                 or np.may_share_memory(bias, y)):
             return False
         bias = np.ascontiguousarray(bias)
-    # (imported here: blas_split imports this module)
-    from opwarden.kernels.cpu.blas_split import over_rows, split_threads
-
     n = x.size
-    if split_threads() <= 1:
+    if not _ROW_SHARER or _ROW_SHARER[0][1]() <= 1:
         native.gelu(x, y, tanh, bias, n_threads=blas_thread_count())
         return True
 
     def run(b0: int, b1: int) -> None:
         native.gelu(x, y, tanh, bias, (b0 * GELU_BLOCK, min(b1 * GELU_BLOCK, n)))
 
-    over_rows(-(-n // GELU_BLOCK), n * GELU_COST, run)
+    _ROW_SHARER[0][0](-(-n // GELU_BLOCK), n * GELU_COST, run)
     return True
 
 
