@@ -41,7 +41,7 @@ def _run(conv, X, W, B, Z, out, attrs):
     out4 = None if out is None else out[:, :, None, :]
     y4 = conv(_view4(X), _view4(W), B, _view4(Z), out=out4, **as_2d(attrs))
     if out is not None:
-        if y4 is not out4 and not np.shares_memory(y4, out):
+        if y4 is not out4 and not np.may_share_memory(y4, out):
             np.copyto(out4, y4)
         return out
     return y4[:, :, 0, :]
