@@ -17,7 +17,8 @@ main graph (values subgraphs read from it count as used there).
 
 Each pass is a function of a `Rewriter` returning a `PassResult`, in a module of its own
 (basic: constant and shape folding; identity; dead_code; fold_bn: Conv+BN folding and BN as
-Mul/Add; scale_into_conv; fusion: the Conv/Gemm/MatMul epilogue, with gelu; conv_branches:
+Mul/Add; scale_into_conv; fusion: the Conv/Gemm/MatMul epilogue, with gelu; gelu: an exact
+Gelu chain no epilogue took as one com.microsoft Gelu; conv_branches:
 Concat of convolutions; sibling_convs; pool_swap: AveragePool and 1x1 convolution;
 pool_activation: activation after MaxPool; transpose; elementwise_chain; qdq_fusion: QDQ groups
 as QLinear operators, level 1; dynq_fusion: dynamic quantization as DynamicQuantizeMatMul).
@@ -42,6 +43,7 @@ from opwarden.passes.elementwise_chain import elementwise_fusion
 from opwarden.passes.fold_bn import bn_to_affine, conv_bn_folding
 from opwarden.passes.fp16_islands import fp16_islands
 from opwarden.passes.fusion import conv_fusion, gemm_fusion
+from opwarden.passes.gelu import gelu_fusion
 from opwarden.passes.identity import identity_elimination
 from opwarden.passes.pool_activation import activation_after_maxpool
 from opwarden.passes.pool_swap import avgpool_conv_reorder
@@ -87,6 +89,7 @@ PASSES: list[Pass] = [
     Pass("activation_after_maxpool", 2, activation_after_maxpool),
     Pass("attention_fusion", 2, attention_fusion),
     Pass("gemm_fusion", 2, gemm_fusion),
+    Pass("gelu_fusion", 2, gelu_fusion),
     Pass("transpose_cancellation", 2, transpose_cancellation),
     Pass("elementwise_fusion", 2, elementwise_fusion),
 ]

@@ -1,9 +1,13 @@
-"""The exact Gelu as exporters spell it out, found for the epilogue fusion (`fusion`).
+"""The exact Gelu as exporters spell it out: for the epilogue fusion (`fusion`) and, where no
+epilogue took it, as one node (`gelu_fusion`).
 
 ONNX has a Gelu operator only from opset 20, so exports before it write
 x * 0.5 * (1 + erf(x / sqrt 2)) over five or six nodes, in any of a few orders. `gelu_chain`
 returns those nodes when they are all of a value's readers, so a Conv/Gemm/MatMul epilogue
-takes them as its activation.
+takes them as its activation. `gelu_fusion` (level 2, after the epilogue fusions) rewrites
+each chain left, whatever produces x (a DynamicQuantizeMatMul, a Cast, an Add of a residual),
+as one com.microsoft Gelu, as ORT's GeluFusion does: one pass over the tensor on the compiled
+loop instead of six NumPy passes.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ import math
 
 from opwarden.ir.graph import Node, Value
 from opwarden.passes.match import FLOAT, is_std, known_shape, other_input
-from opwarden.passes.rewrite import Rewriter
+from opwarden.passes.rewrite import PassResult, Rewriter, part_name
+
+MS = "com.microsoft"
 
 
 def _scalar(rw: Rewriter, v: Value | None, want: float) -> bool:
@@ -111,3 +117,28 @@ def gelu_chain(rw: Rewriter, y: Value) -> list[Node] | None:
         if all(any(u is c for c in chain) for u, _ in y.uses):
             return chain
     return None
+
+
+def gelu_fusion(rw: Rewriter) -> PassResult:
+    """Each exact Gelu chain on float32 as one com.microsoft Gelu(x) (the chain's result: its
+    last node's output). float32 only: the kernels of com.microsoft Gelu compute in float32,
+    and float16 chains compute in float32 anyway once fp16_islands has run."""
+    res = PassResult()
+    for erf in list(rw.graph.nodes):
+        if id(erf) in rw.removed or not is_std(erf, "Erf") or erf.opdef is None:
+            continue
+        found = _erf_gelu(rw, erf)
+        if found is None:
+            continue
+        x, nodes = found
+        y = nodes[-1].outputs[0]
+        if x.fact.dtype != "float32" or y is None or any(id(n) in rw.removed for n in nodes):
+            continue
+        rw.remove_all(nodes)
+        rw.model.opsets.setdefault(MS, 1)
+        fused = rw.make_node("Gelu", [x], [y], {}, name=part_name(nodes), parts=nodes,
+                             domain=MS, opset=rw.model.opsets.get(MS, 1))
+        rw.place(fused, nodes[-1])
+        res.details["Gelu"] += 1
+        res.changes += len(nodes) - 1
+    return res

@@ -547,7 +547,48 @@ def test_erf_gelu_lookalikes_stay_unfused(spoil):
     data = model(nodes, [("a", [2, 8])], outputs, [("w", _r(8, 16)), ("b", _r(16)),
                                                     *consts.items()])
     m, _ = optimized(data)
-    assert "Erf" in types_of(m)
     assert all(n.attrs.get("activation", "") == "" for n in m.graph.nodes
                if n.op_type in ("FusedGemm", "FusedMatMul"))
+    if spoil == "extra_reader":  # a Gelu all the same, only not the MatMul's epilogue
+        assert "Erf" not in types_of(m) and "Gelu" in types_of(m)
+        check_same(data, {"a": _r(2, 8)}, rtol=1e-5)
+        return
+    assert "Erf" in types_of(m) and "Gelu" not in types_of(m)
     check_same(data, {"a": _r(2, 8)}, rtol=1e-6)
+
+
+@pytest.mark.parametrize("order", ["x_then_half", "half_then_x", "half_first"])
+@pytest.mark.parametrize("scale", ["div", "mul"])
+def test_standalone_erf_gelu_becomes_one_gelu(order, scale):
+    """A chain no epilogue can take (its input a graph input, read by another node too)
+    becomes one com.microsoft Gelu running the compiled kernel; its result matches the
+    chain's, also as a graph output."""
+    nodes = [*_gelu_nodes("x", "y", order, scale), helper.make_node("Neg", ["x"], ["z"])]
+    data = model(nodes, [("x", [3, 40])], [("y", [3, 40]), ("z", [3, 40])], _GELU_CONSTS)
+    m, report = optimized(data)
+    assert sorted(types_of(m)) == ["Gelu", "Neg"]
+    gelu = next(n for n in m.graph.nodes if n.op_type == "Gelu")
+    assert gelu.domain == "com.microsoft"
+    assert next(r for r in report if r["pass"] == "gelu_fusion")["changes"] >= 4
+    x = _r(3, 40, scale=3.0)
+    x[0, :4] = [0.0, -0.0, 8.0, -8.0]
+    check_same(data, {"x": x}, rtol=1e-5)
+
+
+def test_gelu_fusion_leaves_float64_and_disabled():
+    """float64 chains stay (the com.microsoft Gelu kernels compute in float32), and so does
+    every chain with the pass disabled."""
+    from onnx import TensorProto, numpy_helper
+
+    f64 = helper.make_graph(
+        _gelu_nodes("x", "y", "x_then_half"), "g",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 8])],
+        initializer=[numpy_helper.from_array(np.float64(v), k) for k, v in _GELU_CONSTS])
+    m64 = helper.make_model(f64, opset_imports=[helper.make_opsetid("", 17)])
+    m64.ir_version = 8
+    assert "Erf" in types_of(optimized(m64.SerializeToString())[0])
+    data = model(_gelu_nodes("x", "y", "x_then_half"), [("x", [2, 8])], [("y", [2, 8])],
+                 _GELU_CONSTS)
+    assert "Gelu" in types_of(optimized(data)[0])
+    assert "Erf" in types_of(optimized(data, disabled_passes=["gelu_fusion"])[0])
