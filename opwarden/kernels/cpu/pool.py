@@ -1,10 +1,17 @@
-"""Fast float32 pooling for the CPU: MaxPool/AveragePool (2-D) and the global pools, NHWC and NCHW.
+"""Fast pooling for the CPU: MaxPool/AveragePool (2-D) and the global pools, NHWC and NCHW.
 
 Windowed NHWC pools are separable and read x in place (no padded copy): per band of output
 rows, whole input rows fold along H into a small W-padded band buffer (long contiguous runs),
 then its columns fold along W into y (C-long runs only when the W stride is > 1, over the output
 size). Averages scale each band by its row counts and fix only the border columns. The steps of
 each (shape, attributes) are planned once and cached: small pools are Python-overhead bound.
+
+MaxPool also runs on uint8/int8 (a max is exact in any dtype; QDQ models pool quantized or
+dequantized activations in NCHW) and on NCHW: there the planes are (N*C, H, W, 1), so the H pass
+is the same, but a W tap of the band is an element-strided view NumPy folds slowly; instead the
+W pass runs over the band flattened (contiguous, the W padding columns keep windows from
+crossing rows: a running max over the kw taps of every position) and then picks every stride-th
+position of each row into y.
 """
 
 from __future__ import annotations
@@ -34,18 +41,37 @@ def _as_f32(X) -> np.ndarray:
     return x
 
 
+INT_MAX_DTYPES = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
+def _as_max_input(X) -> np.ndarray:
+    """MaxPool's input: uint8/int8 kept (with a contiguous last axis), the rest as float32."""
+    x = np.asarray(X)
+    if x.dtype in INT_MAX_DTYPES:
+        return x if x.strides[-1] == 1 else np.ascontiguousarray(x)
+    return _as_f32(x)
+
+
+def _lowest(dtype: np.dtype):
+    """The identity of a max in `dtype` (what padding cells read)."""
+    return np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
+
+
 # Step codes of a plan: each step is (code, dst, dst_index, a, a_index, b, b_index), buffers
 # 0 = x, 1 = the band buffer, 2 = y. UFUNC: dst = f(a, b); COPY: dst = a; FILL: dst = the
-# identity; SCALE: dst *= a_index (a number or a broadcastable array).
-UFUNC, COPY, FILL, SCALE = range(4)
+# identity; SCALE: dst *= a_index (a number or a broadcastable array); FLATW: dst = the W fold
+# of the band's first `a` elements, flattened (b_index: ow, kw, stride, dilation, band width).
+UFUNC, COPY, FILL, SCALE, FLATW = range(5)
 _PLANS: dict[tuple, tuple] = {}
 
 
-def _plan(xshape, kernel, s, d, begin, o, counts, band_bytes=None):
+def _plan(xshape, kernel, s, d, begin, o, counts, band_bytes=None, itemsize=4,
+          flat_w=False):
     """The steps of a 2-D NHWC pool (cached by the caller, so the Python work of slicing
     every band's taps is paid once per shape). counts: (ch, cw) for an average, else None.
     band_bytes: the band buffer's budget (BAND_BYTES unless given; the torch provider takes one
-    band of all output rows, its per-call overhead being the larger cost).
+    band of all output rows, its per-call overhead being the larger cost). flat_w (NCHW, c = 1):
+    the W pass is one FLATW step per band instead of one strided fold per tap.
 
     Per band of images / output rows: fold whole input rows along H into the band buffer
     (its W-padding columns hold the identity, filled once per call), then fold its columns
@@ -57,8 +83,9 @@ def _plan(xshape, kernel, s, d, begin, o, counts, band_bytes=None):
     wuse = max(0, min(w, wp - bl))  # input columns any window reads
     rows = [tap_range(a * d0, h, oh, s0, bt) for a in range(kh)]
     # One tap and no W padding: the band is a strided view of x, no H pass at all.
-    direct = kh == 1 and rows[0] == (0, oh) and bl == 0 and wuse == wp
-    row_bytes = max(1, wp * c * 4)
+    direct = kh == 1 and rows[0] == (0, oh) and bl == 0 and wuse == wp and not flat_w
+    # flat_w holds the band and its running max: two buffers of the band's size.
+    row_bytes = max(1, wp * c * itemsize * (2 if flat_w else 1))
     budget = BAND_BYTES if band_bytes is None else band_bytes
     if oh * row_bytes <= budget:
         nb, band = max(1, min(n, budget // (oh * row_bytes))), oh
@@ -81,7 +108,11 @@ def _plan(xshape, kernel, s, d, begin, o, counts, band_bytes=None):
             else:
                 src, base = 1, (tm, slice(0, r1 - r0))
                 steps += _rows_steps(rows, r0, r1, (s0, d0, bt), im, tm, bl, wuse)
-            steps += _cols_steps(src, base, (im, slice(r0, r1)), ow, kw, s1, d1)
+            if flat_w:
+                steps.append((FLATW, 2, (im, slice(r0, r1)), (im.stop - i0) * (r1 - r0) * wp,
+                              (ow, kw, s1, d1, wp), 0, None))
+            else:
+                steps += _cols_steps(src, base, (im, slice(r0, r1)), ow, kw, s1, d1)
             if counts is not None:
                 steps += _scale_steps(counts, (im, slice(r0, r1)))
     return tuple(steps), direct, (nb, band, wp, c)
@@ -164,7 +195,8 @@ def _run(plan, x, y, ufunc, ident) -> None:
     """Run a plan: y = ufunc-fold of each window of x (NHWC), padding cells reading `ident`
     (never copied), then (averages) divided by the window counts."""
     steps, direct, band_shape, _ = plan
-    bufs = (x, x if direct else scratch("pool.band", band_shape), y)
+    band = x if direct else scratch("pool.band", band_shape, x.dtype)
+    bufs = (x, band, y)
     copyto, multiply = np.copyto, np.multiply
     for code, dst, di, a, ai, b, bi in steps:
         if code == UFUNC:
@@ -173,9 +205,30 @@ def _run(plan, x, y, ufunc, ident) -> None:
             copyto(bufs[dst][di], bufs[a][ai])
         elif code == FILL:
             bufs[dst][di] = ident
+        elif code == FLATW:
+            _flat_w(band, a, ai, ufunc, bufs[dst][di])
         else:
             v = bufs[dst][di]
             multiply(v, ai, out=v)
+
+
+def _flat_w(band, count, geom, ufunc, ydst) -> None:
+    """ydst (images, rows, ow) = the W fold of the band's first `count` elements (rows of wp,
+    W padding included): f[i] = fold over b < kw of flat[i + b * dl] over the flat band (long
+    contiguous runs), then y[.., j] = f[row * wp + j * st]. The positions a row's windows start
+    at are < wp - (kw - 1) * dl, so no window read crosses into the next row."""
+    ow, kw, st, dl, wp = geom
+    flat = band.reshape(-1)[:count]
+    span = count - (kw - 1) * dl
+    if kw == 1:
+        acc = flat
+    else:
+        acc = scratch("pool.flatw", (count,), band.dtype)
+        ufunc(flat[:span], flat[dl:dl + span], out=acc[:span])
+        for b in range(2, kw):
+            ufunc(acc[:span], flat[b * dl:b * dl + span], out=acc[:span])
+    rows = acc[:count].reshape(ydst.shape[0], ydst.shape[1], wp)
+    np.copyto(ydst, rows[:, :, 0:(ow - 1) * st + 1:st])
 
 
 def _counts(n, k, s, d, b, e, o, include_pad) -> np.ndarray:
@@ -191,13 +244,23 @@ def _tup(v):
 
 
 def _cached_plan(kind, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode,
-                 count_include_pad):
-    """(steps, direct, band shape, output shape) for this input shape and these attributes."""
-    key = (kind, x.shape, _tup(kernel_shape), _tup(strides), _tup(dilations), _tup(pads),
-           auto_pad, int(ceil_mode), int(count_include_pad), BAND_BYTES)
+                 count_include_pad, nchw=False):
+    """(steps, direct, band shape, output shape) for this input shape and these attributes.
+    nchw: x is (N, C, H, W), planned as NHWC planes (N * C, H, W, 1) with the flat W pass; the
+    output shape is then (N, C, oh, ow)."""
+    key = (kind, x.shape, x.dtype.itemsize, nchw, _tup(kernel_shape), _tup(strides),
+           _tup(dilations), _tup(pads), auto_pad, int(ceil_mode), int(count_include_pad),
+           BAND_BYTES)
     hit = _PLANS.get(key)
     if hit is not None:
         return hit
+    if nchw:
+        n, c, h, w = x.shape
+        kernel, s, d, begin, end, o, _ = pool_geometry(
+            x.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+        plan = _plan((n * c, h, w, 1), kernel, s, d, begin, o, None,
+                     itemsize=x.dtype.itemsize, flat_w=True) + ((n, c, o[0], o[1]),)
+        return _store_plan(key, plan)
     kernel, s, d, begin, end, o, _ = _geometry_nhwc(
         x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     counts = None
@@ -205,8 +268,12 @@ def _cached_plan(kind, x, kernel_shape, strides, dilations, pads, auto_pad, ceil
         h, w = x.shape[1:3]
         counts = (_counts(h, kernel[0], s[0], d[0], begin[0], end[0], o[0], count_include_pad),
                   _counts(w, kernel[1], s[1], d[1], begin[1], end[1], o[1], count_include_pad))
-    plan = _plan(x.shape, kernel, s, d, begin, o, counts) + ((x.shape[0], o[0], o[1],
-                                                              x.shape[3]),)
+    plan = _plan(x.shape, kernel, s, d, begin, o, counts, itemsize=x.dtype.itemsize) + (
+        (x.shape[0], o[0], o[1], x.shape[3]),)
+    return _store_plan(key, plan)
+
+
+def _store_plan(key, plan):
     if len(_PLANS) > 512:  # a bound for shape-polymorphic callers; plans are cheap to rebuild
         _PLANS.clear()
     _PLANS[key] = plan
@@ -220,11 +287,32 @@ def maxpool_nhwc(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
         return _via_reference("MaxPool", X, noutputs=noutputs, auto_pad=auto_pad,
                               ceil_mode=ceil_mode, dilations=dilations, kernel_shape=kernel_shape,
                               pads=pads, storage_order=storage_order, strides=strides)
-    x = _as_f32(X)
+    x = _as_max_input(X)
     plan = _cached_plan("max", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, 0)
-    y = output(out, plan[3])
+    y = output(out, plan[3], x.dtype)
     if y.size:
-        _run(plan, x, y, np.maximum, -np.inf)
+        _run(plan, x, y, np.maximum, _lowest(x.dtype))
+    return y
+
+
+def maxpool_nchw(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None,
+                 pads=None, storage_order=0, strides=None, noutputs=1, out=None):
+    """MaxPool on NCHW activations (2-D; the Indices output is computed by the reference)."""
+    if noutputs > 1:
+        return REGISTRY.latest("MaxPool").reference(
+            X, noutputs=noutputs, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+            kernel_shape=kernel_shape, pads=pads, storage_order=storage_order, strides=strides)
+    x = np.asarray(X)
+    if x.dtype not in INT_MAX_DTYPES:
+        x = x.astype(F32, copy=False)
+    x = np.ascontiguousarray(x)
+    plan = _cached_plan("max", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, 0,
+                        nchw=True)
+    y = output(out, plan[3], x.dtype)
+    if y.size:
+        n, c, h, w = x.shape
+        _run(plan, x.reshape(n * c, h, w, 1), y.reshape(n * c, y.shape[2], y.shape[3]),
+             np.maximum, _lowest(x.dtype))
     return y
 
 
@@ -305,8 +393,10 @@ def _rank3plus(x, *rest, **attrs) -> bool:
 def register() -> None:
     """Register the fast pooling variants on every version of the pooling operators."""
     kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True}
+    kmax = {**kw, "dtypes": ["float32", "uint8", "int8"]}
     for opdef in REGISTRY.versions("MaxPool"):
-        opdef.kernel(layout="NHWC", when=_rank4, name="maxpool.cpu.nhwc", **kw)(maxpool_nhwc)
+        opdef.kernel(layout="NHWC", when=_rank4, name="maxpool.cpu.nhwc", **kmax)(maxpool_nhwc)
+        opdef.kernel(layout="NCHW", when=_rank4, name="maxpool.cpu.nchw", **kmax)(maxpool_nchw)
     for opdef in REGISTRY.versions("AveragePool"):
         opdef.kernel(layout="NHWC", when=_avg_ok, name="averagepool.cpu.nhwc",
                      **kw)(averagepool_nhwc)
