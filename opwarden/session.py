@@ -33,6 +33,7 @@ from opwarden.execute.codegen import LeanFault
 from opwarden.execute.parallel import run_parallel
 from opwarden.execute.program import Deadline, Program, describe_value
 from opwarden.execute.program import kernel_error as kernel_error
+from opwarden.execute.shapes import ShapeMiss
 from opwarden.feed_check import FastFeeds, check_feeds, output_indices, type_str
 from opwarden.guard.faults import FaultRecord
 from opwarden.guard.guard import Guard
@@ -302,7 +303,12 @@ class InferenceSession(OrtSessionMethods):
                 if into is not None and fn is not None:
                     fn = into.loop(self.program, entry.bound, self.memory.signature(feeds)[1],
                                    feeds, contract, stop is not None) or fn
-                outs = self._run_lean(fn, feeds, calls, contract, stop)
+                try:
+                    outs = self._run_lean(fn, feeds, calls, contract, stop)
+                except ShapeMiss:
+                    self.program.drop_fold(entry)
+                    calls, fn = self.program.calls_for(entry, contract, stop is not None)
+                    outs = self._run_lean(fn, feeds, calls, contract, stop)
             else:
                 outs = self._run_guarded(feeds, calls, deadline)
         finally:

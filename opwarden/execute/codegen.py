@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from opwarden.execute.shapes import ShapeMiss, record_value
+
 
 class LeanFault(Exception):
     """A step failed inside the lean loop; `index` is the step, `error` the original exception."""
@@ -147,16 +149,30 @@ def _expect(v: Any, dims: dict[str, str]) -> tuple[str | None, list[str], Any] |
 
 
 def compile_calls(program: Any, calls: list[tuple], contract: bool = False,
-                  stoppable: bool = False) -> Any:
+                  stoppable: bool = False, fold: Any = None, record: Any = None) -> Any:
     """Python function ``run(feeds, captured) -> outputs`` equivalent to `program.run(calls)`.
 
     `stoppable`: ``run(feeds, captured, stop)`` calls ``stop.check(where)`` before each step
-    (RunOptions.terminate; a separate function, so runs without one pay nothing)."""
+    (RunOptions.terminate; a separate function, so runs without one pay nothing). `fold` (an
+    execute.shapes.ShapeFold): its steps are not run, later steps read their folded values,
+    and each of its Shape/Size steps on a computed tensor becomes a compare of that tensor's
+    shape (ShapeMiss, not LeanFault, when it differs). `record` (execute.shapes.Candidates):
+    while the function's global ``_rec`` is a dict, each candidate's results go into it."""
     gen = _Source(program, contract, stoppable)
+    steps = set(record.steps) if record is not None else ()
     for i, call in enumerate(calls):
         gen.starts.append(len(gen.body))
+        if fold is not None and i in fold.skip:
+            gen.folded(i, call, fold)
+            continue
+        if i in steps:
+            gen.pending = (i, record.roots.get(i))
         gen.step(i, call)
     return gen.function()
+
+
+def _miss(i: int, got: tuple[int, ...], want: tuple[int, ...]) -> None:
+    raise ShapeMiss(i, tuple(got), want)
 
 
 def direct_form(call: tuple) -> tuple[Any, tuple] | None:
@@ -183,6 +199,8 @@ def direct_form(call: tuple) -> tuple[Any, tuple] | None:
 # Ufuncs whose out must go by keyword (NumPy 2.4 deprecates a third positional argument for
 # these, which people passed hoping for a three-way extremum).
 KEYWORD_OUT = frozenset({np.maximum, np.minimum})
+# Compiled sources kept per program (most recently used).
+CODE_CACHE = 4
 # A constant operand is expanded to its step's output shape up to this many elements.
 SHAPED_MAX = 256
 
@@ -253,7 +271,12 @@ class _Source:
             "_BoundGraph": BoundGraph,
             "_LeanFault": LeanFault,
             "_step_at": _step_at,
+            "_miss": _miss,
+            "_ShapeMiss": ShapeMiss,
+            "_keep": record_value,
+            "_rec": None,
         }
+        self.pending: tuple[int, int | None] | None = None  # a candidate step to record
         self.names: dict[int, str] = {}  # slot -> the buffer name a direct step left it in
         self.starts: list[int] = []
         self.lines = ["def _run(feeds, captured, stop):" if stoppable else
@@ -335,8 +358,34 @@ class _Source:
             self.alias_checks(i, st, ins, indent)
         self.free(frees)
 
+    def folded(self, i: int, call: tuple, fold: Any) -> None:
+        """Step i folded for this signature: its outputs are constants (m<slot>) later steps
+        read by name; a Shape/Size of a computed tensor leaves the compare of that tensor's
+        shape with the one folded from (q<i>)."""
+        st, _fn, _ins, _kw, frees, _hook = call
+        root = fold.roots.get(i)
+        if root is not None:
+            src, shape = root
+            self.ns[f"q{i}"] = shape
+            x = self.ref(src)
+            self.body.append(f"if {x}.shape != q{i}: _miss({i}, {x}.shape, q{i})")
+        for s in st.outs:
+            if s >= 0:
+                self.ns[f"m{s}"] = fold.values[s]
+                self.names[s] = f"m{s}"
+        self.free(frees)
+
     def free(self, frees: tuple[int, ...]) -> None:
-        """`del` of the slots dead after a step (a direct step's buffer is no local)."""
+        """`del` of the slots dead after a step (a direct step's buffer is no local), after
+        the recording of a candidate step's results (and a root's input shape)."""
+        if self.pending is not None:
+            i, src = self.pending
+            self.pending = None
+            st = self.program.steps[i]
+            parts = [f"_rec[{s}] = _keep({self.ref(s)})" for s in st.outs if s >= 0]
+            if src is not None:
+                parts.append(f"_rec[('in', {i})] = {self.ref(src)}.shape")
+            self.body.append(f"if _rec is not None: {'; '.join(parts)}")
         for s in frees:
             if s not in self.names:
                 self.body.append(f"del s{s}")
@@ -534,14 +583,22 @@ class _Source:
         for line in self.body or ["pass"]:
             add("        " + line)
         self.ns["_starts"] = self.starts
-        add("    except (KeyboardInterrupt, GeneratorExit):")
+        add("    except (KeyboardInterrupt, GeneratorExit, _ShapeMiss):")
         add("        raise")
         add("    except BaseException as e:  # a kernel's SystemExit is its fault too")
         add(f"        raise _LeanFault(_step_at(_starts, {first}, e.__traceback__), e) from e")
         outs = ", ".join(self.ref(s) for s in self.program.output_slots)
         add(f"    return [{outs}]")
         src = "\n".join(self.lines) + "\n"
-        code = compile(src, f"<opwarden program {self.program.graph.name}>", "exec")
+        # Signatures of one program mostly generate the same source (shapes are names bound
+        # from the feeds): compiling it is most of a new signature's cost, so reuse the code.
+        cache = self.program.code_cache
+        code = cache.pop(src, None)
+        if code is None:
+            code = compile(src, f"<opwarden program {self.program.graph.name}>", "exec")
+        cache[src] = code
+        while len(cache) > CODE_CACHE:
+            del cache[next(iter(cache))]
         exec(code, self.ns)  # noqa: S102 - the source is generated above from the call list
         fn = self.ns["_run"]
         fn.source = src

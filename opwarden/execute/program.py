@@ -21,6 +21,7 @@ import numpy as np
 from opwarden.contract import has_declared
 from opwarden.errors import KernelError, MemoryLimitError, OpwardenError, RunTimeoutError
 from opwarden.execute.bound import BoundGraph
+from opwarden.execute.shapes import Candidates, build_fold, candidates
 from opwarden.ir.graph import Graph, Value
 from opwarden.memory.constants import freeze as freeze_constant
 from opwarden.place.partition import Placement
@@ -84,11 +85,36 @@ class Bound:
     """What a plan bound to one arena yields (`Program.calls_for`): the call list, and its
     compiled lean loops by contract flag."""
 
-    __slots__ = ("calls", "lean")
+    __slots__ = ("calls", "lean", "fold", "recorded")
 
     def __init__(self, calls: list[tuple]) -> None:
         self.calls = calls
         self.lean: dict[Any, Any] = {}  # contract flag (, "stop" when stoppable) -> loop
+        # the signature's shape fold (execute.shapes): None until a second run builds it
+        # from `recorded` (the first run's recording), then a ShapeFold, or False for none
+        self.fold: Any = None
+        self.recorded: dict | None = None
+
+
+class _Recording:
+    """A signature's first compiled run: the loop with its candidates' results recorded
+    (`_rec`, a global of the generated function) into the entry's Bound."""
+
+    __slots__ = ("fn", "bound")
+
+    def __init__(self, fn: Any, bound: Bound) -> None:
+        self.fn, self.bound = fn, bound
+
+    def __call__(self, *args: Any) -> Any:
+        g = self.fn.__globals__
+        rec: dict = {}
+        g["_rec"] = rec
+        try:
+            out = self.fn(*args)
+        finally:
+            g["_rec"] = None
+        self.bound.recorded = rec
+        return out
 
 
 def _as_result(x: Any) -> Any:
@@ -153,6 +179,8 @@ class Program:
             self.level_width = [len(lv) for lv in self.levels]
         self._plan_frees()
         self.calls = self.bind(None, None)
+        self.code_cache: dict[str, Any] = {}  # generated source -> code (codegen)
+        self._candidates: Candidates | None = None
 
     def _wavefronts(self) -> None:
         """Reorder steps by wavefront: a step's wavefront is one past its latest producer's."""
@@ -268,12 +296,20 @@ class Program:
             for n, _k in v.uses)
 
     def compile(self, calls: list | None = None, contract: bool = False,
-                stoppable: bool = False) -> Any:
+                stoppable: bool = False, fold: Any = None, record: Any = None) -> Any:
         """The lean run function for a call list (see codegen.py)."""
         from opwarden.execute.codegen import compile_calls
 
         return compile_calls(self, calls if calls is not None else self.calls, contract,
-                             stoppable)
+                             stoppable, fold, record)
+
+    @property
+    def candidates(self) -> Candidates:
+        """The steps that compute from constants and shapes only (execute.shapes)."""
+        c = self._candidates
+        if c is None:
+            c = self._candidates = candidates(self)
+        return c
 
     def calls_for(self, entry: PlanEntry, lean: bool | None = None,
                   stoppable: bool = False) -> tuple[list[tuple], Any]:
@@ -283,6 +319,8 @@ class Program:
         `stoppable` for its variant that checks a stop (RunOptions.terminate) before each step.
         Both are kept on the entry (`entry.bound`), so a signature binds and compiles once per
         arena; the memory manager drops them when it replaces the arena or evicts the plan.
+        The compiled loop skips the shape arithmetic the plan folded for the signature
+        (`entry.binding.fold`, see plan.shapes; `drop_fold` when a run contradicts it).
         """
         bound = entry.bound
         if bound is None:
@@ -290,10 +328,27 @@ class Program:
         if lean is None:
             return bound.calls, None
         key: Any = (lean, "stop") if stoppable else lean
+        cands = self.candidates
+        if bound.fold is None and bound.recorded is not None:  # the signature's second run
+            bound.fold = build_fold(self, cands, bound.recorded) or False
+            bound.recorded = None
+            bound.lean.clear()  # (the loops that record)
         fn = bound.lean.get(key)
         if fn is None:
-            fn = bound.lean[key] = self.compile(bound.calls, contract=lean, stoppable=stoppable)
+            record = cands if cands and bound.fold is None else None
+            fn = bound.lean[key] = self.compile(bound.calls, contract=lean, stoppable=stoppable,
+                                                fold=bound.fold or None, record=record)
+        if cands and bound.fold is None:
+            return bound.calls, _Recording(fn, bound)
         return bound.calls, fn
+
+    @staticmethod
+    def drop_fold(entry: PlanEntry) -> None:
+        """A run met a tensor of another shape than its signature's first run (the fold's
+        premise): that signature's loops run unfolded from now on."""
+        if entry.bound is not None:
+            entry.bound.fold = False
+            entry.bound.lean.clear()
 
     def run(
         self, feeds: list[Any], captured: list[Any] | None = None, calls: list | None = None
