@@ -13,6 +13,7 @@ the wavefront loop parallel.py's.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -269,7 +270,7 @@ class Program:
                 view = None
                 if region is not None:
                     off, shape, dt, chain = region
-                    n = int(np.prod(shape, dtype=object)) * np.dtype(dt).itemsize
+                    n = math.prod(shape) * np.dtype(dt).itemsize
                     view = arena[off : off + n].view(dt).reshape(shape)
                     for axis, lo, hi in chain:  # a slice of a Concat's output
                         view = view[(slice(None),) * axis + (slice(lo, hi),)]

@@ -24,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import inspect
+import math
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,8 +65,8 @@ def tensor_bytes(fact: Any, dims: dict[str, int]) -> tuple[int, tuple[int, ...],
         dt = np_dtype_of(fact.dtype)
     except (KeyError, TypeError):
         return None
-    # Python ints (object dtype): an int64 product of huge dims wraps to a small size
-    return int(np.prod(shape, dtype=object)) * dt.itemsize, shape, dt
+    # Python ints: an int64 product of huge dims would wrap to a small size
+    return math.prod(shape) * dt.itemsize, shape, dt
 
 
 # Weak: a step's kernel may be a `specialize` closure holding packed weights, which must go
