@@ -333,6 +333,43 @@ def layernorm(x: np.ndarray, y: np.ndarray, scale: np.ndarray | None,
     return y
 
 
+_F16 = np.dtype(np.float16)
+_F32 = np.dtype(np.float32)
+
+
+def cast_f16_isa() -> int:
+    """The float16 conversion path this CPU runs: 2 AVX512F, 1 F16C, 0 scalar (the default
+    path of `cast_f16`), or -1 without the extension."""
+    return int(_LIB.cast_f16_isa()) if _LIB is not None else -1
+
+
+def cast_f16(x: np.ndarray, y: np.ndarray, span: tuple[int, int] | None = None,
+             n_threads: int = 1, isa: int = -1) -> np.ndarray:
+    """y = x.astype(y.dtype), bit for bit, between C-contiguous float32 and float16 arrays of
+    one size (either direction; NaN payloads as NumPy moves them, see native/cast.c). x and y
+    must not overlap. `span` (start, stop): only those flat elements, for a caller sharing the
+    work out over its own threads; `n_threads` > 1: OpenMP threads over the span (large spans
+    only); `isa` -1 the best path the CPU has, else at most 0 scalar, 1 F16C, 2 AVX512F (for
+    tests). Returns y."""
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
+        raise KernelError("cast_f16 needs NumPy arrays")
+    if (x.dtype, y.dtype) not in ((_F32, _F16), (_F16, _F32)):
+        raise KernelError(f"cast_f16 converts float32 <-> float16, got {x.dtype} -> {y.dtype}")
+    if not x.flags.c_contiguous or not y.flags.c_contiguous or not y.flags.writeable:
+        raise KernelError("cast_f16 needs C-contiguous arrays, y writable")
+    if x.size != y.size:
+        raise KernelError(f"cast_f16: x has {x.size} values, y {y.size}")
+    if x.size and np.may_share_memory(x, y):
+        raise KernelError("cast_f16: y overlaps x")
+    lo, hi = span if span is not None else (0, x.size)
+    if not 0 <= lo <= hi <= x.size:
+        raise KernelError(f"cast_f16: span {span} outside 0..{x.size}")
+    _LIB.cast_f16(x, y, lo, hi - lo, x.dtype == _F32, int(isa), max(1, int(n_threads)))
+    return y
+
+
 @dataclass(frozen=True)
 class Forest:
     """A flattened forest (module docstring) ready for `eval`."""

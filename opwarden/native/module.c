@@ -370,6 +370,34 @@ static PyObject *py_conv_epilogue(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_cast_f16(PyObject *self, PyObject *args) {
+    Py_buffer X, Y;
+    long long off, n;
+    int to_half, isa, n_threads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*LLiii", &X, &Y, &off, &n, &to_half, &isa, &n_threads))
+        return NULL;
+    Py_ssize_t xs = to_half ? 4 : 2, ys = to_half ? 2 : 4;
+    int ok = off >= 0 && n >= 0 && isa >= -1 && n_threads >= 1 &&
+             need(&X, (Py_ssize_t)((off + n) * xs), "x") &&
+             need(&Y, (Py_ssize_t)((off + n) * ys), "y");
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        cast_f16_f32(X.buf, Y.buf, off, off + n, to_half, isa, n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "cast_f16: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&Y);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_cast_f16_isa(PyObject *self, PyObject *args) {
+    (void)self; (void)args;
+    return PyLong_FromLong(cast_f16_isa());
+}
+
 static PyObject *py_openmp(PyObject *self, PyObject *args) {
     (void)self; (void)args;
 #ifdef _OPENMP
@@ -417,6 +445,12 @@ static PyMethodDef methods[] = {
     {"conv_epilogue", py_conv_epilogue, METH_VARARGS,
      "conv_epilogue(y, bias, z, has_bias, has_z, rows, cols, act, p0, p1, n_threads): "
      "y = act(y + bias + z) in place over a [rows, cols] float32 output"},
+    {"cast_f16", py_cast_f16, METH_VARARGS,
+     "cast_f16(x, y, offset, n, to_half, isa, n_threads): elements offset..offset+n-1 of "
+     "float32 x into float16 y (to_half 1) or of float16 x into float32 y (0), as NumPy's "
+     "astype; isa -1 the best path, else at most 0 scalar, 1 F16C, 2 AVX512F"},
+    {"cast_f16_isa", py_cast_f16_isa, METH_NOARGS,
+     "The float16 conversion path the CPU runs: 2 AVX512F, 1 F16C, 0 scalar."},
     {"openmp", py_openmp, METH_NOARGS, "The _OPENMP version the module was built with, or 0."},
     {NULL, NULL, 0, NULL},
 };

@@ -65,6 +65,13 @@ void layernorm_f32(const float *x, float *y, const float *scale, const float *bi
                    int64_t rows, int64_t cols, float eps, float *mean, float *inv, int64_t r0,
                    int64_t r1, int n_threads);
 
+/* float32 <-> float16 (cast.c), bit for bit NumPy's astype: elements [lo, hi) of x (float32 if
+ * to_half, else float16 bits) into y, the other type; isa -1 the best path the CPU has, else at
+ * most 0 scalar, 1 F16C, 2 AVX512F (cast_f16_isa: the best one). */
+void cast_f16_f32(const void *x, void *y, int64_t lo, int64_t hi, int to_half, int isa,
+                  int n_threads);
+int cast_f16_isa(void);
+
 /* y = act(y + bias + z) over a row-major [rows, cols] float32 output (conv_epilogue.c); bias
  * [cols] and z [rows, cols] may be NULL, z may not overlap y other than being y. */
 void conv_epilogue_f32(float *y, const float *bias, const float *z, int64_t rows, int64_t cols,
