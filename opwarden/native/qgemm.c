@@ -18,6 +18,7 @@
 #include "native.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -373,11 +374,75 @@ static inline void qg_interleave4(const uint8_t *s0, const uint8_t *s1, const ui
     }
 }
 
+#ifdef QG_HAVE_VNNI
+#define QG_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+/* qg_interleave4 for any run length: masked loads (which never touch the bytes they leave
+ * out, so a run may end at the buffer's end) and a masked 64-byte store per 16 pixels. The
+ * short rows of the small feature maps (14, 7 pixels) are all tail to the SSE2 loop. */
+QG_AVX512BW __attribute__((noinline)) static void qg_interleave4_avx512(
+    const uint8_t *s0, const uint8_t *s1, const uint8_t *s2, const uint8_t *s3, int len,
+    int64_t st, uint8_t *d) {
+    for (int t = 0; t < len; t += 16) {
+        int w = len - t < 16 ? len - t : 16;
+        __m128i r0, r1, r2, r3;
+        if (st == 1) {
+            __mmask16 m = (__mmask16)((1u << w) - 1u);
+            r0 = _mm_maskz_loadu_epi8(m, s0 + t);
+            r1 = _mm_maskz_loadu_epi8(m, s1 + t);
+            r2 = _mm_maskz_loadu_epi8(m, s2 + t);
+            r3 = _mm_maskz_loadu_epi8(m, s3 + t);
+        } else { /* stride 2: bytes 0, 2, .., 2 (w - 1) of the next 2 w - 1 */
+            __mmask32 m = (__mmask32)((1ull << (2 * w - 1)) - 1ull);
+            r0 = _mm256_cvtepi16_epi8(_mm256_maskz_loadu_epi8(m, s0 + 2 * t));
+            r1 = _mm256_cvtepi16_epi8(_mm256_maskz_loadu_epi8(m, s1 + 2 * t));
+            r2 = _mm256_cvtepi16_epi8(_mm256_maskz_loadu_epi8(m, s2 + 2 * t));
+            r3 = _mm256_cvtepi16_epi8(_mm256_maskz_loadu_epi8(m, s3 + 2 * t));
+        }
+        __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
+        __m128i t2 = _mm_unpacklo_epi8(r2, r3), t3 = _mm_unpackhi_epi8(r2, r3);
+        __m512i z = _mm512_castsi128_si512(_mm_unpacklo_epi16(t0, t2));
+        z = _mm512_inserti32x4(z, _mm_unpackhi_epi16(t0, t2), 1);
+        z = _mm512_inserti32x4(z, _mm_unpacklo_epi16(t1, t3), 2);
+        z = _mm512_inserti32x4(z, _mm_unpackhi_epi16(t1, t3), 3);
+        __mmask64 sm = w == 16 ? ~(__mmask64)0 : (__mmask64)((1ull << (4 * w)) - 1ull);
+        _mm512_mask_storeu_epi8((void *)(d + 4 * t), sm, z);
+    }
+}
+
+static int qg_cpu_avx512bw(void) {
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl");
+    }
+    return known;
+}
+#endif
+
+/* Offset in a padded [c, hp, wp] image of im2col row kk's first tap. */
+static inline int64_t qg_src_off(int64_t kk, int64_t kh, int64_t kw, int64_t hp, int64_t wp,
+                                 int64_t dh, int64_t dw) {
+    int64_t ci = kk / (kh * kw), i = (kk / kw) % kh, jj = kk % kw;
+    return ci * hp * wp + i * dh * wp + jj * dw;
+}
+
 void qg_pack_im2col_u8(const uint8_t *x, int64_t c, int64_t hp, int64_t wp, int64_t kh,
                        int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t oh,
                        int64_t ow, uint8_t *packed, int32_t *colsum, int n_threads) {
     int64_t k = c * kh * kw, groups = (k + 3) / 4, pix = oh * ow;
     int64_t panels = (pix + QG_NR - 1) / QG_NR;
+    int wide = 0;
+#ifdef QG_HAVE_VNNI
+    wide = qg_cpu_avx512bw();
+#endif
+    (void)wide;
+    /* every row's source offset, once: three divisions a row, in every panel, cost as much as
+     * the copy of a small map */
+    int64_t *koff = (int64_t *)malloc((size_t)(k > 0 ? k : 1) * sizeof(int64_t));
+    if (koff)
+        for (int64_t kk = 0; kk < k; kk++) koff[kk] = qg_src_off(kk, kh, kw, hp, wp, dh, dw);
     (void)n_threads;
 #ifdef _OPENMP
     int nt = n_threads < 1 ? 1 : n_threads;
@@ -411,18 +476,24 @@ void qg_pack_im2col_u8(const uint8_t *x, int64_t c, int64_t hp, int64_t wp, int6
                 const uint8_t *src[4];
                 for (int r = 0; r < 4; r++) {
                     int64_t kk = 4 * g + r;
-                    int64_t ci = kk / (kh * kw), i = (kk / kw) % kh, jj = kk % kw;
-                    src[r] = x + ci * hp * wp + i * dh * wp + jj * dw;
+                    src[r] = x + (koff ? koff[kk] : qg_src_off(kk, kh, kw, hp, wp, dh, dw));
                 }
                 for (int u = 0; u < runs; u++) {
                     int64_t o = off[run0[u]];
+#ifdef QG_HAVE_VNNI
+                    if (wide) {
+                        qg_interleave4_avx512(src[0] + o, src[1] + o, src[2] + o, src[3] + o,
+                                              runlen[u], st, dg + 4 * run0[u]);
+                        continue;
+                    }
+#endif
                     qg_interleave4(src[0] + o, src[1] + o, src[2] + o, src[3] + o, runlen[u],
                                    st, dg + 4 * run0[u]);
                 }
             } else {
                 for (int64_t kk = 4 * g; kk < k; kk++) {
-                    int64_t ci = kk / (kh * kw), i = (kk / kw) % kh, jj = kk % kw;
-                    const uint8_t *sr = x + ci * hp * wp + i * dh * wp + jj * dw;
+                    const uint8_t *sr =
+                        x + (koff ? koff[kk] : qg_src_off(kk, kh, kw, hp, wp, dh, dw));
                     for (int j = 0; j < cols; j++) dg[4 * j + (kk % 4)] = sr[off[j]];
                 }
             }
@@ -438,4 +509,5 @@ void qg_pack_im2col_u8(const uint8_t *x, int64_t c, int64_t hp, int64_t wp, int6
             }
         }
     }
+    free(koff);
 }
