@@ -421,7 +421,7 @@ def dequantize_native(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
 
 
 def qlinear_add_native(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
-                       C_zero_point=None):
+                       C_zero_point=None, out=None):
     """com.microsoft QLinearAdd of same-shape operands in one compiled pass, the reference's
     float steps (ops.contrib_quant.QLinearAdd); other shapes and non-finite ratios run the
     reference."""
@@ -434,10 +434,14 @@ def qlinear_add_native(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_sca
     if not (np.isfinite(rx) and np.isfinite(ry) and np.isfinite(fixed)):
         return ref(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point)
     xc, yc = np.ascontiguousarray(x), np.ascontiguousarray(y)
-    out = np.empty(A.shape, A.dtype)
-    _lib().qlinear_add(xc.reshape(-1), yc.reshape(-1), out.reshape(-1), out.size, rx, ry,
+    # (the planned buffer: a fresh one is page-faulted in on every call; element i reads only
+    # x[i] and y[i], so even a buffer shared with an operand is safe)
+    ok = out is not None and out.shape == A.shape and out.dtype == A.dtype and \
+        out.flags.c_contiguous
+    y8 = out if ok else np.empty(A.shape, A.dtype)
+    _lib().qlinear_add(xc.reshape(-1), yc.reshape(-1), y8.reshape(-1), y8.size, rx, ry,
                        fixed, A.dtype == np.int8)
-    return out
+    return y8
 
 
 def _conv_ok(x, *rest, group=1, **attrs) -> bool:
@@ -457,7 +461,7 @@ def register() -> None:
         opdef.kernel("cpu", priority=20, name="dequantizelinear.cpu.native", when=_dq_ok,
                      accepts_out=True)(dequantize_native)
     latest("QLinearAdd", "com.microsoft").kernel(
-        "cpu", priority=20, name="qlinearadd.cpu.native",
+        "cpu", priority=20, name="qlinearadd.cpu.native", accepts_out=True,
         when=lambda a, sa, za, b, *r, **k: a.shape is not None and a.shape == b.shape)(
         qlinear_add_native)
     if isa() != "avx512-vnni":
