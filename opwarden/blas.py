@@ -6,6 +6,7 @@ the BLAS thread count, so it lives below every one of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -91,3 +92,36 @@ def compute_threads() -> int:
     (OpenBLAS then on one thread), else OpenBLAS's own count."""
     n, blas = _SPLIT_THREADS[0], blas_thread_count()
     return n if n >= 1 and blas == 1 else blas
+
+
+_SGEMM: list = []
+
+
+def sgemm() -> Callable[..., None] | None:
+    """NumPy's OpenBLAS row-major float32 GEMM as f(m, n, k, a_ptr, lda, b_ptr, ldb, beta,
+    c_ptr, ldc, ta=False, tb=False): C = A' @ B' + beta * C on raw pointers (A' = A.T when
+    ta, B' likewise); None when it cannot be found.
+
+    Raw pointers let a convolution hand BLAS overlapping, offset views of one padded image
+    (each kernel tap is a shifted row range) and accumulate with beta=1, which np.matmul cannot.
+    """
+    import ctypes
+
+    if _SGEMM:
+        return _SGEMM[0]
+    fn = None
+    # Only the 64-bit-integer (ILP64) interface, whose argument types are known here.
+    raw = openblas_symbol("scipy_cblas_sgemm64_", "cblas_sgemm64_")
+    if raw is not None:
+        i64, ptr, f32, enum = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+        raw.argtypes = [enum, enum, enum, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
+        raw.restype = None
+
+        def _gemm(m, n, k, a, lda, b, ldb, beta, c, ldc, ta=False, tb=False, _raw=raw):
+            # 101 = CblasRowMajor, 111 = CblasNoTrans, 112 = CblasTrans.
+            _raw(101, 112 if ta else 111, 112 if tb else 111, m, n, k, 1.0, a, lda, b, ldb,
+                 beta, c, ldc)
+
+        fn = _gemm
+    _SGEMM.append(fn)
+    return fn

@@ -213,7 +213,7 @@ def test_bad_calls_raise():
 
 
 # ---------------------------------------------------------------------------------------------
-# The wiring: apply_activation, util.gelu_native's threads, the registered variants.
+# The wiring: apply_activation, util.gelu_native's threads (blas_split.share), the variants.
 
 
 @needs_native
@@ -243,9 +243,8 @@ def test_gelu_native_threads_and_split_blocks(monkeypatch):
     real = native.gelu
     monkeypatch.setattr(util.native, "gelu",
                         lambda *a, **k: seen.append(k.get("n_threads")) or real(*a, **k))
-    assert util._ROW_SHARER == [(blas_split.over_rows, blas_split.split_threads)]
-    monkeypatch.setattr(util, "_ROW_SHARER", [(blas_split.over_rows, lambda: 1)])
-    monkeypatch.setattr(util, "blas_thread_count", lambda: 2)
+    monkeypatch.setattr(blas_split, "split_threads", lambda: 1)
+    monkeypatch.setattr(blas_split, "blas_thread_count", lambda: 2)
     y = np.empty_like(x)
     assert util.gelu_native(x, y, False, b) and seen == [2]
     assert np.array_equal(y, want, equal_nan=True)
@@ -257,7 +256,8 @@ def test_gelu_native_threads_and_split_blocks(monkeypatch):
         for r0 in range(0, rows, 3):
             fn(r0, min(rows, r0 + 3))
 
-    monkeypatch.setattr(util, "_ROW_SHARER", [(over_rows, lambda: 2)])
+    monkeypatch.setattr(blas_split, "split_threads", lambda: 2)
+    monkeypatch.setattr(blas_split, "over_rows", over_rows)
     y = np.empty_like(x)
     assert util.gelu_native(x, y, False, b)
     assert blocks == [-(-x.size // util.GELU_BLOCK)]

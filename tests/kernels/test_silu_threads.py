@@ -11,7 +11,7 @@ import pytest
 
 from opwarden import native
 from opwarden.errors import OpwardenError
-from opwarden.kernels.cpu import silu_native
+from opwarden.kernels.cpu import blas_split, silu_native
 
 needs_native = pytest.mark.skipif(os.environ.get("OPWARDEN_NATIVE", "1") == "0"
                                   or not native.available(), reason="compiled path off")
@@ -51,8 +51,8 @@ def test_variant_uses_threads_without_split(monkeypatch):
     real = native.swish
     monkeypatch.setattr(silu_native.native, "swish",
                         lambda *a, **k: seen.append(k.get("n_threads")) or real(*a, **k))
-    monkeypatch.setattr(silu_native, "split_threads", lambda: 1)
-    monkeypatch.setattr(silu_native, "blas_thread_count", lambda: 2)
+    monkeypatch.setattr(blas_split, "split_threads", lambda: 1)
+    monkeypatch.setattr(blas_split, "blas_thread_count", lambda: 2)
     x = np.random.default_rng(2).standard_normal((1, 8, 64, 64), dtype=np.float32)
     got = silu_native.native_silu(x, program="t0=sigmoid(x0);t1=mul(x0,t0)")
     assert seen == [2]

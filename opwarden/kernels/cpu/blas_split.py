@@ -29,8 +29,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from opwarden.blas import blas_thread_count, set_blas_threads, set_split_threads
-from opwarden.kernels.cpu.util import F32, set_row_sharer, sgemm
+from opwarden.blas import blas_thread_count, set_blas_threads, set_split_threads, sgemm
+
+F32 = np.dtype(np.float32)
 
 # Opt-in (OPWARDEN_BLAS_SPLIT=1): it wins where cores are contended (a worker OpenBLAS waits
 # for is descheduled) and loses on a quiet machine, where OpenBLAS's own threads are faster
@@ -283,6 +284,18 @@ def over_rows(rows: int, mnk: int, fn: Callable[[int, int], None]) -> None:
     fn(0, rows)
 
 
+def share(n: int, block: int, mnk: int, run: Callable[[tuple[int, int], int], None]) -> None:
+    """run(span, threads) over range(n) for a compiled elementwise or row kernel (SiLU, Gelu,
+    LayerNorm rows): without split threads one call, OpenMP on OpenBLAS's thread count (over
+    blocks of `block`, over_rows would run it all on this thread); with them, blocks of
+    `block` shared out by over_rows (`mnk`: the work in multiply-adds), each call on one
+    thread."""
+    if split_threads() <= 1:
+        run((0, n), blas_thread_count())
+        return
+    over_rows(-(-n // block), mnk, lambda b0, b1: run((b0 * block, min(b1 * block, n)), 1))
+
+
 def split_batched(a: np.ndarray, b: np.ndarray, y: np.ndarray,
                   batch: Sequence[int]) -> bool:
     """y = a @ b for stacked float32 operands (NumPy's broadcasting over the leading axes,
@@ -307,5 +320,3 @@ def split_batched(a: np.ndarray, b: np.ndarray, y: np.ndarray,
 
     return run_chunks(group, len(groups))
 
-
-set_row_sharer(over_rows, split_threads)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from opwarden.blas import sgemm
 from opwarden.kernels.cpu import conv_gemm as _gemm
 from opwarden.kernels.cpu import conv_rowtap as _rowtap
 from opwarden.kernels.cpu import conv_stem as _stem
@@ -55,7 +56,7 @@ from opwarden.kernels.cpu.conv_stem import _stem_taps as _stem_taps
 from opwarden.kernels.cpu.conv_winograd import _winograd_nhwc as _winograd_nhwc
 from opwarden.kernels.cpu.conv_winograd import wino_tile as wino_tile
 from opwarden.kernels.cpu.shuffle import channel_shuffle
-from opwarden.kernels.cpu.util import F32, activation_workspace, packed, scratch, sgemm
+from opwarden.kernels.cpu.util import F32, activation_workspace, packed, scratch
 
 # ---------------------------------------------------------------------------------------------
 # NHWC: the routes, the dispatcher and the named algorithms

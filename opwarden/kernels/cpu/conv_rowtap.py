@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opwarden.blas import sgemm
 from opwarden.kernels.cpu.blas_split import over_rows
 from opwarden.kernels.cpu.conv_common import (
     Facts,
@@ -20,7 +21,7 @@ from opwarden.kernels.cpu.conv_common import (
     _pad_nhwc,
 )
 from opwarden.kernels.cpu.conv_gemm import _prefill
-from opwarden.kernels.cpu.util import F32, ptr, scratch, sgemm
+from opwarden.kernels.cpu.util import F32, ptr, scratch
 
 # Row-tap path: on when True, for kernel rows of at least ROWTAP_MIN_RUN floats (kw * C) over
 # at least ROWTAP_MIN_PIXELS output pixels, in bands of about ROWTAP_BAND_BYTES (row copies

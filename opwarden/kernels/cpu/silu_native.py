@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 
 from opwarden import native
-from opwarden.blas import blas_thread_count
 from opwarden.kernels.cpu.activation import SWISH_TEMPS
 from opwarden.kernels.cpu.activation import swish as numpy_swish
-from opwarden.kernels.cpu.blas_split import over_rows, split_threads
+from opwarden.kernels.cpu.blas_split import share
 from opwarden.kernels.cpu.elementwise import _chunk_workspace
 from opwarden.ops.fused_elementwise import fused_elementwise_inplace
 
@@ -62,17 +61,8 @@ def _output(x: np.ndarray, out) -> np.ndarray:
 
 def _swish_into(x: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
     n = x.size
-    if split_threads() <= 1:
-        # (no split threads: OpenMP on OpenBLAS's count, as the depthwise kernel; over_rows
-        # would run the whole tensor on this thread)
-        native.swish(x, y, alpha, n_threads=blas_thread_count())
-        return y
-    blocks = -(-n // BLOCK)
-
-    def run(b0: int, b1: int) -> None:
-        native.swish(x, y, alpha, (b0 * BLOCK, min(b1 * BLOCK, n)))
-
-    over_rows(blocks, n * COST, run)
+    share(n, BLOCK, n * COST,
+          lambda span, threads: native.swish(x, y, alpha, span, n_threads=threads))
     return y
 
 

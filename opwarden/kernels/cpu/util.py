@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from opwarden import native
-from opwarden.blas import blas_thread_count, openblas_symbol
+from opwarden.blas import openblas_symbol, sgemm
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu.blas_split import share
 from opwarden.memory import hugepages
 from opwarden.memory.constants import is_constant
 from opwarden.memory.constants import mark as mark_constant
@@ -287,20 +288,9 @@ def _gelu_inplace(y: np.ndarray, tanh: bool) -> None:
 
 
 # Gelu on the compiled loop (native/gelu.c): one pass where the NumPy chunks make eight to
-# twenty, the bias row added in the same pass. Blocks of the tensor are shared out as
-# silu_native's: blas_split.over_rows where it splits, else OpenMP threads on OpenBLAS's count.
+# twenty, the bias row added in the same pass, blocks shared out by blas_split.share.
 GELU_BLOCK = 1 << 14
 GELU_COST = 24  # multiply-adds an element, over_rows' threshold unit (~22 flops, a division)
-# (over_rows, split_threads), installed by blas_split when it loads (it imports this module,
-# so this one cannot import it).
-_ROW_SHARER: list[tuple[Any, Any]] = []
-
-
-def set_row_sharer(over_rows: Any, split_threads: Any) -> None:
-    """blas_split's hook: how gelu_native shares blocks over the split threads."""
-    _ROW_SHARER[:] = [(over_rows, split_threads)]
-
-
 def gelu_native(x: Any, y: Any, tanh: bool, bias: Any = None) -> bool:
     """y = Gelu(x + bias) on the compiled kernel (native.gelu) where it applies: extension
     loaded, float32 C-contiguous x and y of one shape, y x itself or apart from it, bias None
@@ -318,14 +308,8 @@ def gelu_native(x: Any, y: Any, tanh: bool, bias: Any = None) -> bool:
             return False
         bias = np.ascontiguousarray(bias)
     n = x.size
-    if not _ROW_SHARER or _ROW_SHARER[0][1]() <= 1:
-        native.gelu(x, y, tanh, bias, n_threads=blas_thread_count())
-        return True
-
-    def run(b0: int, b1: int) -> None:
-        native.gelu(x, y, tanh, bias, (b0 * GELU_BLOCK, min(b1 * GELU_BLOCK, n)))
-
-    _ROW_SHARER[0][0](-(-n // GELU_BLOCK), n * GELU_COST, run)
+    share(n, GELU_BLOCK, n * GELU_COST,
+          lambda span, threads: native.gelu(x, y, tanh, bias, span, n_threads=threads))
     return True
 
 
@@ -498,39 +482,6 @@ def static_rank(fact: Any) -> int | None:
     """The rank a fact states, or None."""
     shape = getattr(fact, "shape", None)
     return None if shape is None else len(shape)
-
-
-_SGEMM: list = []
-
-
-def sgemm() -> Callable[..., None] | None:
-    """NumPy's OpenBLAS row-major float32 GEMM as f(m, n, k, a_ptr, lda, b_ptr, ldb, beta,
-    c_ptr, ldc, ta=False, tb=False): C = A' @ B' + beta * C on raw pointers (A' = A.T when
-    ta, B' likewise); None when it cannot be found.
-
-    Raw pointers let a convolution hand BLAS overlapping, offset views of one padded image
-    (each kernel tap is a shifted row range) and accumulate with beta=1, which np.matmul cannot.
-    """
-    import ctypes
-
-    if _SGEMM:
-        return _SGEMM[0]
-    fn = None
-    # Only the 64-bit-integer (ILP64) interface, whose argument types are known here.
-    raw = openblas_symbol("scipy_cblas_sgemm64_", "cblas_sgemm64_")
-    if raw is not None:
-        i64, ptr, f32, enum = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-        raw.argtypes = [enum, enum, enum, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
-        raw.restype = None
-
-        def _gemm(m, n, k, a, lda, b, ldb, beta, c, ldc, ta=False, tb=False, _raw=raw):
-            # 101 = CblasRowMajor, 111 = CblasNoTrans, 112 = CblasTrans.
-            _raw(101, 112 if ta else 111, 112 if tb else 111, m, n, k, 1.0, a, lda, b, ldb,
-                 beta, c, ldc)
-
-        fn = _gemm
-    _SGEMM.append(fn)
-    return fn
 
 
 def _operand(a: np.ndarray) -> tuple[bool, int] | None:
