@@ -415,3 +415,34 @@ def test_numpy_variants_when_disabled(tmp_path):
         ours = ow.InferenceSession(data).run(None, _feed())[0]
         _same_specials(ours, theirs)
         assert _ulps(ours, theirs, pre(_feed()["x"])).max() <= ULPS[False], name
+
+
+@needs_native
+def test_erf_variant_is_native_and_falls_back():
+    """erf.cpu.native runs native.erf on contiguous float32 (into the planned buffer or in
+    place), and the NumPy kernel on anything else, with the same results within 1e-6."""
+    from opwarden.kernels.cpu.activation import native_erf
+    from opwarden.kernels.cpu.elementwise import erf as numpy_erf
+
+    x = np.random.default_rng(3).standard_normal((130, 3072)).astype(np.float32) * 3
+    want = _ERF(x.astype(np.float64))
+    out = np.empty_like(x)
+    got = native_erf(x, out=out)
+    assert got is out and np.abs(got - want).max() < 2e-6
+    y = x.copy()
+    assert native_erf(y, out=y) is y and np.array_equal(y, got)
+    strided = x[:, ::2]
+    np.testing.assert_allclose(native_erf(strided), numpy_erf(strided), rtol=0, atol=2e-6)
+    assert native_erf(x.astype(np.float64)).dtype == np.float64  # (the NumPy kernel's)
+    sess = ow.InferenceSession(_erf_model())
+    assert [p.variant.name for p in sess.placements] == ["erf.cpu.native"]
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=0, atol=2e-6)
+
+
+def _erf_model() -> bytes:
+    g = helper.make_graph([helper.make_node("Erf", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3072])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3072])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
