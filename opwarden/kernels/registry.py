@@ -11,6 +11,7 @@ from opwarden.devices import base as _devices
 from opwarden.kernels.cpu import (
     activation,
     attention,
+    cast,
     conv,
     conv1d,
     conv_dw_native,
@@ -31,7 +32,7 @@ from opwarden.kernels.cpu import (
 
 for _module in (conv, pool, norm, linalg, elementwise, activation, fused, conv1d, conv_dw_native,
                 select, shape, shuffle, quant, quant_native, quant_nbits, ml, silu_native,
-                attention):
+                attention, cast):
     _module.register()
 
 
