@@ -50,27 +50,12 @@ def cast_when(x, *_: Any, to=None, **__: Any) -> bool:
             and (np.dtype(x.dtype), dt) in PAIRS)
 
 
-def _convert(x: np.ndarray, dt: np.dtype, out: np.ndarray | None) -> np.ndarray:
-    """x (float32 or float16, the other one than dt) as dt, into `out` where it fits."""
-    if (out is not None and out.dtype == dt and out.shape == x.shape
-            and out.flags.c_contiguous and out.flags.writeable):
-        y = out
-    else:
-        y = None
-    n = x.size
-    if n < SMALL:
-        if y is None:
-            return x.astype(dt)
-        np.copyto(y, x, casting="unsafe")  # (the same conversion loop as astype)
-        return y
-    if y is None:
-        y = np.empty(x.shape, dt)
-    elif np.may_share_memory(x, y):  # (a plan never puts a Cast's output over its input)
-        y = np.empty(x.shape, dt)
-    if not x.flags.c_contiguous:
-        x = np.ascontiguousarray(x)  # (a copy in x's own type is exact and still cheaper)
-    lib = _lib()
-    to_half = dt == F16
+def convert(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """y = x.astype(y.dtype) on the compiled loop, float32 <-> float16: both C-contiguous, of
+    one size, apart in memory (the extension loaded); shared out over the session's threads
+    as the other native kernels (blas_split.over_rows where it splits, else OpenMP threads on
+    OpenBLAS's count for large arrays). Returns y."""
+    lib, n, to_half = _lib(), x.size, y.dtype == F16
     if split_threads() <= 1:
         lib.cast_f16(x, y, 0, n, to_half, -1, blas_thread_count() if n >= THREADS_MIN else 1)
         return y
@@ -82,6 +67,25 @@ def _convert(x: np.ndarray, dt: np.dtype, out: np.ndarray | None) -> np.ndarray:
 
     over_rows(blocks, n, run)
     return y
+
+
+def _convert(x: np.ndarray, dt: np.dtype, out: np.ndarray | None) -> np.ndarray:
+    """x (float32 or float16, the other one than dt) as dt, into `out` where it fits."""
+    if (out is not None and out.dtype == dt and out.shape == x.shape
+            and out.flags.c_contiguous and out.flags.writeable):
+        y = out
+    else:
+        y = None
+    if x.size < SMALL:
+        if y is None:
+            return x.astype(dt)
+        np.copyto(y, x, casting="unsafe")  # (the same conversion loop as astype)
+        return y
+    if y is None or np.may_share_memory(x, y):  # (a plan never puts a Cast over its input)
+        y = np.empty(x.shape, dt)
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)  # (a copy in x's own type is exact and still cheaper)
+    return convert(x, y)
 
 
 def _fallback(x, dt: np.dtype | None, to, saturate, round_mode) -> np.ndarray:

@@ -10,6 +10,7 @@ import numpy as np
 from opwarden import native
 from opwarden.blas import blas_thread_count
 from opwarden.errors import KernelError
+from opwarden.kernels.cpu import cast
 from opwarden.kernels.cpu.blas_split import over_rows, split_threads
 from opwarden.kernels.cpu.util import EW_CHUNK, F32, ones_row, output, scratch
 from opwarden.ops.base import REGISTRY
@@ -184,6 +185,40 @@ def _native_rows(x2, y2, epsilon, mean, inv, scale, bias) -> bool:
     return True
 
 
+F16 = np.dtype(np.float16)
+
+
+def _f32_param(p):
+    """A float16 or float32 Scale / B as float32 (exact), None as None."""
+    if p is None:
+        return None
+    p = np.asarray(p)
+    if p.dtype == F16 and p.flags.c_contiguous and p.size >= cast.SMALL:
+        return cast.convert(p, np.empty(p.shape, F32))
+    return p.astype(F32)
+
+
+def layernorm_half(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None):
+    """LayerNormalization-17 of float16 X with stash float32, as the reference and ONNX
+    Runtime compute it: X, Scale and B widened to float32 (exactly, on the compiled
+    conversion), the float32 kernel above (layernorm: the compiled rows), Y rounded to float16
+    once; Mean and InvStdDev float32. (The reference's NumPy casts and reductions made a
+    float16 LayerNorm 1.75x the float32 one.)"""
+    x = np.asarray(X)
+    if x.dtype != F16 or int(stash_type) != 1 or x.ndim == 0 or not native.available():
+        return _layernorm_reference(X, Scale, B, axis, epsilon, stash_type)
+    x = np.ascontiguousarray(x)
+    wide = cast.convert(x, scratch("norm.half", x.shape))
+    scale, bias = _f32_param(Scale), _f32_param(B)
+    y32, mean, inv = layernorm(wide, scale, bias, axis=axis, epsilon=epsilon, out=wide)
+    if y32.dtype != F32 or y32.shape != x.shape:  # (Scale / B the float32 kernel hands back)
+        return _layernorm_reference(X, Scale, B, axis, epsilon, stash_type)
+    y = output(out, x.shape, F16)
+    if np.may_share_memory(y, y32):
+        y = np.empty(x.shape, F16)
+    return cast.convert(np.ascontiguousarray(y32), y), mean, inv
+
+
 def instancenorm(input, scale, B, *, epsilon=1e-5, out=None, **_legacy):
     """InstanceNormalization in float32, channels on axis 1: each (instance, channel) row of
     the spatial axes normalised as LayerNorm's rows (see _normalize_rows), the per-channel
@@ -241,6 +276,21 @@ def _layernorm_workspace(x, *_, axis=-1, **__) -> int:
         return 0
     ax = axis + len(x) if axis < 0 else axis
     return 4 * 3 * int(np.prod(x[ax:], dtype=np.int64))  # ones, contiguous Scale and B rows
+
+
+def _layernorm_half_ok(x, *params, stash_type=1, **attrs) -> bool:
+    return (int(stash_type) == 1 and native.available()
+            and all(p is None or p.dtype in (None, "float16", "float32") for p in params))
+
+
+def _layernorm_half_workspace(x, *rest, axis=-1, **attrs) -> int:
+    """The float32 copy of X it normalizes in place, float32 Scale and B, and the float32
+    kernel's rows."""
+    if not x or not all(isinstance(d, int) for d in x):
+        return 0
+    ax = axis + len(x) if axis < 0 else axis
+    cols = int(np.prod(x[ax:], dtype=np.int64))
+    return 4 * math.prod(x) + 4 * 2 * cols + _layernorm_workspace(x, *rest, axis=axis)
 
 
 # LRN works in blocks of about this many floats (a few block-sized temporaries stay in L2):
@@ -406,6 +456,10 @@ def register() -> None:
     for opdef in REGISTRY.versions("LayerNormalization"):
         opdef.kernel(when=_layernorm_ok, name="layernormalization.cpu.fast",
                      workspace_bytes=_layernorm_workspace, **kw)(layernorm)
+        if native.available():
+            opdef.kernel(when=_layernorm_half_ok, name="layernormalization.cpu.half",
+                         workspace_bytes=_layernorm_half_workspace,
+                         **{**kw, "dtypes": ["float16"]})(layernorm_half)
     for opdef in REGISTRY.versions("InstanceNormalization"):
         opdef.kernel(layout="NCHW", when=_instancenorm_ok, name="instancenormalization.cpu.nchw",
                      workspace_bytes=_instancenorm_workspace, **kw)(instancenorm)
