@@ -24,11 +24,12 @@ from opwarden.ops.cast import cast_array, to_target_dtype
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 PAIRS = frozenset({(F32, F16), (F16, F32)})
-# Below this many elements NumPy's astype is as fast as the call into the extension.
-SMALL = 64
+# Below this many elements NumPy's astype (~3 us at 1024) is as fast as the variant's call
+# into the extension (~2 us of argument checks and buffer parsing).
+SMALL = 1024
 # OpenMP threads (the session's) only from this many elements: a conversion is ~0.1 ns an
-# element, so a smaller one is over before a sleeping worker wakes.
-THREADS_MIN = 1 << 20
+# element in cache, and on 2 threads a region cost ~60 us more up to 1M elements here.
+THREADS_MIN = 1 << 21
 BLOCK = 1 << 14  # elements per block shared out by blas_split.over_rows
 
 
@@ -56,8 +57,11 @@ def convert(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     as the other native kernels (blas_split.over_rows where it splits, else OpenMP threads on
     OpenBLAS's count for large arrays). Returns y."""
     lib, n, to_half = _lib(), x.size, y.dtype == F16
+    if n < THREADS_MIN:  # (over_rows would not split it either: SPLIT_MIN_MNK is above)
+        lib.cast_f16(x, y, 0, n, to_half, -1, 1)
+        return y
     if split_threads() <= 1:
-        lib.cast_f16(x, y, 0, n, to_half, -1, blas_thread_count() if n >= THREADS_MIN else 1)
+        lib.cast_f16(x, y, 0, n, to_half, -1, blas_thread_count())
         return y
     blocks = -(-n // BLOCK)
 
@@ -71,11 +75,10 @@ def convert(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def _convert(x: np.ndarray, dt: np.dtype, out: np.ndarray | None) -> np.ndarray:
     """x (float32 or float16, the other one than dt) as dt, into `out` where it fits."""
+    y = None
     if (out is not None and out.dtype == dt and out.shape == x.shape
             and out.flags.c_contiguous and out.flags.writeable):
         y = out
-    else:
-        y = None
     if x.size < SMALL:
         if y is None:
             return x.astype(dt)
