@@ -245,6 +245,35 @@ def swish(x: np.ndarray, y: np.ndarray, alpha: float = 1.0,
     return y
 
 
+def softmax_rows(s: np.ndarray, c: float, biases: list[tuple[np.ndarray, int, int, int]],
+                 inv: np.ndarray) -> None:
+    """The softmax rows of a C-contiguous float32 block of scores s [n, m, t] (softmax.c), in
+    place: s = e^(c s + biases - row max), inv [n, m] float32 = 1 / each row's sum. Each of
+    at most two biases is (base, offset, head stride, row stride): a C-contiguous float32
+    array and where in it the block's (head, row) reads its t contiguous floats (strides in
+    floats, 0 to broadcast)."""
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    if (s.dtype != np.float32 or s.ndim != 3 or not s.flags.c_contiguous
+            or not s.flags.writeable or inv.dtype != np.float32
+            or inv.size != s.shape[0] * s.shape[1] or not inv.flags.c_contiguous
+            or not inv.flags.writeable):
+        raise KernelError("softmax_rows needs C-contiguous float32 scores [n, m, t] and a "
+                          "writable float32 inv of n * m values")
+    if len(biases) > 2 or any(b.dtype != np.float32 or not b.flags.c_contiguous
+                              for b, *_ in biases):
+        raise KernelError("softmax_rows takes at most two C-contiguous float32 biases")
+    n, m, t = s.shape
+    parts: list = []
+    for k in range(2):
+        if k < len(biases):
+            b, off, hs, rs = biases[k]
+            parts += [b, True, int(off), int(hs), int(rs)]
+        else:
+            parts += [_NO_BIAS, False, 0, 0, 0]
+    _LIB.softmax_rows(s, n, m, t, float(c), *parts, inv)
+
+
 # gelu.c's modes
 GELU_ERF, GELU_TANH, GELU_PLAIN_ERF = range(3)
 _NO_BIAS = np.empty(0, np.float32)  # (the buffer passed for "no bias": x may be 0-d)

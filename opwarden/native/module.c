@@ -121,6 +121,48 @@ static PyObject *py_depthwise_nhwc(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A bias of softmax_rows: `has`, its float offset, head and row strides (floats, >= 0), and
+ * the buffer holding every element an n x m x t block reads. */
+static int bias_span(Py_buffer *b, int has, long long off, long long hs, long long rs,
+                     long long n, long long m, long long t, const char *what,
+                     const float **dst) {
+    *dst = NULL;
+    if (!has) return 1;
+    if (off < 0 || hs < 0 || rs < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: negative offset or stride", what);
+        return 0;
+    }
+    if (!need(b, (Py_ssize_t)((off + (n - 1) * hs + (m - 1) * rs + t) * 4), what)) return 0;
+    *dst = (const float *)b->buf + off;
+    return 1;
+}
+
+static PyObject *py_softmax_rows(PyObject *self, PyObject *args) {
+    Py_buffer S, B0, B1, I;
+    long long n, m, t, o0, hs0, rs0, o1, hs1, rs1;
+    int has0, has1;
+    float c;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "w*LLLfy*iLLLy*iLLLw*", &S, &n, &m, &t, &c, &B0, &has0, &o0,
+                          &hs0, &rs0, &B1, &has1, &o1, &hs1, &rs1, &I))
+        return NULL;
+    const float *b0 = NULL, *b1 = NULL;
+    int ok = n >= 1 && m >= 1 && t >= 1 && need(&S, (Py_ssize_t)(n * m * t * 4), "scores") &&
+             need(&I, (Py_ssize_t)(n * m * 4), "inv") &&
+             bias_span(&B0, has0, o0, hs0, rs0, n, m, t, "bias 0", &b0) &&
+             bias_span(&B1, has1, o1, hs1, rs1, n, m, t, "bias 1", &b1);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        softmax_rows_f32(S.buf, n, m, t, c, b0, hs0, rs0, b1, hs1, rs1, I.buf);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "softmax_rows: bad arguments");
+    }
+    PyBuffer_Release(&S); PyBuffer_Release(&B0); PyBuffer_Release(&B1); PyBuffer_Release(&I);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_swish(PyObject *self, PyObject *args) {
     Py_buffer X, Y;
     long long off, n;
@@ -417,6 +459,9 @@ static PyMethodDef methods[] = {
      "depthwise_nhwc(x, taps, bias, z, y, has_bias, has_z, n, h, w, c, oh, ow, kh, kw, sh, sw, "
      "dh, dw, pad_top, pad_left, act, p0, p1, row0, row1, n_threads): output rows row0..row1-1 "
      "of an NHWC depthwise conv + epilogue"},
+    {"softmax_rows", py_softmax_rows, METH_VARARGS,
+     "softmax_rows(s, n, m, t, c, b0, has_b0, off0, hs0, rs0, b1, has_b1, off1, hs1, rs1, inv): "
+     "the rows of an n x m x t float32 score block: s = e^(c s + b0 + b1 - max), inv = 1/sum"},
     {"swish", py_swish, METH_VARARGS,
      "swish(x, y, offset, n, alpha[, n_threads]): y[i] = x[i] * sigmoid(alpha x[i]) for i in "
      "offset..offset+n-1 (y may be x)"},

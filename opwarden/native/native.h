@@ -109,11 +109,17 @@ void quantize_f32_8bit(const float *x, void *y, int64_t n, float scale, int32_t 
                        int out_signed);
 void dequantize_8bit_f32(const void *x, float *y, int64_t n, float scale, int32_t zp,
                          int in_signed);
+/* Softmax rows of an n x m block of attention scores (softmax.c). */
+void softmax_rows_f32(float *s, int64_t n, int64_t m, int64_t t, float c, const float *b0,
+                      int64_t b0_hs, int64_t b0_rs, const float *b1, int64_t b1_hs,
+                      int64_t b1_rs, float *inv);
+
 void qlinear_add_8bit(const void *x, const void *y, void *out, int64_t n, float rx, float ry,
                       float fixed, int is_signed);
 
-/* v / (1 + e^t) in float32 without libm, branch-free so every target clone vectorizes it (the
- * SiLU and tanh-Gelu core, inlined into each caller): t = k ln2 + r with k = round(t / ln2)
+/* e^t in float32 without libm, branch-free so every target clone vectorizes it, and v / (1 + e^t)
+ * (the SiLU and tanh-Gelu core; e^t alone for the attention softmax), inlined into each
+ * caller: t = k ln2 + r with k = round(t / ln2)
  * (the 1.5 * 2^23 rounding trick), ln2 split in a part exact in float32 and a low part, e^r by
  * a degree-6 Taylor polynomial on |r| <= ln2 / 2 (relative error below 2e-7), 2^k put in the
  * exponent bits. t is clamped to [-88, 89] as minps/maxps do (a NaN t becomes 89): below, e^t
@@ -124,7 +130,7 @@ void qlinear_add_8bit(const void *x, const void *y, void *out, int64_t n, float 
 #else
 #define OW_INLINE static inline
 #endif
-OW_INLINE float ow_over_one_plus_exp(float v, float t) {
+OW_INLINE float ow_exp(float t) {
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693145751953125f,
                 ln2_lo = 1.428606765330187e-06f, magic = 12582912.0f;
     t = t < 89.0f ? t : 89.0f;
@@ -142,7 +148,9 @@ OW_INLINE float ow_over_one_plus_exp(float v, float t) {
     int32_t bits = ((int32_t)k + 127) << 23; /* k is an integer in [-127, 128] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return v / (1.0f + p * scale);
+    return p * scale;
 }
+
+OW_INLINE float ow_over_one_plus_exp(float v, float t) { return v / (1.0f + ow_exp(t)); }
 
 #endif

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from opwarden import native
 from opwarden.blas import blas_thread_count, set_blas_threads
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu import attention as att
@@ -86,3 +87,70 @@ def test_bad_shapes_raise():
     with pytest.raises(KernelError, match="do not broadcast"):
         att.softmax_attention(a, np.zeros((1, 2, 4, 3), np.float32), np.zeros((1, 2, 3, 4),
                               np.float32), np.zeros((1, 2, 3, 7), np.float32))
+
+
+# The compiled softmax rows (native.softmax_rows, native/softmax.c) against the NumPy passes.
+
+needs_native = pytest.mark.skipif(not native.available(), reason="no compiled kernels")
+
+
+def _both(monkeypatch, *args, **kw):
+    """(compiled result, NumPy-pass result, calls of native.softmax_rows)."""
+    calls = []
+    real = native.softmax_rows
+    monkeypatch.setattr(native, "softmax_rows", lambda *a: calls.append(a) or real(*a))
+    got = att.softmax_attention(*args, **kw)
+    monkeypatch.setattr(native, "available", lambda: False)
+    plain = att.softmax_attention(*args, **kw)
+    monkeypatch.undo()
+    return got, plain, calls
+
+
+@needs_native
+@pytest.mark.parametrize("layout", ["mask", "pos+mask", "per-head", "none", "keys-broadcast"])
+def test_compiled_rows_match_numpy_passes(monkeypatch, layout):
+    rng = np.random.default_rng(7)
+    q = _heads(rng, 2, 70, 5, 16)
+    kt = _heads(rng, 2, 70, 5, 16, (0, 2, 3, 1))
+    v = _heads(rng, 2, 70, 5, 16)
+    mask = np.where(rng.random((2, 1, 1, 70)) < 0.3, -np.inf, 0).astype(np.float32)
+    pos = rng.standard_normal((1, 5, 70, 70), dtype=np.float32)
+    biases = {"mask": [mask], "pos+mask": [pos, mask], "none": [],
+              "per-head": [rng.standard_normal((2, 5, 1, 70), dtype=np.float32)],
+              "keys-broadcast": [rng.standard_normal((2, 5, 70, 1), dtype=np.float32)]}[layout]
+    got, plain, calls = _both(monkeypatch, q, kt, v, *biases, scale=4.0, divide=1)
+    assert bool(calls) == (layout != "keys-broadcast")  # (keys not contiguous: NumPy passes)
+    _close(got, plain)
+    _close(got, SoftmaxAttention(q, kt, v, *biases, scale=4.0, divide=1))
+
+
+@needs_native
+def test_compiled_rows_nan_inf_and_masked(monkeypatch):
+    rng = np.random.default_rng(8)
+    q, kt, v = (rng.standard_normal(sh, dtype=np.float32)
+                for sh in ((1, 2, 6, 4), (1, 2, 4, 37), (1, 2, 37, 4)))
+    q[0, 1, 1, 0] = np.nan
+    bias = np.zeros((1, 2, 6, 37), np.float32)
+    bias[0, 0, 2] = -np.inf  # a fully masked row
+    bias[0, 0, 3, 5] = np.inf  # +inf - +inf: NaN, as the reference
+    bias[0, 1, 4, :30] = -np.inf  # masked but for 7 keys
+    bias[0, 0, 5, 0] = 80.0  # e^(large) stays finite after the max is taken out
+    got, plain, calls = _both(monkeypatch, q, kt, v, bias)
+    assert calls
+    want = SoftmaxAttention(q, kt, v, bias)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isnan(plain), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=0, atol=3e-6)
+
+
+@needs_native
+def test_softmax_rows_refuses_bad_operands():
+    s = np.zeros((2, 3, 4), np.float32)
+    inv = np.empty((2, 3, 1), np.float32)
+    with pytest.raises(KernelError):
+        native.softmax_rows(s[:, :, ::2], 1.0, [], inv)
+    with pytest.raises(KernelError):
+        native.softmax_rows(s, 1.0, [(np.zeros(4, np.float64), 0, 0, 0)], inv)
+    with pytest.raises((KernelError, ValueError)):  # a bias view past its buffer's end
+        native.softmax_rows(s, 1.0, [(np.zeros(4, np.float32), 0, 0, 4)], inv)

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from opwarden import native
 from opwarden.blas import blas_thread_count, compute_threads, set_blas_threads
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu import blas_split
@@ -95,6 +96,21 @@ def softmax_attention(Q, Kt, V, bias=None, mask=None, *, scale=1.0, divide=0, ou
     outer = list(np.ndindex(*ld[:-1]))
     inner = _blocks(ld[-1], s, t)
     blocks = [(o, blk) for o in outer for blk in inner]
+    # The compiled softmax rows read each bias in place: its own C-contiguous float32 array
+    # and, per block, the offset and (head, row) strides of the block's view into it (keys
+    # contiguous; a bias broadcast along the keys stays on the NumPy passes).
+    bases = None
+    if native.available() and all(x.dtype == np.float32 for x in given):
+        bases = [np.ascontiguousarray(x) for x in given]
+        bviews = [np.broadcast_to(b, x.shape) for b, x in zip(bases, bs)]
+        if not all(w.strides[-1] == 4 for w in bviews):
+            bases = None
+
+    def bias_at(k: int, o: tuple, j0: int, j1: int, r0: int, r1: int) -> tuple:
+        w = bviews[k][o][j0:j1, r0:r1] if bviews[k].shape[-2] == s else bviews[k][o][j0:j1]
+        base = bases[k]
+        rs = w.strides[1] // 4 if w.shape[1] > 1 else 0
+        return base, (w.ctypes.data - base.ctypes.data) // 4, w.strides[0] // 4, rs
 
     def run(i: int) -> None:
         o, (j0, j1, r0, r1) = blocks[i]
@@ -102,6 +118,13 @@ def softmax_attention(Q, Kt, V, bias=None, mask=None, *, scale=1.0, divide=0, ou
         sc = scratch("attention.scores", (n, m, t))
         mx = scratch("attention.max", (n, m, 1))
         np.matmul(q[o][j0:j1, r0:r1], kt[o][j0:j1], out=sc)
+        if bases is not None:
+            native.softmax_rows(sc, c, [bias_at(k, o, j0, j1, r0, r1)
+                                        for k in range(len(bases))], mx)
+            yb = y4[o][j0:j1, r0:r1]
+            np.matmul(sc, v[o][j0:j1], out=yb)
+            yb *= mx
+            return
         if c != 1.0:
             sc *= c
         for b in bs:
