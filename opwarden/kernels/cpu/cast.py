@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from opwarden import native
-from opwarden.blas import blas_thread_count
-from opwarden.kernels.cpu.blas_split import over_rows, split_threads
+from opwarden.kernels.cpu.blas_split import share
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.cast import cast_array, to_target_dtype
 
@@ -30,7 +29,7 @@ SMALL = 1024
 # OpenMP threads (the session's) only from this many elements: a conversion is ~0.1 ns an
 # element in cache, and on 2 threads a region cost ~60 us more up to 1M elements here.
 THREADS_MIN = 1 << 21
-BLOCK = 1 << 14  # elements per block shared out by blas_split.over_rows
+BLOCK = 1 << 14  # elements per block shared out by blas_split.share
 
 
 def _lib():
@@ -53,23 +52,17 @@ def cast_when(x, *_: Any, to=None, **__: Any) -> bool:
 
 def convert(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """y = x.astype(y.dtype) on the compiled loop, float32 <-> float16: both C-contiguous, of
-    one size, apart in memory (the extension loaded); shared out over the session's threads
-    as the other native kernels (blas_split.over_rows where it splits, else OpenMP threads on
-    OpenBLAS's count for large arrays). Returns y."""
+    one size, apart in memory (the extension loaded); large arrays shared out over the
+    session's threads as the other compiled kernels (blas_split.share). Returns y."""
     lib, n, to_half = _lib(), x.size, y.dtype == F16
-    if n < THREADS_MIN:  # (over_rows would not split it either: SPLIT_MIN_MNK is above)
+    if n < THREADS_MIN:
         lib.cast_f16(x, y, 0, n, to_half, -1, 1)
         return y
-    if split_threads() <= 1:
-        lib.cast_f16(x, y, 0, n, to_half, -1, blas_thread_count())
-        return y
-    blocks = -(-n // BLOCK)
 
-    def run(b0: int, b1: int) -> None:
-        lo = b0 * BLOCK
-        lib.cast_f16(x, y, lo, min(b1 * BLOCK, n) - lo, to_half, -1, 1)
+    def run(span: tuple[int, int], threads: int) -> None:
+        lib.cast_f16(x, y, span[0], span[1] - span[0], to_half, -1, threads)
 
-    over_rows(blocks, n, run)
+    share(n, BLOCK, n, run)
     return y
 
 
