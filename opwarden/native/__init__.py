@@ -213,7 +213,7 @@ def conv_epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None,
         raise KernelError(f"conv_epilogue: bias has {bias.size} values for {cols} channels")
     if z is not None and z.shape != y.shape:
         raise KernelError(f"conv_epilogue: z {z.shape} must match y {y.shape}")
-    if z is not None and z.ctypes.data != y.ctypes.data and np.may_share_memory(z, y):
+    if z is not None and np.may_share_memory(z, y) and z.ctypes.data != y.ctypes.data:
         raise KernelError("conv_epilogue: z overlaps y without being y")
     act = epilogue_act_code(activation, params)
     if act is None:
@@ -290,7 +290,7 @@ def _gelu_call(x: np.ndarray, y: np.ndarray, bias: np.ndarray | None, mode: int,
     if x.size != y.size:
         raise KernelError(f"{what}: x has {x.size} values, y {y.size}")
     # (y is x, or apart from it: the loop reads x[i] just before it writes y[i])
-    if x.ctypes.data != y.ctypes.data and np.may_share_memory(x, y):
+    if np.may_share_memory(x, y) and x.ctypes.data != y.ctypes.data:
         raise KernelError(f"{what}: y overlaps x without being x")
     cols = 1
     if bias is not None:
@@ -351,7 +351,7 @@ def layernorm(x: np.ndarray, y: np.ndarray, scale: np.ndarray | None,
     if mean.size != n_rows or inv.size != n_rows:
         raise KernelError(f"layernorm: mean and inv need {n_rows} values, got {mean.size} "
                           f"and {inv.size}")
-    if x.ctypes.data != y.ctypes.data and np.may_share_memory(x, y):
+    if np.may_share_memory(x, y) and x.ctypes.data != y.ctypes.data:
         raise KernelError("layernorm: y overlaps x without being x")
     r0, r1 = rows if rows is not None else (0, n_rows)
     if not 0 <= r0 <= r1 <= n_rows:

@@ -346,7 +346,7 @@ def native_erf(X, *, out=None):
     if native.available() and x.dtype == np.float32 and x.flags.c_contiguous:
         y = output(out, x.shape, x.dtype)
         if (y.flags.c_contiguous and y.flags.writeable
-                and (y.ctypes.data == x.ctypes.data or not np.may_share_memory(x, y))):
+                and (not np.may_share_memory(x, y) or y.ctypes.data == x.ctypes.data)):
             n = x.size
             share(n, GELU_BLOCK, n * ERF_COST,
                   lambda span, threads: native.erf(x, y, span, n_threads=threads))

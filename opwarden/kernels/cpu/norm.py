@@ -130,8 +130,8 @@ def layernorm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
         raise KernelError(f"axis {axis} is out of range for a tensor of rank {x.ndim}")
     ax = axis + x.ndim if axis < 0 else axis
     tail = x.shape[ax:]
-    cols = int(np.prod(tail, dtype=np.int64))
-    rows = x.size // cols if cols else int(np.prod(x.shape[:ax], dtype=np.int64))
+    cols = math.prod(tail)
+    rows = x.size // cols if cols else math.prod(x.shape[:ax])
     params = []
     for p in (Scale, B):
         if p is None:
@@ -140,6 +140,9 @@ def layernorm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
         p = np.asarray(p)
         if p.ndim > len(tail) or p.dtype != F32:
             return _layernorm_reference(X, Scale, B, axis, epsilon, stash_type)
+        if p.shape == tail and p.flags.c_contiguous:  # (the usual [C] row: a view, no copy)
+            params.append(p.reshape(cols))
+            continue
         try:
             params.append(np.ascontiguousarray(np.broadcast_to(p, tail)).reshape(cols))
         except ValueError:
@@ -171,7 +174,7 @@ def _native_rows(x2, y2, epsilon, mean, inv, scale, bias) -> bool:
     (no extension, a y that overlaps x without being x)."""
     if (not native.available() or x2.dtype != F32 or not x2.flags.c_contiguous
             or not y2.flags.c_contiguous
-            or (x2.ctypes.data != y2.ctypes.data and np.may_share_memory(x2, y2))):
+            or (np.may_share_memory(x2, y2) and x2.ctypes.data != y2.ctypes.data)):
         return False
     rows, cols = x2.shape
     if split_threads() <= 1:

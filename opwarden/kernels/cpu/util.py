@@ -299,7 +299,7 @@ def gelu_native(x: Any, y: Any, tanh: bool, bias: Any = None) -> bool:
     if (not native.available() or not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray)
             or x.dtype != F32 or y.dtype != F32 or x.shape != y.shape
             or not x.flags.c_contiguous or not y.flags.c_contiguous or not y.flags.writeable
-            or (x.ctypes.data != y.ctypes.data and np.may_share_memory(x, y))):
+            or (np.may_share_memory(x, y) and x.ctypes.data != y.ctypes.data)):
         return False
     if bias is not None:
         if (not isinstance(bias, np.ndarray) or bias.dtype != F32 or bias.ndim != 1
