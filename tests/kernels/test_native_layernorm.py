@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import opwarden as ow
 from opwarden import native
 from opwarden.errors import OpwardenError
-from opwarden.kernels.cpu import norm
+from opwarden.kernels.cpu import blas_split, norm
 
 DISABLED = os.environ.get("OPWARDEN_NATIVE", "1") == "0" or not native.available()
 needs_native = pytest.mark.skipif(DISABLED, reason="compiled path off")
@@ -137,10 +137,10 @@ def test_layernorm_kernel_threads_and_split(monkeypatch):
     real = native.layernorm
     monkeypatch.setattr(norm.native, "layernorm",
                         lambda *a, **k: seen.append((a[7:], k)) or real(*a, **k))
-    monkeypatch.setattr(norm, "split_threads", lambda: 1)
-    monkeypatch.setattr(norm, "blas_thread_count", lambda: 2)
+    monkeypatch.setattr(blas_split, "split_threads", lambda: 1)
+    monkeypatch.setattr(blas_split, "blas_thread_count", lambda: 2)
     y, m, inv = norm.layernorm(x, s, b, axis=-1, epsilon=1e-5)
-    assert seen == [((), {"n_threads": 2})]
+    assert seen == [(((0, 100),), {"n_threads": 2})]
     assert np.array_equal(y.reshape(100, 384), want[0])
     assert np.array_equal(m.reshape(-1), want[1]) and m.shape == (2, 50, 1)
     calls = []
@@ -150,8 +150,8 @@ def test_layernorm_kernel_threads_and_split(monkeypatch):
         fn(0, 31)
         fn(31, rows)
 
-    monkeypatch.setattr(norm, "split_threads", lambda: 2)
-    monkeypatch.setattr(norm, "over_rows", over_rows)
+    monkeypatch.setattr(blas_split, "split_threads", lambda: 2)
+    monkeypatch.setattr(blas_split, "over_rows", over_rows)
     y, m, inv = norm.layernorm(x, s, b, axis=-1, epsilon=1e-5)
     assert calls == [100] and np.array_equal(y.reshape(100, 384), want[0])
     # a y that overlaps x without being x: the NumPy rows

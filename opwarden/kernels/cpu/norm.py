@@ -8,10 +8,9 @@ import math
 import numpy as np
 
 from opwarden import native
-from opwarden.blas import blas_thread_count
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu import cast
-from opwarden.kernels.cpu.blas_split import over_rows, split_threads
+from opwarden.kernels.cpu.blas_split import share
 from opwarden.kernels.cpu.util import EW_CHUNK, F32, ones_row, output, scratch
 from opwarden.ops.base import REGISTRY
 
@@ -163,9 +162,8 @@ def layernorm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
 
 
 # LayerNorm rows on the compiled loop (native/layernorm.c: one read of the row for the mean,
-# one for the variance, one to write y, the sums in double) where the extension loads; row
-# blocks shared out as the SiLU kernel's (blas_split.over_rows where it splits, else OpenMP
-# threads on OpenBLAS's count). Multiply-adds an element, over_rows' threshold unit:
+# one for the variance, one to write y, the sums in double) where the extension loads; rows
+# shared out by blas_split.share. Multiply-adds an element, over_rows' threshold unit:
 LN_COST = 6
 
 
@@ -177,14 +175,8 @@ def _native_rows(x2, y2, epsilon, mean, inv, scale, bias) -> bool:
             or (np.may_share_memory(x2, y2) and x2.ctypes.data != y2.ctypes.data)):
         return False
     rows, cols = x2.shape
-    if split_threads() <= 1:
-        native.layernorm(x2, y2, scale, bias, epsilon, mean, inv, n_threads=blas_thread_count())
-        return True
-
-    def run(r0: int, r1: int) -> None:
-        native.layernorm(x2, y2, scale, bias, epsilon, mean, inv, (r0, r1))
-
-    over_rows(rows, rows * cols * LN_COST, run)
+    share(rows, 1, rows * cols * LN_COST, lambda span, threads: native.layernorm(
+        x2, y2, scale, bias, epsilon, mean, inv, span, n_threads=threads))
     return True
 
 
