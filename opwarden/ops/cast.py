@@ -333,6 +333,26 @@ def Cast(input, *, to=None, saturate=1, round_mode="up"):
     return cast_array(input, to_target_dtype(to), bool(saturate), round_mode)
 
 
+def _cast_samples(rng):
+    """float32 <-> float16 (the compiled conversion's cases: rounding ties, subnormals,
+    overflow, NaN, signed zeros, a strided-size tail), then a cast it leaves to the reference."""
+    x = (rng.standard_normal((5, 37)) * 3).astype(np.float32)
+    special = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65520.0, 1e6, -1e6,
+                          6e-8, 3e-8, -3e-8, 6.1e-5, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11])
+    x.flat[: special.size] = special
+    yield Sample([x], {"to": TensorProto.FLOAT16}, label="float32 -> float16")
+    with np.errstate(over="ignore"):  # (1e6 and 65520 round to inf, as they should)
+        half = x.astype(np.float16)
+    yield Sample([half], {"to": TensorProto.FLOAT}, label="float16 -> float32")
+    yield Sample([x.clip(-1e4, 1e4).astype(np.float16)[:, ::3]], {"to": TensorProto.FLOAT},
+                 label="float16 -> float32, strided")
+    yield Sample([x.clip(-1e4, 1e4)], {"to": TensorProto.INT32}, label="float32 -> int32")
+
+
+for _cast in (Cast_6, Cast_19, Cast):
+    _cast.samples(_cast_samples)
+
+
 @op("CastLike", since=15, contract=CASTLIKE_15)
 def CastLike_15(input, target_type):
     """Cast `input` to the element type of `target_type` (ONNX CastLike-15)."""
