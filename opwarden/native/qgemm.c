@@ -214,7 +214,7 @@ QG_TILE_VNNI(qg_tile_vnni_su, 1)
  * nearest even is rintf; max(f, lo) sends NaN to lo). A vector whose int32 bias add would
  * overflow (where the scalar path adds in int64) goes to qg_store. */
 QG_VNNI static void qg_store_avx512(const qg_args_t *p, int64_t m, int64_t n0, int cols,
-                                    const int32_t *t) {
+                                    const int32_t *t, int bias_safe) {
     if (p->mode == QG_OUT_I32) {
         qg_store(p, m, n0, cols, t);
         return;
@@ -231,7 +231,8 @@ QG_VNNI static void qg_store_avx512(const qg_args_t *p, int64_t m, int64_t n0, i
         int w = cols - j0 < 16 ? cols - j0 : 16;
         __mmask16 mk = (__mmask16)((1u << w) - 1u);
         int64_t n = n0 + j0;
-        __m512i v = _mm512_add_epi32(_mm512_maskz_loadu_epi32(mk, t + j0), rc);
+        __m512i v = _mm512_maskz_loadu_epi32(mk, t + j0);
+        if (p->rowc) v = _mm512_add_epi32(v, rc);
         if (p->colc) v = _mm512_add_epi32(v, _mm512_maskz_loadu_epi32(mk, p->colc + n));
         if (p->u)
             v = _mm512_add_epi32(v, _mm512_mullo_epi32(um, _mm512_maskz_loadu_epi32(mk, p->v + n)));
@@ -243,7 +244,9 @@ QG_VNNI static void qg_store_avx512(const qg_args_t *p, int64_t m, int64_t n0, i
             _mm512_mask_storeu_ps((float *)p->out + m * p->ldo + n, mk, f);
             continue;
         }
-        if (p->ibias) {
+        if (p->ibias && bias_safe) {
+            v = _mm512_add_epi32(v, row_bias ? ib1 : _mm512_maskz_loadu_epi32(mk, p->ibias + n));
+        } else if (p->ibias) {
             __m512i b = row_bias ? ib1 : _mm512_maskz_loadu_epi32(mk, p->ibias + n);
             __m512i sum = _mm512_add_epi32(v, b);
             __m512i ovf = _mm512_and_si512(_mm512_xor_si512(v, sum), _mm512_xor_si512(b, sum));
@@ -264,7 +267,7 @@ QG_VNNI static void qg_store_avx512(const qg_args_t *p, int64_t m, int64_t n0, i
     }
 }
 
-static void qg_job_vnni(const qg_args_t *p, int64_t mb, int64_t panel) {
+static void qg_job_vnni(const qg_args_t *p, int64_t mb, int64_t panel, int bias_safe) {
     int32_t tile[QG_MR * QG_NR];
     int64_t m1 = (mb + 1) * QG_MB < p->m ? (mb + 1) * QG_MB : p->m;
     int64_t n0 = panel * QG_NR;
@@ -277,7 +280,8 @@ static void qg_job_vnni(const qg_args_t *p, int64_t mb, int64_t panel) {
             qg_tile_vnni_su(a, p->lda, bp, p->k, mr, tile);
         else
             qg_tile_vnni_us(a, p->lda, bp, p->k, mr, tile);
-        for (int r = 0; r < mr; r++) qg_store_avx512(p, m + r, n0, cols, tile + r * QG_NR);
+        for (int r = 0; r < mr; r++)
+            qg_store_avx512(p, m + r, n0, cols, tile + r * QG_NR, bias_safe);
     }
 }
 
@@ -300,8 +304,25 @@ int qgemm_isa(void) {
 #endif
 }
 
+/* Can no accumulator plus bias overflow int32? |sum (row - zr)(col - zc)| <= 65025 k, so the
+ * accumulator is the exact sum, and with every |bias| below 2**31 - 65025 k so is the bias
+ * add: the epilogue then needs no overflow test (the scalar path adds in int64). */
+static int qg_bias_safe(const qg_args_t *p) {
+    if (!p->ibias) return 1;
+    int64_t limit = ((int64_t)1 << 31) - 1 - (int64_t)65025 * p->k;
+    if (limit <= 0) return 0;
+    int64_t nb = p->bias_idx == QG_PER_ROW ? p->m : p->n;
+    for (int64_t i = 0; i < nb; i++) {
+        int64_t b = p->ibias[i];
+        if (b >= limit || -b >= limit) return 0;
+    }
+    return 1;
+}
+
 void qgemm_8bit(const qg_args_t *p, int n_threads) {
     int vnni = qgemm_isa() && !p->portable;
+    int bias_safe = vnni ? qg_bias_safe(p) : 0;
+    (void)bias_safe;
     int64_t mblocks = (p->m + QG_MB - 1) / QG_MB, panels = (p->n + QG_NR - 1) / QG_NR;
     int64_t jobs = mblocks * panels;
     (void)vnni;
@@ -314,7 +335,7 @@ void qgemm_8bit(const qg_args_t *p, int n_threads) {
     for (int64_t j = 0; j < jobs; j++) {
 #ifdef QG_HAVE_VNNI
         if (vnni) {
-            qg_job_vnni(p, j / panels, j % panels);
+            qg_job_vnni(p, j / panels, j % panels, bias_safe);
             continue;
         }
 #endif
