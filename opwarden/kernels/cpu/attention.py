@@ -64,6 +64,12 @@ def _lead(Q, Kt, V, biases, s: int, t: int) -> tuple[tuple[int, ...], int]:
     return tuple(lead), s
 
 
+def _bcast(x: np.ndarray, shape: tuple) -> np.ndarray:
+    """x broadcast to `shape` (x itself when it has it: np.broadcast_to costs ~4 us a call,
+    a decode step's whole attention is ~20 us of work)."""
+    return x if x.shape == shape else np.broadcast_to(x, shape)
+
+
 def softmax_attention(Q, Kt, V, bias=None, mask=None, *, scale=1.0, divide=0, out=None):
     """softmax(scale(Q @ Kt) + bias + mask) @ V in row blocks (see the module docstring)."""
     if Q.ndim < 2 or Kt.ndim < 2 or V.ndim < 2:
@@ -86,11 +92,11 @@ def softmax_attention(Q, Kt, V, bias=None, mask=None, *, scale=1.0, divide=0, ou
     # Views with one leading axis at least; the last one is where heads group. Broadcasting
     # views, never copies: the transposed head views BLAS reads in place.
     ld = lead or (1,)
-    q = np.broadcast_to(Q, (*ld, s, h))
-    kt = np.broadcast_to(Kt, (*ld, h, t))
-    v = np.broadcast_to(V, (*ld, t, hv))
+    q = _bcast(Q, (*ld, s, h))
+    kt = _bcast(Kt, (*ld, h, t))
+    v = _bcast(V, (*ld, t, hv))
     y4 = y.reshape(*ld, s, hv)
-    bs = [np.broadcast_to(x, (*ld, s if x.ndim >= 2 and x.shape[-2] == s else 1, t))
+    bs = [_bcast(x, (*ld, s if x.ndim >= 2 and x.shape[-2] == s else 1, t))
           for x in given]
     c = np.float32(1.0 / float(scale) if divide else float(scale))
     outer = list(np.ndindex(*ld[:-1]))
@@ -102,7 +108,7 @@ def softmax_attention(Q, Kt, V, bias=None, mask=None, *, scale=1.0, divide=0, ou
     bases = None
     if native.available() and all(x.dtype == np.float32 for x in given):
         bases = [np.ascontiguousarray(x) for x in given]
-        bviews = [np.broadcast_to(b, x.shape) for b, x in zip(bases, bs)]
+        bviews = [_bcast(b, x.shape) for b, x in zip(bases, bs)]
         if not all(w.strides[-1] == 4 for w in bviews):
             bases = None
 
