@@ -120,7 +120,7 @@ def bias_act(y: np.ndarray, bias: np.ndarray | None, act: str,
 # FusedConv activations the compiled depthwise epilogue applies (depthwise.c's codes); Gelu
 # is "Gelu" with params [0] (erf) or [1] (tanh form).
 DW_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "Sigmoid": 4, "HardSwish": 5,
-           "Tanh": 6, "Gelu": 7}
+           "Tanh": 6, "Gelu": 7, "Swish": 9}
 
 
 def _act_code(codes: dict[str, int], activation: str,
@@ -134,6 +134,8 @@ def _act_code(codes: dict[str, int], activation: str,
         return code, (p[0] if p else -np.inf), (p[1] if len(p) > 1 else np.inf)
     if activation == "LeakyRelu":
         return code, (p[0] if p else 0.01), 0.0
+    if activation == "Swish":
+        return code, (p[0] if p else 1.0), 0.0
     return code, 0.0, 0.0
 
 
@@ -187,8 +189,8 @@ def depthwise_nhwc(x: np.ndarray, taps: np.ndarray, bias: np.ndarray | None,
 
 
 # Activations conv_epilogue applies (conv_epilogue.c's codes): the piecewise ones, which it
-# computes exactly as the NumPy kernels do.
-EPILOGUE_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "HardSwish": 4}
+# computes exactly as the NumPy kernels do, and Swish [alpha] as the compiled SiLU does.
+EPILOGUE_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "HardSwish": 4, "Swish": 5}
 
 
 def epilogue_act_code(activation: str, params) -> tuple[int, float, float] | None:

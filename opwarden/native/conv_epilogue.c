@@ -3,7 +3,9 @@
  * four per activation). The sums are formed in the NumPy path's order ((y + bias) + z, a term
  * left out when absent, so -0.0 stays -0.0), and the activations are written as the NumPy
  * kernels compute them (HardSwish divides by 6 as they do), so results match them bit for
- * bit; NaN fails every comparison and passes through. Rows are shared over OpenMP threads
+ * bit; NaN fails every comparison and passes through. Swish (x sigmoid(alpha x), SiLU at
+ * alpha 1) is v / (1 + e^(-alpha v)) on native.h's branch-free exponential, as the compiled
+ * SiLU computes it (within 2e-7 relative of the reference). Rows are shared over OpenMP threads
  * for large outputs. Built for the x86-64-v3/v4 levels too (target_clones, as depthwise.c).
  */
 #include "native.h"
@@ -23,7 +25,7 @@
 #endif
 
 /* opwarden.native.EPILOGUE_ACTS */
-enum { E_NONE, E_RELU, E_CLIP, E_LEAKY, E_HARDSWISH };
+enum { E_NONE, E_RELU, E_CLIP, E_LEAKY, E_HARDSWISH, E_SWISH };
 
 /* One row; hb/hz are constants at each call, so every combination compiles to its own loop
  * the compiler vectorizes. */
@@ -63,6 +65,14 @@ EP_INLINE void ep_row(float *yr, const float *b, const float *zr, int64_t cols, 
             t = t > 1.0f ? 1.0f : t;
             t = t < 0.0f ? 0.0f : t;
             yr[j] = v * t;
+        }
+        return;
+    case E_SWISH:
+        for (int64_t j = 0; j < cols; j++) {
+            float v = yr[j];
+            if (hb) v += b[j];
+            if (hz) v += zr[j];
+            yr[j] = ow_over_one_plus_exp(v, -p0 * v);
         }
         return;
     default:

@@ -40,7 +40,8 @@
 
 /* The activation codes of opwarden.native.DW_ACTS. NaN propagates through every one (the
  * comparisons are written so a NaN takes the pass-through branch), as in the references. */
-enum { A_NONE, A_RELU, A_CLIP, A_LEAKY, A_SIGMOID, A_HARDSWISH, A_TANH, A_GELU, A_GELU_TANH };
+enum { A_NONE, A_RELU, A_CLIP, A_LEAKY, A_SIGMOID, A_HARDSWISH, A_TANH, A_GELU, A_GELU_TANH,
+       A_SWISH };
 
 DW_INLINE float dw_act(float v, int act, float p0, float p1) {
     switch (act) {
@@ -65,6 +66,8 @@ DW_INLINE float dw_act(float v, int act, float p0, float p1) {
         float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
         return 0.5f * v * (1.0f + tanhf(u));
     }
+    case A_SWISH: /* v sigmoid(p0 v), as the compiled SiLU (native.h, no libm call) */
+        return ow_over_one_plus_exp(v, -p0 * v);
     default:
         return v;
     }
@@ -78,8 +81,8 @@ DW_INLINE float dw_act(float v, int act, float p0, float p1) {
 
 /* yp[k] = act(yp[k]) for k in [0, len). The switch stays outside the loops, so that each
  * piecewise activation is a loop the compiler vectorizes (a per-element switch kept HardSwish
- * scalar: a third of the Relu blocks' speed on MobileNetV3's layers); the ones that call libm
- * run element by element through dw_act. Each case computes what dw_act does. */
+ * scalar: a third of the Relu blocks' speed on MobileNetV3's layers), Swish's branch-free
+ * exponential too; the ones that call libm run element by element through dw_act. Each case computes what dw_act does. */
 DW_INLINE void dw_act_run(float *yp, int64_t len, const dw_args_t *a) {
     const float p0 = a->p0, p1 = a->p1;
     switch (a->act) {
@@ -103,6 +106,9 @@ DW_INLINE void dw_act_run(float *yp, int64_t len, const dw_args_t *a) {
             t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
             yp[k] = v * t;
         }
+        return;
+    case A_SWISH: /* branch-free: vectorizes */
+        for (int64_t k = 0; k < len; k++) yp[k] = ow_over_one_plus_exp(yp[k], -p0 * yp[k]);
         return;
     default:
         for (int64_t k = 0; k < len; k++) yp[k] = dw_act(yp[k], a->act, p0, p1);

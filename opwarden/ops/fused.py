@@ -37,7 +37,7 @@ from opwarden.ops.grad import away_from_zero
 from opwarden.ops.linalg import Gemm, MatMul, _gemm_flops, _matmul_flops
 
 DOMAIN = "opwarden"
-ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", "Gelu", "Tanh")
+ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", "Gelu", "Tanh", "Swish")
 FLOATS = ["float16", "float32", "float64", "bfloat16"]
 _ACT_RULE = one_of(*ACTIVATIONS)
 
@@ -46,7 +46,9 @@ def apply_activation(y: np.ndarray, activation: str, params) -> np.ndarray:
     """`activation` (one of ACTIVATIONS) applied to y through the built-in reference kernels.
 
     params: Clip [min, max] (either may be missing: [] or [min]), LeakyRelu [alpha],
-    Gelu [0] exact (default) or [1] tanh approximation; the others take none.
+    Gelu [0] exact (default) or [1] tanh approximation, Swish [alpha] (x sigmoid(alpha x),
+    default 1: SiLU, computed as the Sigmoid and Mul nodes it replaces do); the others take
+    none.
     """
     p = [float(v) for v in (params or ())]
     if not activation:
@@ -61,6 +63,11 @@ def apply_activation(y: np.ndarray, activation: str, params) -> np.ndarray:
         return _act.LeakyRelu(y, alpha=p[0] if p else 0.01)
     if activation == "Gelu":
         return _act.Gelu(y, approximate="tanh" if p and p[0] else "none")
+    if activation == "Swish":
+        alpha = p[0] if p else 1.0
+        if alpha == 1.0:
+            return _ew.Mul(y, _act.Sigmoid(y))
+        return _act.Swish(y, alpha=alpha)
     raise KernelError(f"unknown fused activation {activation!r}; expected one of {ACTIVATIONS}")
 
 
@@ -68,10 +75,14 @@ Piece = tuple[str, dict[str, Any], list[Any]]
 
 
 def _activation_piece(node: Any) -> list[Piece]:
-    """The fused activation as a piece over the node's output ([] without one)."""
+    """The fused activation as a piece over the node's output ([] without one); Swish as
+    the Sigmoid and Mul it computes (Swish the operator is opset 24 only)."""
     act = node.attrs.get("activation", "")
     if isinstance(act, bytes):
         act = act.decode()
+    if act == "Swish":
+        y = node.outputs[:1]
+        return [("Sigmoid", {}, y), ("Mul", {}, y + y)]
     return [(act, {}, node.outputs[:1])] if act else []
 
 
@@ -341,6 +352,15 @@ def _fused_conv_samples(rng):
     yield S([x(1, 16, 9, 9), wz, x(12)],
             {"pads": p1, "strides": [2, 2], "branches": [4, 1, 1, 8, 3, 3]},
             label="branches stride 2 with structural zeros (patch matrix)")
+    silu = {"activation": "Swish", "activation_params": [1.0]}
+    yield S([x(1, 16, 7, 7), w(24, 16, 1, 1), x(24), x(1, 24, 7, 7)], silu,
+            label="1x1 residual, silu")
+    yield S([x(1, 24, 9, 9), w(24, 1, 3, 3), x(24)],
+            {"group": 24, "pads": p1, "strides": [2, 2], **silu}, label="depthwise stride 2, silu")
+    yield S([x(1, 8, 6, 6), w(8, 8, 3, 3), x(8)], {"pads": p1, **silu}, label="3x3, silu")
+    yield S([x(1, 3, 16, 16), w(8, 3, 3, 3), x(8)],
+            {"pads": p1, "strides": [2, 2], "activation": "Swish",
+             "activation_params": [1.702]}, label="3x3 stride 2 stem, swish alpha 1.702")
     yield S([x(0, 4, 5, 5), w(6, 4, 3, 3), x(6)], {"pads": p1}, label="empty batch")
     d = normal(rng, np.float64)
     yield S([d(1, 4, 6, 6), d(5, 4, 3, 3) / 6.0, d(5)], {"activation": "Tanh"},
@@ -406,6 +426,8 @@ def _fused_gemm_samples(rng):
                                              "activation_params": [0.2]}, label="scalar C")
     yield Sample([r(4, 5), r(3, 5)], {"transB": 1, "activation": "Sigmoid"}, label="no C")
     yield Sample([r(64, 96), r(96, 80), r(80)], {"activation": "Gelu"}, label="64x96x80")
+    yield Sample([r(8, 12), r(12, 16), r(16)], {"activation": "Swish",
+                                                 "activation_params": [1.0]}, label="silu")
     d = normal(rng, np.float64)
     yield Sample([d(3, 4), d(4, 2), d(2)], {"activation": "Tanh"}, label="float64")
 
@@ -438,6 +460,9 @@ def _fused_matmul_samples(rng):
     yield Sample([r(2, 1, 4, 5), r(3, 5, 2), r(2, 3, 4, 2)],
                  {"activation": "HardSwish"}, label="broadcast batch, full C")
     yield Sample([r(64, 128), r(128, 96), r(96)], {"activation": "Relu"}, label="64x128x96")
+    yield Sample([r(2, 4, 5), r(5, 3), r(3)], {"activation": "Swish",
+                                               "activation_params": [1.702]},
+                 label="batched, swish alpha 1.702")
     d = normal(rng, np.float64)
     yield Sample([d(3, 4), d(4, 2), d(1)], {"activation": "Sigmoid"}, label="float64")
 

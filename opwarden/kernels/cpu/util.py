@@ -210,6 +210,8 @@ def activation_workspace(activation: str, params: Sequence[float] | None, n: int
     scratch (see `chunked`); the others run in place."""
     if activation == "Gelu":
         return chunked_workspace(gelu_chunk(bool(params and float(params[0])))[1], n)
+    if activation == "Swish":
+        return chunked_workspace(1, n)  # (the NumPy chunks; the compiled loop takes none)
     return chunked_workspace(CHUNK_TEMPS.get(activation or "", 0), n)
 
 
@@ -235,11 +237,40 @@ def apply_activation(y: np.ndarray, activation: str, params: Sequence[float] = (
             np.tanh(y, out=y)
         elif activation == "Gelu":
             _gelu_inplace(y, bool(params and params[0]))
+        elif activation == "Swish":
+            _swish_inplace(y, params[0] if params else 1.0)
         else:
             raise KernelError(
                 f"activation {activation!r} is not one of {', '.join(map(repr, ACTIVATIONS))}"
             )
     return y
+
+
+# Swish on the compiled loop (native/silu.c, as the SiLU kernels): blocks shared out by
+# blas_split.share (their sizes and cost weight as kernels/cpu/silu_native.py's).
+SWISH_BLOCK = 1 << 14
+SWISH_COST = 16
+
+
+def _swish_inplace(y: np.ndarray, alpha: float) -> None:
+    """y <- y sigmoid(alpha y): the compiled loop on C-contiguous float32, else NumPy chunks
+    of y / (1 + e^(-alpha y)) (e^ overflowing to inf gives -0 where the product is below
+    float32's range anyway; inf / inf = NaN at y = -inf, as inf * 0 in the reference)."""
+    if (native.available() and isinstance(y, np.ndarray) and y.dtype == F32
+            and y.flags.c_contiguous and y.flags.writeable):
+        n = y.size
+        share(n, SWISH_BLOCK, n * SWISH_COST,
+              lambda span, threads: native.swish(y, y, alpha, span, n_threads=threads))
+        return
+    a = np.float32(-alpha)
+
+    def run(x, out, t):
+        np.multiply(x, a, out=t)
+        np.exp(t, out=t)
+        t += _ONE
+        np.divide(x, t, out=out)
+
+    chunked(run, y, y, 1)
 
 
 def leaky_chunk(alpha: np.float32) -> Callable[..., None]:

@@ -44,6 +44,9 @@ def _activate_(y: torch.Tensor, activation: str, params) -> torch.Tensor:
         return F.hardswish(y, inplace=True)
     if activation == "Gelu":
         return F.gelu(y, approximate="tanh" if p and p[0] else "none")
+    if activation == "Swish":  # x sigmoid(alpha x) (alpha 1: SiLU)
+        alpha = p[0] if p else 1.0
+        return y.mul_(torch.sigmoid(y * alpha if alpha != 1.0 else y))
     raise KernelError(
         f"activation {activation!r} is not one of {', '.join(map(repr, ACTIVATIONS))}"
     )
