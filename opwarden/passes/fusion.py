@@ -3,8 +3,8 @@
 A Conv, Gemm or MatMul and what follows it on its output alone (a bias or residual Add, then
 an activation) become one FusedConv, FusedGemm or FusedMatMul, whose kernels apply the
 epilogue while the output is still in cache. The activation is an activation operator
-(`match.activation_of`) or the exact Gelu exporters spell out in Div/Erf/Add/Mul nodes
-(`gelu.gelu_chain`).
+(`match.activation_of`), the exact Gelu exporters spell out in Div/Erf/Add/Mul nodes
+(`gelu.gelu_chain`) or SiLU as Sigmoid and Mul (`match.silu_chain`, activation "Swish").
 """
 
 from __future__ import annotations
@@ -20,15 +20,18 @@ from opwarden.passes.match import (
     is_std,
     known_shape,
     other_input,
+    silu_chain,
 )
 from opwarden.passes.rewrite import PassResult, Rewriter, fuse
 
 
 def _with_act(rw: Rewriter, nodes: list[Node], attrs: dict) -> None:
     """Extend a chain with the activation after its last node, if there is one: an
-    activation operator, or the exact Gelu spelled out in Div/Erf/Add/Mul nodes (one pass
+    activation operator, the exact Gelu spelled out in Div/Erf/Add/Mul nodes (one pass
     over the tensor instead of six; the result differs from the unfused chain by float32
-    rounding only, the kernel rounding once where the chain rounded after each node)."""
+    rounding only, the kernel rounding once where the chain rounded after each node), or
+    SiLU spelled Sigmoid then Mul (match.silu_chain: both nodes read y, so y is not single
+    use)."""
     y = nodes[-1].outputs[0]
     c = rw.single_use(y)
     act = activation_of(rw, c, y)
@@ -40,6 +43,11 @@ def _with_act(rw: Rewriter, nodes: list[Node], attrs: dict) -> None:
     if gelu is not None:
         nodes.extend(gelu)
         attrs["activation"], attrs["activation_params"] = "Gelu", [0.0]
+        return
+    silu = silu_chain(rw, y)
+    if silu is not None:
+        nodes.extend(silu)
+        attrs["activation"], attrs["activation_params"] = "Swish", [1.0]
 
 
 def conv_fusion(rw: Rewriter) -> PassResult:

@@ -67,12 +67,19 @@ def channel_vector(k: np.ndarray, rank: int, m: int) -> np.ndarray | None:
 
 
 def activation_of(rw: Rewriter, c: Node | None, y: Value) -> tuple[str, list[float]] | None:
-    """(activation, activation_params) if node c applies a fusable activation to y."""
-    if c is None or c.domain or not c.inputs or c.inputs[0] is not y or c.opdef is None:
+    """(activation, activation_params) if node c applies a fusable activation to y: an ONNX
+    activation operator, or com.microsoft QuickGelu (x sigmoid(alpha x): "Swish" [alpha])."""
+    if c is None or not c.inputs or c.inputs[0] is not y or c.opdef is None:
         return None
     if len(c.outputs) != 1:
         return None
     t = c.op_type
+    if c.domain == "com.microsoft" and t == "QuickGelu":
+        return "Swish", [float(kernel_kwargs(c).get("alpha", 1.702))]
+    if c.domain:
+        return None
+    if t == "Swish":
+        return t, [float(kernel_kwargs(c).get("alpha", 1.0))]
     if t in ("Relu", "Sigmoid", "Tanh", "HardSwish"):
         return t, []
     if t == "LeakyRelu":
@@ -94,6 +101,31 @@ def activation_of(rw: Rewriter, c: Node | None, y: Value) -> tuple[str, list[flo
                 return None
             bounds.append(float(k.reshape(-1)[0]))
         return t, bounds
+    return None
+
+
+def silu_chain(rw: Rewriter, y: Value) -> list[Node] | None:
+    """[Sigmoid, Mul] when y's readers are exactly Sigmoid(y) and Mul(y, Sigmoid(y)) (either
+    operand order), the Sigmoid read by that Mul alone: SiLU as exporters write it, the
+    activation "Swish" with params [1.0]. Float dtypes, the Mul's result of y's dtype (its
+    shape is y's: both operands have it)."""
+    if (id(y) in rw.outputs or len(y.uses) != 2 or not rw.local_uses(y)
+            or y.fact.dtype not in FLOAT):
+        return None
+    for s, _ in y.uses:
+        if (not is_std(s, "Sigmoid") or s.opdef is None or id(s) in rw.removed
+                or len(s.inputs) != 1 or len(s.outputs) != 1):
+            continue
+        t = s.outputs[0]
+        m = rw.single_use(t)
+        if not is_std(m, "Mul") or m.opdef is None or len(m.outputs) != 1:
+            continue
+        if other_input(m, t) is not y or m.outputs[0] is None:
+            continue
+        if m.outputs[0].fact.dtype != y.fact.dtype:
+            continue
+        if all(n is s or n is m for n, _ in y.uses):
+            return [s, m]
     return None
 
 
