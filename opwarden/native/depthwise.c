@@ -81,8 +81,8 @@ DW_INLINE float dw_act(float v, int act, float p0, float p1) {
 
 /* yp[k] = act(yp[k]) for k in [0, len). The switch stays outside the loops, so that each
  * piecewise activation is a loop the compiler vectorizes (a per-element switch kept HardSwish
- * scalar: a third of the Relu blocks' speed on MobileNetV3's layers), Swish's branch-free
- * exponential too; the ones that call libm run element by element through dw_act. Each case computes what dw_act does. */
+ * scalar: a third of the Relu blocks' speed on MobileNetV3's layers); the ones that call libm
+ * run element by element through dw_act. (Swish runs over whole rows: dw_row.) Each case computes what dw_act does. */
 DW_INLINE void dw_act_run(float *yp, int64_t len, const dw_args_t *a) {
     const float p0 = a->p0, p1 = a->p1;
     switch (a->act) {
@@ -106,9 +106,6 @@ DW_INLINE void dw_act_run(float *yp, int64_t len, const dw_args_t *a) {
             t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
             yp[k] = v * t;
         }
-        return;
-    case A_SWISH: /* branch-free: vectorizes */
-        for (int64_t k = 0; k < len; k++) yp[k] = ow_over_one_plus_exp(yp[k], -p0 * yp[k]);
         return;
     default:
         for (int64_t k = 0; k < len; k++) yp[k] = dw_act(yp[k], a->act, p0, p1);
@@ -289,8 +286,7 @@ DW_INLINE int64_t dw_row_s1(const dw_args_t *a, int64_t n, int64_t r, int64_t j,
     return j;
 }
 
-DW_CLONES
-static void dw_row(const dw_args_t *a, int64_t n, int64_t r) {
+DW_INLINE void dw_row_body(const dw_args_t *a, int64_t n, int64_t r) {
     const int64_t c = a->c, cfull = c - c % CB;
     /* Pixels j with every tap inside along W: j*sw - pl >= 0 and
      * j*sw - pl + (kw-1)*dw < w. */
@@ -323,6 +319,26 @@ static void dw_row(const dw_args_t *a, int64_t n, int64_t r) {
             for (int p = 0; p < PB; p++) dw_pixel(a, n, r, j + p, cfull, c);
     }
     for (; j < a->ow; j++) dw_pixel(a, n, r, j, 0, c);
+}
+
+/* Output row (n, r). Swish is applied to the finished row while it is in L1/L2, one long
+ * loop at the clone's full vector width (per 16-channel block, or in 8-lane registers, the
+ * exponential and division ran at half the standalone SiLU's speed or less). */
+DW_CLONES
+static void dw_row(const dw_args_t *a, int64_t n, int64_t r) {
+    dw_args_t b;
+    const dw_args_t *use = a;
+    if (a->act == A_SWISH) { /* (one inlined body for both) */
+        b = *a;
+        b.act = A_NONE;
+        use = &b;
+    }
+    dw_row_body(use, n, r);
+    if (use == a) return;
+    float *yr = a->y + (n * a->oh + r) * a->ow * a->c;
+    const int64_t len = a->ow * a->c;
+    const float na = -a->p0;
+    for (int64_t k = 0; k < len; k++) yr[k] = ow_over_one_plus_exp(yr[k], na * yr[k]);
 }
 
 void depthwise_nhwc_f32(const dw_args_t *a, int64_t q0, int64_t q1, int n_threads) {
