@@ -9,6 +9,8 @@ so that they run as integer GEMMs with one requantization, as there.
   the QuantizeLinear -> com.microsoft QGemm (float output without it).
 - Add of two dequantized uint8 inputs, per tensor, into a uint8 QuantizeLinear ->
   com.microsoft QLinearAdd (ORT on x86 leaves int8 Adds in float).
+- MaxPool between a DequantizeLinear and a QuantizeLinear of the same per-tensor parameters
+  -> MaxPool on the 8-bit tensor (exact: see _maxpool).
 
 ORT's conditions are kept, since the fused operators round differently from the float chain
 (one requantization of the exact integer sum instead of a float convolution rounded by the
@@ -273,6 +275,29 @@ def _add(rw: Rewriter, res: PassResult, node: Node) -> None:
     _fuse(rw, res, "QLinearAdd", node, [da, db], [*act, qn], ins, {}, {}, MS)
 
 
+def _maxpool(rw: Rewriter, res: PassResult, node: Node) -> None:
+    """DequantizeLinear -> MaxPool -> QuantizeLinear with one per-tensor scale (> 0) and zero
+    point on both sides -> MaxPool on the 8-bit input, as ORT's QDQ selectors drop the pair:
+    the maximum commutes with the increasing affine map, and quantizing a dequantized integer
+    with the same parameters gives it back, so the result is the chain's exactly."""
+    if node.opdef.since < 12 or len(node.outputs) > 1 and node.outputs[1] is not None:
+        return  # (8-bit MaxPool from opset 12; an Indices output reads positions, not values)
+    d = _dq(rw, node.inputs[0])
+    if d is None or d.dtype not in _8BIT or not d.per_tensor or d.zp_arr is None:
+        return
+    q = _q_after(rw, node.outputs[0], d.dtype)
+    if q is None or q[0]:
+        return
+    qn = q[1]
+    s, z = rw.const(qn.inputs[1]), rw.const(qn.inputs[2])
+    scale = float(d.scale_arr.reshape(-1)[0])
+    if not (scale > 0 and float(s.reshape(-1)[0]) == scale
+            and int(z.reshape(-1)[0]) == int(d.zp_arr.reshape(-1)[0])):
+        return
+    _fuse(rw, res, "MaxPool", node, [d], [qn], [d.x], dict(node.attrs),
+          dict(getattr(node, "attr_types", {}) or {}), node.domain)
+
+
 def qdq_fusion(rw: Rewriter) -> PassResult:
     """DequantizeLinear -> Conv/MatMul/Gemm -> QuantizeLinear as QLinearConv, QLinearMatMul,
     QGemm (see the module docstring for when)."""
@@ -290,4 +315,6 @@ def qdq_fusion(rw: Rewriter) -> PassResult:
             _gemm(rw, res, node)
         elif is_std(node, "Add") and node.opdef.since >= 7:
             _add(rw, res, node)
+        elif is_std(node, "MaxPool"):
+            _maxpool(rw, res, node)
     return res

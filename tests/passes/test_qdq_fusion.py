@@ -340,3 +340,40 @@ def test_which_groups_fuse(kw, fuses, tmp_path):
         assert np.array_equal(g, w) if fuses else True
         _close(g, w)
         _close(p, w)
+
+
+def _qdq_maxpool(zp_out=128, scale_out=0.05, signed=False, opset=17, pads=(1, 1, 1, 1)) -> bytes:
+    """x -> Q -> DQ -> MaxPool -> Q(scale_out, zp_out) -> DQ -> y."""
+    n = helper.make_node
+    c = lambda nm, a: numpy_helper.from_array(np.asarray(a), nm)  # noqa: E731
+    zt = np.int8 if signed else np.uint8
+    inits = [c("s", F32(0.05)), c("z", zt(0 if signed else 128)), c("s2", F32(scale_out)),
+             c("z2", zt(0 if signed else zp_out))]
+    nodes = [n("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             n("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             n("MaxPool", ["xd"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=list(pads)),
+             n("QuantizeLinear", ["p", "s2", "z2"], ["pq"]),
+             n("DequantizeLinear", ["pq", "s2", "z2"], ["y"])]
+    side = 5 if pads[0] else 4
+    m = _model(nodes, [1, 4, 9, 9], "y", [1, 4, side, side], inits, opset=opset)
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("kw,fuses", [
+    ({}, True), ({"signed": True}, True), ({"pads": (0, 0, 0, 0)}, True),
+    ({"zp_out": 100}, False), ({"scale_out": 0.1}, False),  # other parameters: a requantize
+    ({"opset": 11}, False),  # no 8-bit MaxPool before opset 12
+])
+def test_maxpool_between_equal_qdq_runs_on_8_bits(kw, fuses):
+    data = _qdq_maxpool(**kw)
+    ours = opwarden.InferenceSession(data)
+    pools = [p for p in ours.placements if p.node.op_type == "MaxPool"]
+    assert len(pools) == 1
+    assert (pools[0].node.inputs[0].fact.dtype in ("uint8", "int8")) == fuses
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    plain = opwarden.InferenceSession(data, opwarden.SessionOptions(optimization_level=0))
+    x = np.random.default_rng(4).standard_normal((1, 4, 9, 9)).astype(F32) * 4
+    x[0, 0, :3, :3] = [[-100, 100, np.nan], [0, -0.0, 1e9], [-1e9, 6.3, -6.4]]
+    got = ours.run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, plain.run(None, {"x": x})[0])  # exact, not close
+    np.testing.assert_array_equal(got, theirs.run(None, {"x": x})[0])
