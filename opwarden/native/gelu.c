@@ -22,14 +22,6 @@
 
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 11
-#define GELU_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define GELU_CLONES
-#endif
-
 #if defined(__GNUC__)
 #define GELU_INLINE static inline __attribute__((always_inline))
 #else
@@ -92,7 +84,7 @@ GELU_INLINE float gelu_tanh1(float v) {
 
 /* One contiguous run: y[i] = f(x[i] + b[i]) (b NULL: f(x[i]); adding 0 would turn -0 into
  * +0). Separate loops per form and per bias keep each one branch-free for the vectorizer. */
-GELU_CLONES
+OW_CLONES
 void gelu_run_f32(const float *x, float *y, const float *b, int64_t n, int mode) {
     if (mode == GELU_ERF && b) {
         GELU_IVDEP

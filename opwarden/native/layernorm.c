@@ -13,14 +13,6 @@
 
 #include <math.h>
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 11
-#define LN_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define LN_CLONES
-#endif
-
 #if defined(__GNUC__) && !defined(__clang__)
 #define LN_IVDEP _Pragma("GCC ivdep")
 #elif defined(__clang__)
@@ -32,7 +24,7 @@
 #define LN_LANES 8
 
 /* One row: its mean and 1/std into *mean_out, *inv_out, y the normalized row (y may be x). */
-LN_CLONES
+OW_CLONES
 void layernorm_row_f32(const float *x, float *y, const float *scale, const float *bias,
                        int64_t cols, float eps, float *mean_out, float *inv_out) {
     double acc[LN_LANES] = {0};

@@ -130,6 +130,16 @@ void qlinear_add_8bit(const void *x, const void *y, void *out, int64_t n, float 
 #else
 #define OW_INLINE static inline
 #endif
+
+/* A vectorized loop's function built for the x86-64-v4 and -v3 levels too, picked at load
+ * time (GCC 11+ on x86-64 Linux; elsewhere the one portable build): no -march flag is passed,
+ * so a wheel built here runs on any CPU of the architecture. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    __GNUC__ >= 11
+#define OW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define OW_CLONES
+#endif
 OW_INLINE float ow_exp(float t) {
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693145751953125f,
                 ln2_lo = 1.428606765330187e-06f, magic = 12582912.0f;

@@ -17,15 +17,7 @@
 #pragma clang fp contract(off)
 #endif
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 11
-#define Q_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define Q_CLONES
-#endif
-
-Q_CLONES void quantize_f32_8bit(const float *x, void *y, int64_t n, float scale, int32_t zp,
+OW_CLONES void quantize_f32_8bit(const float *x, void *y, int64_t n, float scale, int32_t zp,
                                 int out_signed) {
     float lo = out_signed ? -128.0f : 0.0f, hi = out_signed ? 127.0f : 255.0f, z = (float)zp;
     if (out_signed) {
@@ -47,7 +39,7 @@ Q_CLONES void quantize_f32_8bit(const float *x, void *y, int64_t n, float scale,
     }
 }
 
-Q_CLONES void dequantize_8bit_f32(const void *x, float *y, int64_t n, float scale, int32_t zp,
+OW_CLONES void dequantize_8bit_f32(const void *x, float *y, int64_t n, float scale, int32_t zp,
                                   int in_signed) {
     if (in_signed) {
         const int8_t *s = (const int8_t *)x;
@@ -62,7 +54,7 @@ Q_CLONES void dequantize_8bit_f32(const void *x, float *y, int64_t n, float scal
  * r = fma32(x, rx, fma32(y, ry, fixed)), each fma32 a float64 multiply-add of float32
  * operands rounded once to float32, then rint and saturation (NaN to the minimum). x is the
  * operand the caller names first (ORT's broadcaster order). */
-Q_CLONES static void qlinear_add_f64(const void *x, const void *y, void *out, int64_t n,
+OW_CLONES static void qlinear_add_f64(const void *x, const void *y, void *out, int64_t n,
                                      float rx, float ry, float fixed, int is_signed) {
     float lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
     for (int64_t i = 0; i < n; i++) {
@@ -90,7 +82,7 @@ Q_CLONES static void qlinear_add_f64(const void *x, const void *y, void *out, in
         ((T *)out)[i] = (T)(int32_t)f;                                           \
     }
 
-Q_CLONES static void qlinear_add_fma(const void *x, const void *y, void *out, int64_t n,
+OW_CLONES static void qlinear_add_fma(const void *x, const void *y, void *out, int64_t n,
                                      float rx, float ry, float fixed, int is_signed) {
     float lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
     if (is_signed) {

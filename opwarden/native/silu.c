@@ -6,21 +6,13 @@
 
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 11
-#define SILU_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SILU_CLONES
-#endif
-
 #if defined(__clang__)
 #pragma clang fp contract(fast)
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=fast")
 #endif
 
-SILU_CLONES
+OW_CLONES
 void swish_f32(const float *x, float *y, int64_t n, float alpha) {
     for (int64_t i = 0; i < n; i++) y[i] = ow_over_one_plus_exp(x[i], -alpha * x[i]);
 }

@@ -13,14 +13,6 @@
 
 #include <math.h>
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 11
-#define SOFTMAX_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SOFTMAX_CLONES
-#endif
-
 #if defined(__clang__)
 #pragma clang fp contract(fast)
 #elif defined(__GNUC__)
@@ -57,7 +49,7 @@ static inline float exp_sum(float *restrict s, int64_t t, float m) {
     return sum;
 }
 
-SOFTMAX_CLONES
+OW_CLONES
 void softmax_rows_f32(float *s, int64_t n, int64_t m, int64_t t, float c, const float *b0,
                       int64_t b0_hs, int64_t b0_rs, const float *b1, int64_t b1_hs,
                       int64_t b1_rs, float *inv) {
