@@ -71,6 +71,13 @@ class _Expander:
                 self.add("Mul", [x, h], y, name)
         elif act == "Gelu":
             self._gelu(bool(p and p[0]), x, y, name, dtype)
+        elif act == "Swish":  # x sigmoid(alpha x), as exporters write SiLU for alpha 1
+            alpha = p[0] if p else 1.0
+            t = x if alpha == 1.0 else self.add(
+                "Mul", [x, self.const(y + "_alpha", alpha, dtype)], self.fresh(y),
+                name + "/scale")
+            s = self.add("Sigmoid", [t], self.fresh(y), name + "/sigmoid")
+            self.add("Mul", [x, s], y, name)
         else:
             return False
         return True

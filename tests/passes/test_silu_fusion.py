@@ -185,3 +185,38 @@ def test_level_1_and_disabled_pass_leave_silu_alone():
         assert all(act != "Swish" for _, act, _ in _fused(m))
         assert "Sigmoid" in types_of(m) or any(
             n.op_type == "FusedElementwise" for n in m.graph.nodes)
+
+
+@pytest.mark.parametrize("alpha", [None, 1.702])
+def test_optimized_model_with_standard_ops_expands_swish(tmp_path, alpha):
+    import warnings
+
+    import onnx
+
+    if alpha is None:  # SiLU as exported
+        nodes, opset, domain = [_conv(), *_silu()], 17, ""
+    else:  # QuickGelu: Swish with alpha
+        nodes = [_conv(), helper.make_node("QuickGelu", ["c"], ["y"], domain="com.microsoft",
+                                           alpha=alpha)]
+        opset, domain = 17, "com.microsoft"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     [1, 4, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(W, "w"), numpy_helper.from_array(B, "b")])
+    imports = [helper.make_opsetid("", opset)] + (
+        [helper.make_opsetid(domain, 1)] if domain else [])
+    mp = helper.make_model(g, opset_imports=imports)
+    mp.ir_version = 8
+    data = mp.SerializeToString()
+    path = str(tmp_path / "opt.onnx")
+    so = ow.SessionOptions(optimized_model_filepath=path)
+    so.add_session_config_entry("opwarden.optimized_model_standard_ops", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ow.OpwardenWarning)  # expanded, no fallback
+        ow.InferenceSession(data, so)
+    written = onnx.load(path)
+    assert all(n.domain in ("", "ai.onnx") for n in written.graph.node)
+    assert [n.op_type for n in written.graph.node].count("Sigmoid") == 1
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": X})
+    got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": X})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
