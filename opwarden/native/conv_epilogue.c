@@ -10,14 +10,6 @@
  */
 #include "native.h"
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 11
-#define EP_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define EP_CLONES
-#endif
-
 /* Multiply-adds contract to FMA where the target has one (Swish's polynomial; the other
  * activations and the sums have no multiply feeding an add, so their results are unchanged). */
 #if defined(__clang__)
@@ -93,7 +85,7 @@ EP_INLINE void ep_row(float *yr, const float *b, const float *zr, int64_t cols, 
     }
 }
 
-EP_CLONES
+OW_CLONES
 static void ep_rows(float *y, const float *b, const float *z, int64_t r0, int64_t r1,
                     int64_t cols, int act, float p0, float p1) {
     for (int64_t r = r0; r < r1; r++) {

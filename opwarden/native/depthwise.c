@@ -16,14 +16,6 @@
 
 /* (By ISA level, not CPU name: "arch=haswell" resolves by the vendor's model and leaves AMD
  * CPUs with AVX2 on the baseline.) */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 11
-#define DW_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define DW_CLONES
-#endif
-
 /* Multiply-adds contract to FMA where the target has one (ISO C modes keep them apart). */
 #if defined(__clang__)
 #pragma clang fp contract(fast)
@@ -324,7 +316,7 @@ DW_INLINE void dw_row_body(const dw_args_t *a, int64_t n, int64_t r) {
 /* Output row (n, r). Swish is applied to the finished row while it is in L1/L2, one long
  * loop at the clone's full vector width (per 16-channel block, or in 8-lane registers, the
  * exponential and division ran at half the standalone SiLU's speed or less). */
-DW_CLONES
+OW_CLONES
 static void dw_row(const dw_args_t *a, int64_t n, int64_t r) {
     dw_args_t b;
     const dw_args_t *use = a;
