@@ -114,7 +114,7 @@ def build_fold(program: Any, cands: Candidates, rec: dict[Any, Any]) -> ShapeFol
         vals = [rec.get(s) for s in st.outs if s >= 0]
         if any(v is None for v in vals):
             continue
-        nbytes = sum(v.nbytes for v in vals)
+        nbytes = sum(int(v.nbytes) for v in vals if v is not None)
         if total + nbytes > FOLD_TOTAL_BYTES:
             break
         if i in cands.roots:
