@@ -138,7 +138,7 @@ def test_ctrl_c_to_a_running_command(files, tmp_path):
         while True:
             proc.send_signal(signal.SIGINT)
             try:
-                out, err = proc.communicate(timeout=2)
+                out, err = proc.communicate(timeout=10)
                 break
             except subprocess.TimeoutExpired:
                 if time.monotonic() > deadline:
