@@ -120,9 +120,15 @@ def test_ctrl_c_to_a_running_command(files, tmp_path):
     the test can open the FIFO's writing end, the command is inside its work."""
     fifo = tmp_path / "x.npy"
     os.mkfifo(fifo)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "opwarden", "run", str(files / "m.onnx"), "--input", f"x={fifo}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Started as a shell starts it: SIGINT unblocked and at its default. A pytest worker that
+    # ran other tests first may hand its children SIGINT ignored or blocked, which exec keeps
+    # (the full suite under xdist did, and the command then never saw the signal).
+    argv = [sys.executable, "-m", "opwarden", "run", str(files / "m.onnx"), "--input", f"x={fifo}"]
+    launch = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_UNBLOCK, "
+              "{signal.SIGINT}); signal.signal(signal.SIGINT, signal.SIG_DFL); "
+              "os.execv(sys.argv[1], sys.argv[1:])")
+    proc = subprocess.Popen([sys.executable, "-c", launch, *argv], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120  # a guard against a hang, not a measurement
     fd = None
     while fd is None and proc.poll() is None and time.monotonic() < deadline:
@@ -132,17 +138,8 @@ def test_ctrl_c_to_a_running_command(files, tmp_path):
             time.sleep(0.05)
     try:
         assert fd is not None, proc.communicate()
-        # Again until it exits: a SIGINT landing between the FIFO's open and the read that
-        # blocks is handled by Python only after that read returns, which it never does.
-        deadline = time.monotonic() + 120
-        while True:
-            proc.send_signal(signal.SIGINT)
-            try:
-                out, err = proc.communicate(timeout=10)
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() > deadline:
-                    raise
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
     finally:
         if fd is not None:
             os.close(fd)
