@@ -320,8 +320,8 @@ class Program:
         `stoppable` for its variant that checks a stop (RunOptions.terminate) before each step.
         Both are kept on the entry (`entry.bound`), so a signature binds and compiles once per
         arena; the memory manager drops them when it replaces the arena or evicts the plan.
-        The compiled loop skips the shape arithmetic the plan folded for the signature
-        (`entry.binding.fold`, see plan.shapes; `drop_fold` when a run contradicts it).
+        A signature's first compiled run records its shape arithmetic (execute.shapes); from
+        its second run the loop skips it (`bound.fold`; `drop_fold` when a run contradicts it).
         """
         bound = entry.bound
         if bound is None:

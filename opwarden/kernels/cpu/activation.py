@@ -42,6 +42,7 @@ from opwarden.kernels.cpu.util import (
     chunked_workspace,
     gelu_chunk,
     gelu_native,
+    native_pair,
     one_chunk,
     output,
     zero_chunk,
@@ -345,8 +346,7 @@ def native_erf(X, *, out=None):
     x = np.asarray(X)
     if native.available() and x.dtype == np.float32 and x.flags.c_contiguous:
         y = output(out, x.shape, x.dtype)
-        if (y.flags.c_contiguous and y.flags.writeable
-                and (not np.may_share_memory(x, y) or y.ctypes.data == x.ctypes.data)):
+        if native_pair(x, y):
             n = x.size
             share(n, GELU_BLOCK, n * ERF_COST,
                   lambda span, threads: native.erf(x, y, span, n_threads=threads))

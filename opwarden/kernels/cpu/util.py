@@ -322,15 +322,20 @@ def _gelu_inplace(y: np.ndarray, tanh: bool) -> None:
 # twenty, the bias row added in the same pass, blocks shared out by blas_split.share.
 GELU_BLOCK = 1 << 14
 GELU_COST = 24  # multiply-adds an element, over_rows' threshold unit (~22 flops, a division)
+def native_pair(x: Any, y: Any) -> bool:
+    """Can a compiled elementwise kernel map x into y: extension loaded, float32 C-contiguous
+    arrays of one shape, y writable and x itself or apart from it."""
+    return (native.available() and isinstance(x, np.ndarray) and isinstance(y, np.ndarray)
+            and x.dtype == F32 and y.dtype == F32 and x.shape == y.shape
+            and x.flags.c_contiguous and y.flags.c_contiguous and y.flags.writeable
+            and (not np.may_share_memory(x, y) or x.ctypes.data == y.ctypes.data))
+
+
 def gelu_native(x: Any, y: Any, tanh: bool, bias: Any = None) -> bool:
-    """y = Gelu(x + bias) on the compiled kernel (native.gelu) where it applies: extension
-    loaded, float32 C-contiguous x and y of one shape, y x itself or apart from it, bias None
-    or a float32 row over the last axis apart from y. False: nothing written (the caller runs
-    the NumPy chunks)."""
-    if (not native.available() or not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray)
-            or x.dtype != F32 or y.dtype != F32 or x.shape != y.shape
-            or not x.flags.c_contiguous or not y.flags.c_contiguous or not y.flags.writeable
-            or (np.may_share_memory(x, y) and x.ctypes.data != y.ctypes.data)):
+    """y = Gelu(x + bias) on the compiled kernel (native.gelu) where it applies (native_pair;
+    bias None or a float32 row over the last axis apart from y). False: nothing written (the
+    caller runs the NumPy chunks)."""
+    if not native_pair(x, y):
         return False
     if bias is not None:
         if (not isinstance(bias, np.ndarray) or bias.dtype != F32 or bias.ndim != 1
