@@ -262,26 +262,65 @@ def _compile(program: str):
 _compile_cached = lru_cache(maxsize=1024)(_compile)
 
 
-def _generate(plan, nregs: int):
+# Ufuncs whose out must go by keyword (NumPy 2.4 deprecates a third positional argument).
+_KEYWORD_OUT = frozenset({np.maximum, np.minimum})
+# Operands of another shape than the output are made output-shaped up to this many elements:
+# NumPy runs a tiny call between same-shaped contiguous operands on its trivial loop, and
+# builds a broadcasting iterator (2-3x the time) for any other.
+_SHAPED_MAX = 256
+
+
+def _generate(plan, nregs: int, shape: tuple[int, ...], in_shapes: tuple, dtype: Any):
     """The plan as one straight-line Python function run(xs, regs, out): no per-step
-    interpretation, so a small tensor's chain costs about its bare ufunc calls."""
+    interpretation, so a small tensor's chain costs about its bare ufunc calls. For small
+    outputs an input of another shape is reshaped (same size) or expanded (read several
+    times) to the output's shape once per call, and Relu compares against a zero array of
+    that shape; elements, and so results, are those of the broadcast."""
+    size = int(np.prod(shape, dtype=np.int64))
+    small = size <= _SHAPED_MAX
+    reads: dict[int, int] = {}
+    for _fn, ntensor, srcs, _dst in plan:
+        for a in srcs[:ntensor]:
+            if isinstance(a, str):
+                reads[int(a[1:])] = reads.get(int(a[1:]), 0) + 1
+    env: dict[str, Any] = {"_np": np, "_bt": np.broadcast_to}
+    lines = ["def run(xs, regs, out):"]
+    lines += [f"    r{j} = regs[{j}]" for j in range(nregs)]
+    names: dict[int, str] = {}
+    for j, n in reads.items():
+        names[j] = f"xs[{j}]"
+        if not small or in_shapes[j] == shape:
+            continue
+        if int(np.prod(in_shapes[j], dtype=np.int64)) == size:
+            lines.append(f"    a{j} = xs[{j}].reshape(_shape)")
+        elif n >= 3:
+            lines.append(f"    a{j} = _np.ascontiguousarray(_bt(xs[{j}], _shape))")
+        else:
+            continue
+        names[j] = f"a{j}"
+    env["_shape"] = shape
 
     def name(s) -> str:
         if isinstance(s, str):
-            return f"xs[{int(s[1:])}]"
+            return names[int(s[1:])]
         return "out" if s < 0 else f"r{s}"
 
-    lines = ["def run(xs, regs, out):"]
-    lines += [f"    r{j} = regs[{j}]" for j in range(nregs)]
-    env: dict[str, Any] = {}
     for k, (fn, ntensor, srcs, dst) in enumerate(plan):
+        if fn is _relu and small:
+            fn = np.maximum
+            env["_zero"] = np.zeros(shape, dtype)
+            srcs = (srcs[0], "_zero") + srcs[1:]
+            ntensor = 2
         env[f"f{k}"] = fn
         # Numbers by name: repr() of inf / nan is no Python literal (Clip without a bound).
-        args = [name(a) for a in srcs[:ntensor]]
+        args = [a if a == "_zero" else name(a) for a in srcs[:ntensor]]
         for j, p in enumerate(srcs[ntensor:]):
             env[f"c{k}_{j}"] = float(p)
             args.append(f"c{k}_{j}")
-        lines.append(f"    f{k}({', '.join(args)}, out={name(dst)})")
+        # out positionally where a ufunc allows it: a keyword costs a fifth of a tiny call
+        tail = name(dst) if isinstance(fn, np.ufunc) and fn not in _KEYWORD_OUT \
+            else f"out={name(dst)}"
+        lines.append(f"    f{k}({', '.join(args)}, {tail})")
     exec("\n".join(lines), env)  # noqa: S102 - source built from a parsed, whitelisted program
     return env["run"]
 
@@ -293,14 +332,15 @@ _QUIET = frozenset({"add", "sub", "mul", "max", "min", "neg", "abs", "relu", "cl
 _SETUPS: dict[tuple, tuple] = {}
 
 
-def _setup(program: str, shapes: tuple) -> tuple:
-    """(plan, scratch count, output shape, needs errstate) per program and input shapes."""
-    key = (program, shapes)
+def _setup(program: str, shapes: tuple, dtype: Any) -> tuple:
+    """(run, scratch count, output shape, needs errstate) per program, input shapes, dtype."""
+    key = (program, shapes, dtype)
     got = _SETUPS.get(key)
     if got is None:
         plan, nregs = _compile_cached(program)
         noisy = any(name not in _QUIET for _, name, _ in parse_program(program))
-        got = (_generate(plan, nregs), nregs, np.broadcast_shapes(*shapes), noisy)
+        shape = np.broadcast_shapes(*shapes)
+        got = (_generate(plan, nregs, shape, shapes, dtype), nregs, shape, noisy)
         if len(_SETUPS) > 4096:
             _SETUPS.clear()
         _SETUPS[key] = got
@@ -312,8 +352,8 @@ def _setup(program: str, shapes: tuple) -> tuple:
 def fused_elementwise_inplace(*inputs, program="", out=None):
     """The program evaluated in place in `out` (scratch buffers only for non-linear programs)."""
     xs = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in inputs]
-    run, nregs, shape, noisy = _setup(program, tuple(x.shape for x in xs))
     dtype = xs[0].dtype
+    run, nregs, shape, noisy = _setup(program, tuple(x.shape for x in xs), dtype)
     if out is None:
         out = np.empty(shape, dtype)
     regs = [np.empty(shape, dtype) for _ in range(nregs)]

@@ -118,3 +118,25 @@ def test_bad_programs_are_rejected(bad):
         parse_program(bad)
     contract = REGISTRY.latest("FusedElementwise", "opwarden").contract
     assert not contract.allowed["program"].accepts(bad)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_elementwise_small_outputs_shape_their_operands(dtype):
+    """Small outputs: an input of the output's size but another shape is reshaped, one read
+    three times expanded, Relu compared against zeros; results equal the unfused ops exactly,
+    NaN and -0.0 included, with the inputs untouched."""
+    x = rng.standard_normal((1, 2, 8)).astype(dtype)
+    x[0, 0, :3] = [np.nan, -0.0, 0.0]
+    same = rng.standard_normal(8 * 2).astype(dtype).reshape(2, 8)  # size 16, like the output
+    row = rng.standard_normal(8).astype(dtype)  # broadcast, read three times
+    keep = [a.copy() for a in (x, same, row)]
+    prog = ("t0=add(x0,x2);t1=relu(t0);t2=mul(t1,x2);t3=sub(t2,x1);t4=relu(t3);"
+            "t5=max(t4,x2);t6=div(t5,x1)")
+    want = ew.Div(ew.Max(act.Relu(ew.Sub(ew.Mul(act.Relu(ew.Add(x, row)), row), same)), row), same)
+    for _ in range(2):  # the second call takes the cached setup
+        got = fused_elementwise_inplace(x, same, row, program=prog)
+        assert got.shape == want.shape == (1, 2, 8)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    for a, k in zip((x, same, row), keep):
+        np.testing.assert_array_equal(a, k)
