@@ -8,8 +8,9 @@ ConvNeXt-T, RegNetY-1.6GF), vit (ViT-S/16), bert (BERT-base and DistilBERT, seq 
 mask), decoder (a GPT-2-small decode step with a KV cache), encoder (Whisper-base encoder,
 wav2vec2-base, T5-small encoder), trees (scikit-learn random forest and gradient boosting,
 LightGBM, XGBoost on 1k rows), quant (ORT quantize_dynamic BERT-base, quantize_static QDQ
-ResNet-50), fp16 (float16-converted ResNet-50 and BERT-base). `--batch` adds the batch family:
-ResNet-50 and BERT-base at each listed batch, with each ratio relative to its batch-1 ratio.
+ResNet-50 with uint8 and with int8 activations), fp16 (float16-converted ResNet-50 and
+BERT-base). `--batch` adds the batch family: ResNet-50 and BERT-base at each listed batch,
+with each ratio relative to its batch-1 ratio.
 
 Every model is built from a config with seeded random weights, no download (builders in
 benchmarks/families/), and cached under ~/.cache/opwarden/families/. Per model: build, check

@@ -11,6 +11,7 @@ The smoke versions apply the same tools to the onnx.helper toy models.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Callable
@@ -43,9 +44,10 @@ def dynamic_quant(base: Callable[[], bytes]) -> bytes:
 
 
 def static_qdq(base: Callable[[], bytes], feeds: Callable[[int, int], Feeds],
-               batches: int = 4) -> bytes:
-    """quantize_static, QDQ format, per-channel int8 weights, uint8 activations, MinMax
-    calibration over `batches` seeded feeds of batch 1."""
+               batches: int = 4, signed: bool = False) -> bytes:
+    """quantize_static, QDQ format, per-channel int8 weights, uint8 activations (int8 with
+    `signed`, quantize_static's own default), MinMax calibration over `batches` seeded feeds
+    of batch 1."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -65,7 +67,8 @@ def static_qdq(base: Callable[[], bytes], feeds: Callable[[int, int], Feeds],
         with open(src, "wb") as f:
             f.write(base())
         quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                        activation_type=QuantType.QInt8 if signed else QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
         with open(dst, "rb") as f:
             return f.read()
 
@@ -95,6 +98,7 @@ def register_all() -> None:
     """The quant and fp16 families (full cases need their base case registered)."""
     full = [("bert_base_qdyn", "quant", "bert_base", QUANT, dynamic_quant, "quantize_dynamic"),
             ("resnet50_qdq", "quant", "resnet50", QUANT, None, "quantize_static QDQ"),
+            ("resnet50_qdq_s8", "quant", "resnet50", QUANT, "s8", "quantize_static QDQ, int8"),
             ("resnet50_fp16", "fp16", "resnet50", FP16, fp16, "float16 converter"),
             ("bert_base_fp16", "fp16", "bert_base", FP16, fp16_out, "float16 converter")]
     smoke = [("tiny_bert_qdyn", "quant", "tiny_bert", QUANT, dynamic_quant, "quantize_dynamic"),
@@ -105,10 +109,13 @@ def register_all() -> None:
         for name, family, base_name, needs, tool, note in rows:
             base = CASES[base_name]
             src = _base(base_name)
-            build = (lambda src=src, fe=base.feeds: static_qdq(src, fe)) if tool is None else (
-                lambda src=src, tool=tool: tool(src))
+            if tool is None or tool == "s8":
+                build = functools.partial(static_qdq, src, base.feeds, signed=tool == "s8")
+                tool_name = static_qdq.__name__ + ("_s8" if tool else "")
+            else:
+                build, tool_name = (lambda src=src, tool=tool: tool(src)), tool.__name__
             register(Case(name, family, build, base.feeds, needs=(*base.needs, *needs),
                           kind=family,
-                          config={"base": cache_key(base), "tool": (tool or static_qdq).__name__},
+                          config={"base": cache_key(base), "tool": tool_name},
                           batches=base.batches[:1], smoke=is_smoke, cache=not is_smoke,
                           note=f"{note} of {base_name}"))

@@ -7,15 +7,17 @@ so that they run as integer GEMMs with one requantization, as there.
 - MatMul of two dequantized inputs into a QuantizeLinear -> QLinearMatMul.
 - Gemm of dequantized A and B (a bias, if any, dequantized int32; beta 1), with or without
   the QuantizeLinear -> com.microsoft QGemm (float output without it).
-- Add of two dequantized uint8 inputs, per tensor, into a uint8 QuantizeLinear ->
-  com.microsoft QLinearAdd (ORT on x86 leaves int8 Adds in float).
+- Add of two dequantized 8-bit inputs of one type, per tensor, into a QuantizeLinear of that
+  type -> com.microsoft QLinearAdd.
 - MaxPool between a DequantizeLinear and a QuantizeLinear of the same per-tensor parameters
   -> MaxPool on the 8-bit tensor (exact: see _maxpool).
 
 ORT's conditions are kept, since the fused operators round differently from the float chain
 (one requantization of the exact integer sum instead of a float convolution rounded by the
-QuantizeLinear): the activation is uint8 (ORT allows int8 activations only on ARM, where
-MLAS has signed kernels; Gemm also takes int8 with an int8 B); the output type is the
+QuantizeLinear): the activation is uint8, or int8 too where the machine has signed 8-bit
+kernels (ORT 1.32 fuses int8 Conv/MatMul/Add groups on AVX512-VNNI and on ARM, not on AVX2;
+here: where our integer GEMM runs on VNNI, see _activation_types; Gemm also takes int8 with an
+int8 B); the output type is the
 activation's; scales and zero points are constants, per tensor except the weight's, which may
 be per output channel (axis 0 of a Conv weight, the column axis of a MatMul / Gemm B); no
 16-bit or 4-bit types; an intermediate output is read by the QuantizeLinear alone and is no
@@ -31,6 +33,8 @@ stays for them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 
@@ -42,6 +46,15 @@ from opwarden.passes.rewrite import PassResult, Rewriter, part_name
 
 MS = "com.microsoft"
 _8BIT = ("uint8", "int8")
+
+
+@functools.cache
+def _activation_types() -> tuple[str, ...]:
+    """The activation types fused here: int8 as well where the compiled integer GEMM runs on
+    VNNI (its signed inputs are shifted to unsigned exactly), as ORT fuses them on such CPUs."""
+    from opwarden.kernels.cpu.quant_native import isa
+
+    return _8BIT if isa() == "avx512-vnni" else ("uint8",)
 
 
 class _DQ:
@@ -175,7 +188,7 @@ def _fuse(rw: Rewriter, res: PassResult, op_type: str, node: Node, dqs: list[_DQ
 
 def _conv(rw: Rewriter, res: PassResult, node: Node) -> None:
     dx, dw = _dq(rw, node.inputs[0]), _dq(rw, node.inputs[1])
-    if dx is None or dw is None or dx.dtype != "uint8" or dw.dtype not in _8BIT:
+    if dx is None or dw is None or dx.dtype not in _activation_types() or dw.dtype not in _8BIT:
         return
     if rw.const(dw.x) is None or not dx.per_tensor or (not dw.per_tensor and dw.axis != 0):
         return
@@ -203,7 +216,7 @@ def _col_axis_ok(d: _DQ, axis: int) -> bool:
 
 def _matmul(rw: Rewriter, res: PassResult, node: Node) -> None:
     da, db = _dq(rw, node.inputs[0]), _dq(rw, node.inputs[1])
-    if da is None or db is None or da.dtype != "uint8" or db.dtype not in _8BIT:
+    if da is None or db is None or da.dtype not in _activation_types() or db.dtype not in _8BIT:
         return
     if not da.per_tensor or not _col_axis_ok(db, 1):
         return
@@ -256,14 +269,14 @@ def _gemm(rw: Rewriter, res: PassResult, node: Node) -> None:
 
 
 def _add(rw: Rewriter, res: PassResult, node: Node) -> None:
-    """DequantizeLinear A, B (uint8, per tensor) -> Add [-> redundant Relu/Clip] ->
-    QuantizeLinear (uint8) -> com.microsoft QLinearAdd, as ORT's binary-op selector fuses it
-    on x86 (it leaves int8 Adds in float; its QLinearAdd rounds once where the chain rounded
-    in float)."""
+    """DequantizeLinear A, B (one 8-bit type, per tensor) -> Add [-> redundant Relu/Clip] ->
+    QuantizeLinear (that type) -> com.microsoft QLinearAdd, as ORT's binary-op selector fuses
+    it (int8 only where _activation_types allows it; QLinearAdd rounds once where the chain
+    rounded in float)."""
     if len(node.inputs) != 2:
         return
     da, db = _dq(rw, node.inputs[0]), _dq(rw, node.inputs[1])
-    if da is None or db is None or da.dtype != "uint8" or db.dtype != "uint8":
+    if da is None or db is None or da.dtype not in _activation_types() or db.dtype != da.dtype:
         return
     if not da.per_tensor or not db.per_tensor or da.x is db.x:
         return

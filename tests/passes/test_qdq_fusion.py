@@ -233,19 +233,27 @@ def test_quantized_models_match_onnxruntime(models, name, expect, tmp_path):
         _close(plain.run(None, feed)[0], want, gap)
 
 
-@pytest.mark.parametrize("name", ["chain", "bert"])
-def test_int8_activations_stay_float_as_in_onnxruntime(models, name):
-    """ORT on x86 fuses no int8-activation Conv/MatMul (MLAS has no fast signed kernels
-    there); a Gemm of int8 A and B it does fuse, into QGemm."""
+@pytest.mark.parametrize("name", ["chain", "cnn", "bert"])
+def test_int8_activations_fuse_where_the_integer_gemm_is_signed(models, name, tmp_path):
+    """int8-activation groups fuse where the integer GEMM runs on VNNI, and stay float
+    elsewhere (a Gemm of int8 A and B fuses everywhere, into QGemm, as in ORT). ORT 1.32
+    fuses int8 groups on VNNI too, but not every one (in the cnn model only the 1x1 Conv;
+    none on AVX2): where its graph is ours the answer is ORT's bit for bit, else within the
+    quantized tolerance."""
     path = models[(name, "s8")]
     ours, theirs, unopt = _ours(path), _ort(path), _ort(path, optimize=False)
-    fused = _fused(ours)
-    assert "QLinearConv" not in fused and "QLinearMatMul" not in fused
-    # (its MaxPool between equal DequantizeLinear/QuantizeLinear runs on int8, as in ORT)
-    assert fused == ({"QGemm": 1, "MaxPool": 1} if name == "chain" else {})
+    fused, ort_fused = _fused(ours), _ort_fused(path, tmp_path)
+    if quant_native.isa() == "avx512-vnni":
+        assert fused.get("QLinearConv", 0) + fused.get("QLinearMatMul", 0) > 0
+        assert ours.run(None, _feeds(name, 1)[0])[0].dtype == np.float32
+    else:
+        assert "QLinearConv" not in fused and "QLinearMatMul" not in fused
     for feed in _feeds(name, 2):
         (want,) = theirs.run(None, feed)
-        _close(ours.run(None, feed)[0], want, _gap(unopt, feed, want))
+        got = ours.run(None, feed)[0]
+        if ort_fused == fused and name == "chain":
+            assert np.array_equal(got, want)  # the same integer arithmetic, as for uint8
+        _close(got, want, _gap(unopt, feed, want))
 
 
 def test_dynamic_quantized_bert_matches_onnxruntime(models, tmp_path):
