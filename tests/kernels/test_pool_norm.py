@@ -169,3 +169,19 @@ def test_instancenorm_rows_longer_than_a_block_nan_and_errors():
         knorm.instancenorm(x[0, 0], scale, b)
     empty = np.zeros((1, 3, 0, 4), np.float32)
     assert knorm.instancenorm(empty, scale, b).shape == empty.shape
+
+
+@pytest.mark.parametrize("shape", [(1, 112, 112, 8), (3, 7, 7, 40), (2, 1, 3, 5), (1, 1, 1, 4)])
+def test_global_avg_nhwc_blas_sum_matches_float64_mean(shape):
+    """The BLAS-summed mean into a buffer holding NaN (an arena's old contents) equals the
+    float64 mean within float32 rounding; NaN and Inf inputs propagate per channel."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    out = np.full((shape[0], 1, 1, shape[3]), np.nan, np.float32)
+    assert kpool.global_avg_nhwc(x, out=out) is out
+    want = x.astype(np.float64).mean(axis=(1, 2), keepdims=True)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    x[0, 0, 0, 0], x[-1, -1, -1, -1] = np.nan, np.inf
+    y = kpool.global_avg_nhwc(x)
+    assert np.isnan(y[0, 0, 0, 0]) and np.isposinf(y[-1, 0, 0, -1])
+    assert np.isfinite(y[0, 0, 0, 1:-1]).all()
