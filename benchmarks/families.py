@@ -47,7 +47,7 @@ from typing import Any  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [p for p in (HERE, os.path.dirname(HERE)) if p not in sys.path]
 
-from families import CASES, FAMILIES  # noqa: E402
+from families import CASES, FAMILIES, OPT_IN  # noqa: E402
 from families.runner import run_case  # noqa: E402
 
 BATCH_MODELS = ("resnet50", "bert_base")
@@ -150,7 +150,8 @@ def _cells(r: dict[str, Any]) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--families", help=f"comma-separated subset of {','.join(FAMILIES)},batch")
+    p.add_argument("--families", help=f"comma-separated subset of {','.join(FAMILIES)},batch "
+                   f"(default: all of them); also {','.join(OPT_IN)}, only when named")
     p.add_argument("--batch", help="batch scaling: comma-separated batch sizes, e.g. 1,8,32")
     p.add_argument("--runs", type=int, default=5, help="alternated timed rounds per model")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first (>= 1)")
@@ -166,9 +167,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the suite; print the table; return (and with --json write) the result."""
     a = parse_args(argv)
     fams = a.families.split(",") if a.families else list(FAMILIES)
-    unknown = [f for f in fams if f not in (*FAMILIES, "batch")]
+    unknown = [f for f in fams if f not in (*FAMILIES, *OPT_IN, "batch")]
     if unknown:
-        raise SystemExit(f"unknown families {unknown}: choose from {','.join(FAMILIES)},batch")
+        raise SystemExit(f"unknown families {unknown}: choose from "
+                         f"{','.join((*FAMILIES, *OPT_IN))},batch")
     runs, warmup = (1, 1) if a.smoke else (a.runs, max(1, a.warmup))
     batches = [int(b) for b in a.batch.split(",")] if a.batch else None
     if "batch" in fams and not batches:
