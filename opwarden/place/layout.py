@@ -301,6 +301,19 @@ class LayoutPass(LayoutState):
             default = {"Concat": 1, "Split": 0}.get(op, -1)
             axis = int(node.attrs.get("axis", default)) % r
             node.attrs = dict(node.attrs, axis=perm.index(axis))
+        elif op == "Slice":
+            # classify made Slice agnostic only with constant starts, ends, axes and steps;
+            # without axes they are the first len(starts) logical axes
+            starts = node.inputs[1]
+            axes = node.inputs[3] if len(node.inputs) > 3 else None
+            assert starts is not None and starts.const is not None
+            logical = (np.arange(starts.const.size, dtype=np.int64) if axes is None
+                       else np.asarray(axes.const).reshape(-1))
+            new = np.array([perm.index(int(a) % r) for a in logical], dtype=logical.dtype)
+            name = f"{axes.name}__nhwc" if axes is not None else f"{node.name}__axes_nhwc"
+            ins = list(node.inputs) + [None] * (4 - len(node.inputs))
+            ins[3] = self.new_const(name, new)
+            node.inputs = ins
         elif op == "Pad":
             if node.opset < 11:
                 key = "pads" if "pads" in node.attrs else "paddings"

@@ -97,6 +97,10 @@ def _agnostic(node: Node, r: int) -> str:
         v is None or v.const is not None for v in ins[1:]
     ) and all(tracked(o) and rank(o) == r for o in node.outputs):
         return "A"  # every output carries the layout; the axis is remapped
+    if op == "Slice" and node.opset >= 10 and tracked(x) and rank(x) == r and all(
+        v is None or v.const is not None for v in ins[1:]
+    ):
+        return "A"  # constant starts/ends/axes/steps: the axes are remapped
     if op == "Pad" and tracked(x) and rank(x) == r:
         if node.opset < 11:
             return "A"
