@@ -5,7 +5,8 @@ may run on channels-last data instead. The pass
 
 1. classifies nodes: layout-sensitive (Conv, pools, norms, Resize, ...: activation input 0 and
    output 0 carry the layout), layout-agnostic (elementwise, Concat/Softmax with a remapped axis,
-   Pad with remapped pads, DeviceCopy), model Transposes (absorbed by composing permutations),
+   Pad with remapped pads, Slice with remapped axes, DeviceCopy), model Transposes (absorbed
+   by composing permutations),
    channel shuffles (a Reshape -> Transpose -> Reshape chain that only permutes the channel
    axis, as in ShuffleNet: it is rewritten to split, permute and merge the last axis instead;
    a two-factor one on a device with a ChannelShuffle kernel becomes that single node; see
