@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from opwarden.execute.shapes import ShapeMiss, record_value
+from opwarden.ops.common import KEYWORD_OUT, SHAPED_MAX
 
 
 class LeanFault(Exception):
@@ -196,13 +197,8 @@ def direct_form(call: tuple) -> tuple[Any, tuple] | None:
     return declare(kw.get("out")) if callable(declare) else None
 
 
-# Ufuncs whose out must go by keyword (NumPy 2.4 deprecates a third positional argument for
-# these, which people passed hoping for a three-way extremum).
-KEYWORD_OUT = frozenset({np.maximum, np.minimum})
 # Compiled sources kept per program (most recently used).
 CODE_CACHE = 4
-# A constant operand is expanded to its step's output shape up to this many elements.
-SHAPED_MAX = 256
 
 
 def shaped_operand(c: Any, shape: tuple[int, ...]) -> Any:

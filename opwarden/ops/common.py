@@ -29,6 +29,15 @@ except ImportError:  # pragma: no cover
     HALF_FLOATS = frozenset({np.dtype(np.float16)})
 
 
+# How generated code calls a ufunc fastest (the lean loop's direct steps, FusedElementwise's
+# program). Ufuncs whose out must go by keyword: NumPy 2.4 deprecates a third positional
+# argument for these, which people passed hoping for a three-way extremum. Operands are made
+# of the output's shape up to SHAPED_MAX elements: NumPy runs a tiny call between same-shaped
+# contiguous operands on its trivial loop and builds a broadcasting iterator for any other.
+KEYWORD_OUT = frozenset({np.maximum, np.minimum})
+SHAPED_MAX = 256
+
+
 def is_float_dtype(dt: np.dtype) -> bool:
     """True for IEEE floats and ml_dtypes floats (bfloat16, float8, float4: kind 'V')."""
     return dt.kind == "f" or dt.name.startswith(("bfloat", "float"))

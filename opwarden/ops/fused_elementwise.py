@@ -19,7 +19,7 @@ from opwarden.errors import KernelError
 from opwarden.ops import activation as _act
 from opwarden.ops import elementwise as _ew
 from opwarden.ops.base import REGISTRY, Sample, op
-from opwarden.ops.common import broadcast_shapes, normal
+from opwarden.ops.common import KEYWORD_OUT, SHAPED_MAX, broadcast_shapes, normal
 
 DOMAIN = "opwarden"
 
@@ -262,14 +262,6 @@ def _compile(program: str):
 _compile_cached = lru_cache(maxsize=1024)(_compile)
 
 
-# Ufuncs whose out must go by keyword (NumPy 2.4 deprecates a third positional argument).
-_KEYWORD_OUT = frozenset({np.maximum, np.minimum})
-# Operands of another shape than the output are made output-shaped up to this many elements:
-# NumPy runs a tiny call between same-shaped contiguous operands on its trivial loop, and
-# builds a broadcasting iterator (2-3x the time) for any other.
-_SHAPED_MAX = 256
-
-
 def _generate(plan, nregs: int, shape: tuple[int, ...], in_shapes: tuple, dtype: Any):
     """The plan as one straight-line Python function run(xs, regs, out): no per-step
     interpretation, so a small tensor's chain costs about its bare ufunc calls. For small
@@ -277,13 +269,14 @@ def _generate(plan, nregs: int, shape: tuple[int, ...], in_shapes: tuple, dtype:
     times) to the output's shape once per call, and Relu compares against a zero array of
     that shape; elements, and so results, are those of the broadcast."""
     size = int(np.prod(shape, dtype=np.int64))
-    small = size <= _SHAPED_MAX
+    small = size <= SHAPED_MAX
     reads: dict[int, int] = {}
     for _fn, ntensor, srcs, _dst in plan:
         for a in srcs[:ntensor]:
             if isinstance(a, str):
                 reads[int(a[1:])] = reads.get(int(a[1:]), 0) + 1
-    env: dict[str, Any] = {"_np": np, "_bt": np.broadcast_to}
+    env: dict[str, Any] = {"_np": np, "_bt": np.broadcast_to, "_shape": shape,
+                           "_zero": np.zeros(shape, dtype) if small else None}
     lines = ["def run(xs, regs, out):"]
     lines += [f"    r{j} = regs[{j}]" for j in range(nregs)]
     names: dict[int, str] = {}
@@ -298,7 +291,6 @@ def _generate(plan, nregs: int, shape: tuple[int, ...], in_shapes: tuple, dtype:
         else:
             continue
         names[j] = f"a{j}"
-    env["_shape"] = shape
 
     def name(s) -> str:
         if isinstance(s, str):
@@ -306,19 +298,16 @@ def _generate(plan, nregs: int, shape: tuple[int, ...], in_shapes: tuple, dtype:
         return "out" if s < 0 else f"r{s}"
 
     for k, (fn, ntensor, srcs, dst) in enumerate(plan):
+        args = [name(a) for a in srcs[:ntensor]]
         if fn is _relu and small:
-            fn = np.maximum
-            env["_zero"] = np.zeros(shape, dtype)
-            srcs = (srcs[0], "_zero") + srcs[1:]
-            ntensor = 2
+            fn, args = np.maximum, [*args, "_zero"]
         env[f"f{k}"] = fn
         # Numbers by name: repr() of inf / nan is no Python literal (Clip without a bound).
-        args = [a if a == "_zero" else name(a) for a in srcs[:ntensor]]
         for j, p in enumerate(srcs[ntensor:]):
             env[f"c{k}_{j}"] = float(p)
             args.append(f"c{k}_{j}")
         # out positionally where a ufunc allows it: a keyword costs a fifth of a tiny call
-        tail = name(dst) if isinstance(fn, np.ufunc) and fn not in _KEYWORD_OUT \
+        tail = name(dst) if isinstance(fn, np.ufunc) and fn not in KEYWORD_OUT \
             else f"out={name(dst)}"
         lines.append(f"    f{k}({', '.join(args)}, {tail})")
     exec("\n".join(lines), env)  # noqa: S102 - source built from a parsed, whitelisted program
