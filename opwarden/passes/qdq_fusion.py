@@ -14,10 +14,10 @@ so that they run as integer GEMMs with one requantization, as there.
 
 ORT's conditions are kept, since the fused operators round differently from the float chain
 (one requantization of the exact integer sum instead of a float convolution rounded by the
-QuantizeLinear): the activation is uint8, or int8 too where the machine has signed 8-bit
-kernels (ORT 1.32 fuses int8 Conv/MatMul/Add groups on AVX512-VNNI and on ARM, not on AVX2;
-here: where our integer GEMM runs on VNNI, see _activation_types; Gemm also takes int8 with an
-int8 B); the output type is the
+QuantizeLinear), except for int8 activations: uint8 always; int8 too where our integer GEMM
+runs on VNNI (_activation_types), where ORT 1.32 fuses some int8 groups but not every one,
+so int8 answers agree with ORT's within the quantized tolerance, not always bit for bit (it
+fuses none on AVX2; Gemm also takes int8 with an int8 B); the output type is the
 activation's; scales and zero points are constants, per tensor except the weight's, which may
 be per output channel (axis 0 of a Conv weight, the column axis of a MatMul / Gemm B); no
 16-bit or 4-bit types; an intermediate output is read by the QuantizeLinear alone and is no
@@ -51,7 +51,7 @@ _8BIT = ("uint8", "int8")
 @functools.cache
 def _activation_types() -> tuple[str, ...]:
     """The activation types fused here: int8 as well where the compiled integer GEMM runs on
-    VNNI (its signed inputs are shifted to unsigned exactly), as ORT fuses them on such CPUs."""
+    VNNI (its signed inputs are shifted to unsigned exactly); ORT fuses some of them there."""
     from opwarden.kernels.cpu.quant_native import isa
 
     return _8BIT if isa() == "avx512-vnni" else ("uint8",)

@@ -354,14 +354,13 @@ def global_avg_nhwc(X, *, out=None):
     adds row by row in one thread, 3-10x slower); the sum is in float32 either way."""
     n, h, w, c = X.shape
     y = output(out, (n, 1, 1, c))
-    y2 = y.reshape(n, c)
     if (X.dtype != np.float32 or y.dtype != np.float32 or h * w < 2 or n * c == 0
             or not y.flags.c_contiguous):
-        np.mean(X.reshape(n, h * w, c), axis=1, out=y2)
+        np.mean(X, axis=(1, 2), keepdims=True, out=y)
         return y
-    x3 = X.reshape(n, h * w, c)
+    y2 = y.reshape(n, c)  # a view: y is C-contiguous
     y2.fill(0)  # (a BLAS call with beta 0 may still scale, and keep, what y held)
-    np.matmul(_ones(h * w), x3, out=y2)
+    np.matmul(_ones(h * w), X.reshape(n, h * w, c), out=y2)
     y2 /= np.float32(h * w)
     return y
 

@@ -322,6 +322,8 @@ def _gelu_inplace(y: np.ndarray, tanh: bool) -> None:
 # twenty, the bias row added in the same pass, blocks shared out by blas_split.share.
 GELU_BLOCK = 1 << 14
 GELU_COST = 24  # multiply-adds an element, over_rows' threshold unit (~22 flops, a division)
+
+
 def native_pair(x: Any, y: Any) -> bool:
     """Can a compiled elementwise kernel map x into y: extension loaded, float32 C-contiguous
     arrays of one shape, y writable and x itself or apart from it."""
