@@ -16,11 +16,9 @@ position of each row into y.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from opwarden.kernels.cpu.util import F32, output, scratch, tap_range
+from opwarden.kernels.cpu.util import F32, ones_row, output, scratch, tap_range
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.pool import pool_geometry
 
@@ -341,13 +339,6 @@ def _via_reference(op_type, X, noutputs=1, **attrs):
     return (np.ascontiguousarray(np.moveaxis(res[0], 1, -1)),) + tuple(res[1:])
 
 
-@functools.lru_cache(maxsize=64)
-def _ones(k: int) -> np.ndarray:
-    a = np.ones(k, np.float32)
-    a.flags.writeable = False
-    return a
-
-
 def global_avg_nhwc(X, *, out=None):
     """GlobalAveragePool on NHWC: mean over H, W -> (N, 1, 1, C). float32: the sum as a BLAS
     product with a ones vector, then the division (NumPy's mean over the strided pixel axis
@@ -360,7 +351,7 @@ def global_avg_nhwc(X, *, out=None):
         return y
     y2 = y.reshape(n, c)  # a view: y is C-contiguous
     y2.fill(0)  # (a BLAS call with beta 0 may still scale, and keep, what y held)
-    np.matmul(_ones(h * w), X.reshape(n, h * w, c), out=y2)
+    np.matmul(ones_row(h * w), X.reshape(n, h * w, c), out=y2)
     y2 /= np.float32(h * w)
     return y
 
