@@ -188,6 +188,67 @@ def depthwise_nhwc(x: np.ndarray, taps: np.ndarray, bias: np.ndarray | None,
     return y
 
 
+def grouped_pair_ok(group: int, cg: int, mg: int) -> bool:
+    """Whether grouped_nhwc takes these groups in its pair layout (two groups of 4 outputs
+    per vector, see native/grouped.c): mg 4, cg a multiple of 4, an even group count."""
+    return mg == 4 and cg % 4 == 0 and group % 2 == 0
+
+
+def grouped_nhwc(x: np.ndarray, wp: np.ndarray, bias: np.ndarray | None,
+                 z: np.ndarray | None, y: np.ndarray, group: int, kernel: tuple[int, int],
+                 strides, dilations, pads_begin, activation: str = "", params=(),
+                 n_threads: int | None = None, rows: tuple[int, int] | None = None,
+                 pair: bool = False) -> np.ndarray:
+    """y[n, i, j, g*mg + k] = act(bias + z + sum over taps (a, b) and ci < cg of
+    x[n, i*sh - pt + a*dh, j*sw - pl + b*dw, g*cg + ci] * W[g*mg + k, ci, a, b]) (taps outside
+    x read zero) over C-contiguous float32 NHWC x [N, H, W, group*cg] and y, z
+    [N, OH, OW, group*mg] (z may be y itself), with W repacked as wp: (group, kh, kw, cg, mg)
+    or, `pair` (where grouped_pair_ok), (group/2, kh, kw, cg, 2, 4). Returns y. `rows`
+    (r0, r1): only output rows r0..r1-1 of the N*OH (n, i) rows (n_threads 1 for a caller
+    sharing them out)."""
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    arrays = [x, wp, y] + [a for a in (bias, z) if a is not None]
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays):
+        raise KernelError("grouped_nhwc needs C-contiguous float32 arrays")
+    if x.ndim != 4 or y.ndim != 4 or not y.flags.writeable:
+        raise KernelError(f"grouped_nhwc: x {x.shape}, y {y.shape}: need 4-D x and y "
+                          "(writable)")
+    n, h, w, c = x.shape
+    m = y.shape[3]
+    kh, kw = (int(k) for k in kernel)
+    if group < 1 or c % group or m % group or y.shape[0] != n:
+        raise KernelError(f"grouped_nhwc: x {x.shape}, y {y.shape} and group={group} "
+                          "disagree")
+    cg, mg = c // group, m // group
+    if wp.size != m * cg * kh * kw:
+        raise KernelError(f"grouped_nhwc: packed weights have {wp.size} values, "
+                          f"{m * cg * kh * kw} needed")
+    if pair and not grouped_pair_ok(group, cg, mg):
+        raise KernelError(f"grouped_nhwc: the pair layout needs mg 4, cg a multiple of 4 and "
+                          f"an even group count, got group={group} cg={cg} mg={mg}")
+    if z is not None and z.shape != y.shape:
+        raise KernelError(f"grouped_nhwc: z {z.shape} must match y {y.shape}")
+    if z is not None and np.may_share_memory(z, y) and z.ctypes.data != y.ctypes.data:
+        raise KernelError("grouped_nhwc: z overlaps y without being y")
+    if bias is not None and bias.size != m:
+        raise KernelError(f"grouped_nhwc: bias has {bias.size} values for {m} channels")
+    act = dw_act_code(activation, params)
+    if act is None:
+        raise KernelError(f"grouped_nhwc: activation {activation!r} is not one of "
+                          f"{sorted(DW_ACTS)}")
+    r0, r1 = rows if rows is not None else (0, n * y.shape[1])
+    if not 0 <= r0 <= r1 <= n * y.shape[1]:
+        raise KernelError(f"grouped_nhwc: rows {rows} outside 0..{n * y.shape[1]}")
+    _LIB.grouped_nhwc(x, wp, bias if bias is not None else x[:0],
+                      z if z is not None else x[:0], y, bias is not None, z is not None,
+                      bool(pair), n, h, w, c, y.shape[1], y.shape[2], m, group, cg, mg, kh, kw,
+                      int(strides[0]), int(strides[1]), int(dilations[0]), int(dilations[1]),
+                      int(pads_begin[0]), int(pads_begin[1]), act[0], act[1], act[2], r0, r1,
+                      _threads(n_threads))
+    return y
+
+
 # Activations conv_epilogue applies (conv_epilogue.c's codes): the piecewise ones, which it
 # computes exactly as the NumPy kernels do, and Swish [alpha] as the compiled SiLU does.
 EPILOGUE_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "HardSwish": 4, "Swish": 5}

@@ -440,6 +440,48 @@ static PyObject *py_cast_f16_isa(PyObject *self, PyObject *args) {
     return PyLong_FromLong(cast_f16_isa());
 }
 
+static PyObject *py_grouped_nhwc(PyObject *self, PyObject *args) {
+    Py_buffer X, W, B, Z, Y;
+    int has_bias, has_z, pair, act, n_threads;
+    long long g[18], q0, q1;
+    float p0, p1;
+    gc_args_t a;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*iiiLLLLLLLLLLLLLLLLLLiffLLi", &X, &W, &B, &Z, &Y,
+                          &has_bias, &has_z, &pair, &g[0], &g[1], &g[2], &g[3], &g[4], &g[5],
+                          &g[6], &g[7], &g[8], &g[9], &g[10], &g[11], &g[12], &g[13], &g[14],
+                          &g[15], &g[16], &g[17], &act, &p0, &p1, &q0, &q1, &n_threads))
+        return NULL;
+    a.n = g[0]; a.h = g[1]; a.wd = g[2]; a.c = g[3]; a.oh = g[4]; a.ow = g[5]; a.m = g[6];
+    a.group = g[7]; a.cg = g[8]; a.mg = g[9]; a.kh = g[10]; a.kw = g[11]; a.sh = g[12];
+    a.sw = g[13]; a.dh = g[14]; a.dw = g[15]; a.pt = g[16]; a.pl = g[17];
+    Py_ssize_t ybytes = (Py_ssize_t)(a.n * a.oh * a.ow * a.m * 4);
+    int ok = a.n >= 0 && a.h >= 0 && a.wd >= 0 && a.oh >= 0 && a.ow >= 0 && a.group >= 1 &&
+             a.cg >= 1 && a.mg >= 1 && a.c == a.group * a.cg && a.m == a.group * a.mg &&
+             a.kh >= 1 && a.kw >= 1 && a.sh >= 1 && a.sw >= 1 && a.dh >= 1 && a.dw >= 1 &&
+             (!pair || grouped_nhwc_pair_ok(a.group, a.cg, a.mg)) &&
+             need(&X, (Py_ssize_t)(a.n * a.h * a.wd * a.c * 4), "x") &&
+             need(&W, (Py_ssize_t)(a.m * a.cg * a.kh * a.kw * 4), "weights") &&
+             (!has_bias || need(&B, (Py_ssize_t)(a.m * 4), "bias")) &&
+             (!has_z || need(&Z, ybytes, "z")) && need(&Y, ybytes, "y") && n_threads >= 1 &&
+             q0 >= 0 && q0 <= q1 && q1 <= a.n * a.oh;
+    if (ok) {
+        a.x = X.buf; a.wp = W.buf; a.y = Y.buf;
+        a.bias = has_bias ? B.buf : NULL;
+        a.z = has_z ? Z.buf : NULL;
+        a.pair = pair; a.act = act; a.p0 = p0; a.p1 = p1;
+        Py_BEGIN_ALLOW_THREADS
+        grouped_nhwc_f32(&a, q0, q1, n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "grouped_nhwc: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&W); PyBuffer_Release(&B); PyBuffer_Release(&Z);
+    PyBuffer_Release(&Y);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_openmp(PyObject *self, PyObject *args) {
     (void)self; (void)args;
 #ifdef _OPENMP
@@ -459,6 +501,10 @@ static PyMethodDef methods[] = {
      "depthwise_nhwc(x, taps, bias, z, y, has_bias, has_z, n, h, w, c, oh, ow, kh, kw, sh, sw, "
      "dh, dw, pad_top, pad_left, act, p0, p1, row0, row1, n_threads): output rows row0..row1-1 "
      "of an NHWC depthwise conv + epilogue"},
+    {"grouped_nhwc", py_grouped_nhwc, METH_VARARGS,
+     "grouped_nhwc(x, wp, bias, z, y, has_bias, has_z, pair, n, h, w, c, oh, ow, m, group, cg, "
+     "mg, kh, kw, sh, sw, dh, dw, pad_top, pad_left, act, p0, p1, row0, row1, n_threads): "
+     "output rows row0..row1-1 of an NHWC grouped conv + epilogue"},
     {"softmax_rows", py_softmax_rows, METH_VARARGS,
      "softmax_rows(s, n, m, t, c, b0, has_b0, off0, hs0, rs0, b1, has_b1, off1, hs1, rs1, inv): "
      "the rows of an n x m x t float32 score block: s = e^(c s + b0 + b1 - max), inv = 1/sum"},

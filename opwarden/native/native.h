@@ -46,6 +46,20 @@ typedef struct {
 
 void depthwise_nhwc_f32(const dw_args_t *a, int64_t q0, int64_t q1, int n_threads);
 
+/* One grouped NHWC convolution with few channels per group (grouped.c): x [n, h, wd, c],
+ * y [n, oh, ow, m], c = group cg, m = group mg; wp the weights in the pair layout (`pair`,
+ * where grouped_nhwc_pair_ok) or the wide one (grouped.c says which is which). */
+typedef struct {
+    const float *x, *wp, *bias, *z; /* bias, z: NULL when absent; z may equal y */
+    float *y;
+    int64_t n, h, wd, c, oh, ow, m, group, cg, mg, kh, kw, sh, sw, dh, dw, pt, pl;
+    int pair, act;
+    float p0, p1;
+} gc_args_t;
+
+int grouped_nhwc_pair_ok(int64_t group, int64_t cg, int64_t mg);
+void grouped_nhwc_f32(const gc_args_t *a, int64_t q0, int64_t q1, int n_threads);
+
 /* y = x * sigmoid(alpha x) over n floats (silu.c); y may be x. */
 void swish_f32(const float *x, float *y, int64_t n, float alpha);
 void swish_f32_threads(const float *x, float *y, int64_t n, float alpha, int n_threads);

@@ -9,6 +9,7 @@ name and validate the algorithm that runs:
     conv.cpu.pointwise    1x1, stride 1: one GEMM per group (conv_gemm)
     conv.cpu.winograd     F(4x4, 3x3) for large 3x3 stride-1 layers (conv_winograd)
     conv.cpu.shifted_gemm one accumulating GEMM per tap over phase planes (conv_gemm)
+    conv.cpu.grouped      few channels per group, compiled direct loop (conv_grouped)
     conv.cpu.rowtap       one GEMM per kernel row over row copies (conv_rowtap)
     conv.cpu.stem         few input channels: transposed patch matrix (conv_stem)
     conv.cpu.fewpixel     few output pixels, large weights: transposed product (conv_gemm)
@@ -30,6 +31,7 @@ import numpy as np
 
 from opwarden.blas import sgemm
 from opwarden.kernels.cpu import conv_gemm as _gemm
+from opwarden.kernels.cpu import conv_grouped as _grouped
 from opwarden.kernels.cpu import conv_rowtap as _rowtap
 from opwarden.kernels.cpu import conv_stem as _stem
 from opwarden.kernels.cpu import conv_winograd as _wino
@@ -76,6 +78,8 @@ def _routes_nhwc(x_shape, w_shape, group, s, d, begin, end, oh, ow, branched) ->
         return ("depthwise",)
     if (kh, kw) == (1, 1) and s == [1, 1] and not any(begin) and not any(end):
         return ("pointwise",)
+    if _grouped.grouped_takes(c, w_shape, group):
+        return ("grouped",)
     first: tuple = ()
     if (not branched and _wino.WINOGRAD and (kh, kw) == (3, 3) and s == [1, 1] and d == [1, 1]
             and group == 1 and min(*begin, *end) >= 0 and _wino.wino_tile(c, m, oh, ow)):
@@ -116,6 +120,7 @@ _RUN = {
     "pointwise": _gemm.nhwc_pointwise,
     "winograd": _nhwc_winograd,
     "shifted": _gemm.nhwc_shifted,
+    "grouped": _grouped.nhwc_grouped,
     "rowtap": _rowtap.nhwc_rowtap,
     "stem": _stem.nhwc_stem,
     "few_pixels": _gemm.nhwc_few_pixels,
@@ -215,6 +220,10 @@ VARIANTS = {
     or weights with a NaN or Inf, it runs the direct route conv_nhwc takes next."""),
     "shifted": ("shifted_gemm", """Shifted GEMM (conv_gemm): k x k over a large map with at
     least SHIFT_MIN_C input channels per group, one accumulating GEMM per tap."""),
+    "grouped": ("grouped", """Grouped (conv_grouped, compiled): group > 1 with
+    GROUPED_MIN_CG..GROUPED_MAX_CG input channels per group and mg a multiple of 8 (or mg 4
+    in pairs of groups), where the extension is built; the taps read from the unpadded image,
+    a block of pixels' sums in registers."""),
     "rowtap": ("rowtap", """Row taps (conv_rowtap): group 1, row stride 1, kernel rows of at
     least ROWTAP_MIN_RUN floats, one GEMM per kernel row."""),
     "stem": ("stem", """Stem (conv_stem): group 1, kernel rows of at most STEM_MAX_RUN floats
@@ -246,6 +255,7 @@ _FLOATS = {
     "pointwise": _gemm.pointwise_floats,
     "winograd": _wino.winograd_floats,
     "shifted": _gemm.shifted_floats,
+    "grouped": _grouped.grouped_floats,
     "rowtap": _rowtap.rowtap_floats,
     "stem": _stem.stem_floats,
     "few_pixels": _gemm.few_pixels_floats,
