@@ -62,6 +62,10 @@ class Contract:
     - ``may_alias``: (input, output) pairs whose buffers may be shared (in-place allowed).
     - ``must_alias``: (input, output) pairs where the output is a view of the input.
       Output -1 stands for every output (Split: each output is a view of its input).
+    - ``view_when``: ``f(attrs, input_shape) -> bool`` for an operator whose output 0 is a
+      view of a C-contiguous input 0 when it holds (Reshape: always; Transpose: when the
+      permutation keeps the order of the non-1 dims). The memory plan then shares input 0's
+      buffer (a kernel that copies anyway, for a strided input, is still correct).
     - ``mutates``: inputs the kernel writes to (a correct operator mutates none).
     - ``workspace_bytes``: scratch memory, a constant or ``f(*input_shapes, **attrs) -> int``.
     - ``nan``: "propagate" (NaN in -> NaN out, none created), "produce" (the math can create
@@ -79,6 +83,7 @@ class Contract:
     layout: str = "any"
     may_alias: tuple[tuple[int, int], ...] = ()
     must_alias: tuple[tuple[int, int], ...] = ()
+    view_when: Callable[[Mapping[str, Any], tuple[int, ...]], bool] | None = None
     mutates: tuple[int, ...] = ()
     workspace_bytes: int | Callable[..., int] = 0
     thread_safe: bool = True
@@ -137,6 +142,7 @@ class Contract:
             "layout": self.layout,
             "may_alias": [list(p) for p in self.may_alias],
             "must_alias": [list(p) for p in self.must_alias],
+            "view_when": self.view_when is not None,
             "mutates": list(self.mutates),
             "workspace_bytes": "f(shapes)"
             if callable(self.workspace_bytes)

@@ -5,8 +5,9 @@ Rules:
 - Graph outputs are never planned: they are handed to the caller (or, in a loop body, carried to
   the next iteration) and must not be overwritten by the next run; any tensor a graph output is
   a view of is excluded with it.
-- A view operator's output (contract ``must_alias``) shares its input's buffer: the two are one
-  group whose lifetime covers both.
+- A view operator's output (contract ``must_alias``, or ``view_when`` holding for the input's
+  static shape: Reshape, a Transpose that keeps the order of the non-1 dims) shares its input's
+  buffer: the two are one group whose lifetime covers both.
 - In place: a variant that accepts ``out=`` and whose contract allows (input i, output 0) to alias
   writes into input i's buffer when that input dies at this step and has the same size.
 - Concat slices: a Concat whose output is planned gets each input that a planned step of a
@@ -129,6 +130,20 @@ def _reads(st: Any) -> list[int]:
     return out
 
 
+def _views(st: Any, sized: dict[int, Sized]) -> list[tuple[int, int]]:
+    """The (input, output) pairs of step st whose output is planned as a view of the input:
+    its contract's ``must_alias`` pairs, or (0, 0) where ``view_when`` holds for input 0's
+    static shape."""
+    contract = st.placement.variant.op.contract
+    views = contract.views(len(st.outs))
+    if (not views and contract.view_when is not None and st.ins and st.ins[0] in sized
+            and st.outs and st.outs[0] in sized
+            and sized[st.ins[0]][0] == sized[st.outs[0]][0]
+            and contract.view_when(st.placement.node.attrs, sized[st.ins[0]][1])):
+        views = [(0, 0)]
+    return views
+
+
 class _Groups:
     def __init__(self) -> None:
         self.parent: dict[int, int] = {}
@@ -241,8 +256,7 @@ def _view_groups(
     groups = _Groups()
     tainted: set[int] = set()
     for st in steps:
-        contract = st.placement.variant.op.contract
-        for i, o in contract.views(len(st.outs)):
+        for i, o in _views(st, sized):
             if i < len(st.ins) and o < len(st.outs) and st.ins[i] >= 0 and st.outs[o] >= 0:
                 a, b = st.ins[i], st.outs[o]
                 if a in external:
@@ -391,7 +405,8 @@ def _bind_regions(
     binding = Binding(plan)
     for i, st in enumerate(steps):
         var = st.placement.variant
-        if var.accepts_out and st.outs and st.outs[0] >= 0 and st.outs[0] in slot_buf:
+        if (var.accepts_out and st.outs and st.outs[0] >= 0 and st.outs[0] in slot_buf
+                and (0, 0) not in _views(st, sized)):
             o = st.outs[0]
             b = slot_buf[o]
             top, chain = _slice_chain(o, slice_of)
@@ -404,9 +419,10 @@ def _bind_regions(
             binding.ws_region[i] = (wb.offset, wb.nbytes)
     # Views of a buffer only come from declared view ops, which are grouped: no check needed.
     for i, st in enumerate(steps):
-        if i in binding.view_checks and st.placement.variant.op.contract.must_alias:
-            views = st.placement.variant.op.contract.views(len(st.outs))
-            if all(st.ins[a] in slot_buf for a, _ in views if a < len(st.ins) and st.ins[a] >= 0):
+        if i in binding.view_checks:
+            views = _views(st, sized)
+            if views and all(st.ins[a] in slot_buf for a, _ in views
+                             if a < len(st.ins) and st.ins[a] >= 0):
                 binding.view_checks.discard(i)
     return binding
 

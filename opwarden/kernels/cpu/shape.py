@@ -1,4 +1,8 @@
-"""Concat into the planned output buffer (the reference allocates a fresh array each run).
+"""Concat and Transpose into the planned output buffer (the references allocate each run).
+
+Transpose: where the permutation keeps the order of the non-1 dims the plan makes the output
+a view of the input (ops.shape.TRANSPOSE's view_when) and gives no out=; the other
+permutations copy, straight into the planned buffer.
 
 When the memory plan binds a Concat's inputs as slices of its output (their producers wrote
 straight into them, see opwarden/memory/lifetimes.py), those inputs are already in place and
@@ -52,9 +56,28 @@ def concat(*inputs, axis=1, out=None):
     return out
 
 
+def transpose(data, *, perm=None, out=None):
+    """data.transpose(perm), copied into `out` when it is given."""
+    view = data.transpose() if perm is None else data.transpose(perm)
+    if out is None or out.shape != view.shape or out.dtype != view.dtype:
+        return view
+    np.copyto(out, view)
+    return out
+
+
+def _valid_perm(data, *, perm=None, **_attrs) -> bool:
+    """A permutation of data's (known) rank; the plan decides view or copy per signature."""
+    if data.shape is None or perm is None:
+        return data.shape is not None
+    return sorted(int(x) for x in perm) == list(range(len(data.shape)))
+
+
 def register() -> None:
     """Register the Concat variant on every version (layout-agnostic: the layout pass remaps
     the axis). It accepts a strided out (a slice of an enclosing Concat), so Concats nest."""
     for opdef in REGISTRY.versions("Concat"):
         opdef.kernel("cpu", dtypes=["float32"], priority=10, accepts_out=True,
                      strided_out=True, name="concat.cpu.out")(concat)
+    for opdef in REGISTRY.versions("Transpose"):
+        opdef.kernel("cpu", priority=10, accepts_out=True, when=_valid_perm,
+                     in_place_when=lambda attrs: False, name="transpose.cpu.out")(transpose)
