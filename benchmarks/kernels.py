@@ -7,6 +7,10 @@ alternating them, median of many runs. It prints GFLOP/s per shape and, per mode
 total convolution time (each shape weighted by how often it occurs) with the geometric mean.
 
     python benchmarks/kernels.py [--models resnet50,vgg19] [--runs 15] [--ref] [--json out.json]
+
+`--grouped`: instead, the grouped convolutions of ResNeXt-50 32x4d, RegNetX/Y and grouped 1x1s
+(GROUPED_SHAPES) at batch 1 and 8: the route conv_nhwc took before the compiled grouped loop
+(shifted GEMM or patch matrix) against that loop, alternated in one process.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import math
 import sys
 import time
 from collections import Counter
+from functools import partial
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -147,6 +152,70 @@ def bench_conv(key, runs: int, budget_s: float, with_ref: bool) -> dict:
     return {"flops": flops, "err": err, **{k: v for k, v in t.items()}}
 
 
+# (x NCHW, W, group, stride, where from) for --grouped; 3x3 ones padded 1, 1x1 unpadded.
+GROUPED_SHAPES = [
+    ((1, 128, 56, 56), (128, 4, 3, 3), 32, 1, "resnext50 s1"),
+    ((1, 256, 56, 56), (256, 8, 3, 3), 32, 2, "resnext50 s2 first"),
+    ((1, 256, 28, 28), (256, 8, 3, 3), 32, 1, "resnext50 s2"),
+    ((1, 512, 28, 28), (512, 16, 3, 3), 32, 2, "resnext50 s3 first"),
+    ((1, 512, 14, 14), (512, 16, 3, 3), 32, 1, "resnext50 s3"),
+    ((1, 1024, 14, 14), (1024, 32, 3, 3), 32, 2, "resnext50 s4 first"),
+    ((1, 1024, 7, 7), (1024, 32, 3, 3), 32, 1, "resnext50 s4"),
+    ((1, 24, 56, 56), (24, 8, 3, 3), 3, 1, "regnetx200 gw8"),
+    ((1, 152, 14, 14), (152, 8, 3, 3), 19, 1, "regnetx200 gw8"),
+    ((1, 64, 28, 28), (64, 16, 3, 3), 4, 1, "regnetx400 gw16"),
+    ((1, 384, 14, 14), (384, 16, 3, 3), 24, 2, "regnetx400 gw16 first"),
+    ((1, 120, 28, 28), (120, 24, 3, 3), 5, 1, "regnety1.6 gw24"),
+    ((1, 336, 14, 14), (336, 24, 3, 3), 14, 1, "regnety1.6 gw24"),
+    ((1, 432, 28, 28), (432, 48, 3, 3), 9, 1, "regnetx3.2 gw48"),
+    ((1, 448, 14, 14), (448, 64, 3, 3), 7, 1, "regnety8 gw64"),
+    ((1, 96, 28, 28), (384, 12, 1, 1), 8, 1, "shufflenet g8 1x1"),
+    ((1, 240, 28, 28), (60, 80, 1, 1), 3, 1, "1x1 g3 mg20"),
+    ((1, 256, 28, 28), (256, 8, 1, 1), 32, 1, "1x1 g32 cg8"),
+]
+
+
+def bench_grouped(runs: int, budget_s: float, batches=(1, 8)) -> None:
+    """--grouped (module docstring): per shape and batch, median us of the old route and of
+    the grouped loop, and their GFLOP/s."""
+    from opwarden.kernels.cpu import conv as C
+    from opwarden.kernels.cpu import conv_grouped as G
+
+    rng = np.random.default_rng(0)
+    print(f"{'shape':<24} {'x (NCHW)':<20} {'w':<17} s  {'old':<8} | {'old us':>8} "
+          f"{'new us':>8} | old GF/s new GF/s  old/new")
+    for xs0, ws, group, stride, what in GROUPED_SHAPES:
+        for nb in batches:
+            xs = (nb, *xs0[1:])
+            k = ws[2]
+            pads = [k // 2] * 4
+            x = np.ascontiguousarray(rng.standard_normal(xs, dtype=np.float32)
+                                     .transpose(0, 2, 3, 1))
+            w = rng.standard_normal(ws, dtype=np.float32) * np.float32(0.05)
+            w.flags.writeable = False
+            b = rng.standard_normal(ws[0], dtype=np.float32)
+            attrs = {"group": group, "strides": [stride] * 2, "pads": pads}
+            taken = G.grouped_takes
+            G.grouped_takes = lambda *a: False
+            try:
+                old = C.static_route(x.shape, ws, attrs)
+            finally:
+                G.grouped_takes = taken
+            old_k, new_k = C.nhwc_kernel(old), C.nhwc_kernel("grouped")
+            y0 = old_k(x, w, b, **attrs)
+            y1, y2 = np.empty_like(y0), np.empty_like(y0)
+            err = float(np.abs(new_k(x, w, b, **attrs, out=y1) - y0).max())
+            t = _median_times({"old": partial(old_k, x, w, b, **attrs, out=y2),
+                               "new": partial(new_k, x, w, b, **attrs, out=y1)}, runs, budget_s)
+            flops = 2.0 * y0.size * math.prod(ws[1:])
+            line = (f"{what:<24} {str(xs):<20} {str(ws):<17} {stride}  {old:<8} | "
+                    f"{t['old'] * 1e6:8.0f} {t['new'] * 1e6:8.0f} | {flops / t['old'] / 1e9:8.1f} "
+                    f"{flops / t['new'] / 1e9:8.1f} {t['old'] / t['new']:8.2f}")
+            if err > 1e-3:
+                line += f"  MISMATCH {err:.2g}"
+            print(line, flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(LIGHT))
@@ -157,6 +226,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="statistic of the runs to compare (min is steadier on a busy machine)")
     ap.add_argument("--threads", type=int, default=2, help="threads for ORT and OpenBLAS")
+    ap.add_argument("--grouped", action="store_true",
+                    help="old route vs the compiled grouped loop on GROUPED_SHAPES (docstring)")
     args = ap.parse_args(argv)
     global THREADS
     THREADS = args.threads
@@ -165,6 +236,9 @@ def main(argv=None) -> int:
     if not set_blas_threads(THREADS):
         print("warning: could not set the OpenBLAS thread count", file=sys.stderr)
     np.random.seed(0)
+    if args.grouped:
+        bench_grouped(args.runs, args.budget)
+        return 0
     results, per_model = {}, {}
     print(f"{'model':<13} {'x':<18} {'w':<18} g  s  | {'ours':>7} {'ort':>7} GF/s | "
           f"nhwc/ort nchw/ort" + ("  ref/ort" if args.ref else ""))

@@ -5,7 +5,7 @@
  * [g mg, (g+1) mg) of y. Padding is implicit: taps reading outside the image are skipped. The
  * weights arrive repacked once on the Python side (conv_grouped.py), in one of two layouts:
  *  - wide (mg a multiple of 8): Wp[g][tap][ci][mg]. For a fixed (pixel, tap, ci) one x value
- *    is broadcast against a contiguous run of weights: a block of P pixels x 8 or 16
+ *    is broadcast against a contiguous run of weights: a block of P pixels x 8, 16 or 24
  *    channels of sums stays in registers, each weight vector loaded once for the P pixels;
  *  - pair (mg 4, cg a multiple of 4, an even group count): Wp[g/2][tap][ci][g%2][4], one
  *    8-float vector holding the 4 outputs of two neighbouring groups. The 8 inputs
@@ -43,12 +43,15 @@ OW_INLINE v8f ld8(const float *p) {
 
 OW_INLINE void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
 
-/* (lo[0..3], hi[0..3]) as one vector: two groups' four inputs. */
+typedef float v4f __attribute__((vector_size(16)));
+
+/* (lo[0..3], hi[0..3]) as one vector: two groups' four inputs. (Two 16-byte memcpy into one
+ * vector went through the stack: a store-forwarding stall per load, 1/3 the speed.) */
 OW_INLINE v8f ld4x2(const float *lo, const float *hi) {
-    v8f v;
-    memcpy(&v, lo, 16);
-    memcpy((char *)&v + 16, hi, 16);
-    return v;
+    v4f a, b;
+    memcpy(&a, lo, 16);
+    memcpy(&b, hi, 16);
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7);
 }
 
 /* Lanes (v[k] x 4, v[4 + k] x 4): an in-lane shuffle (vpermilps on AVX). */
@@ -97,7 +100,7 @@ OW_INLINE void gc_pair(const gc_args_t *a, int64_t n, int64_t r, int64_t j0, int
 #pragma GCC unroll 8
                 for (int p = 0; p < P; p++) {
                     const float *xq = xp + p * xstep + cb;
-                    v8f xv = ld4x2(xq, xq + cg);
+                    v8f xv = cg == 4 ? ld8(xq) : ld4x2(xq, xq + cg);
                     acc[p] += SPLAT2(xv, 0) * w0;
                     acc[p] += SPLAT2(xv, 1) * w1;
                     acc[p] += SPLAT2(xv, 2) * w2;
@@ -117,12 +120,12 @@ OW_INLINE void gc_wide(const gc_args_t *a, int64_t n, int64_t r, int64_t j0, int
     const int64_t c = a->c, cg = a->cg, m = a->m, mg = a->mg;
     const int64_t o0 = ((n * a->oh + r) * a->ow + j0) * m + g * mg + mb;
     const v8f zero = {0};
-    v8f acc[8][2], b[2];
-#pragma GCC unroll 2
+    v8f acc[8][3], b[3];
+#pragma GCC unroll 3
     for (int v = 0; v < V; v++) b[v] = a->bias ? ld8(a->bias + g * mg + mb + 8 * v) : zero;
 #pragma GCC unroll 8
     for (int p = 0; p < P; p++)
-#pragma GCC unroll 2
+#pragma GCC unroll 3
         for (int v = 0; v < V; v++)
             acc[p][v] = a->z ? b[v] + ld8(a->z + o0 + p * m + 8 * v) : b[v];
     const int64_t xstep = a->sw * c, taps = a->kh * a->kw;
@@ -136,13 +139,13 @@ OW_INLINE void gc_wide(const gc_args_t *a, int64_t n, int64_t r, int64_t j0, int
             const float *xp = a->x + ((n * a->h + ih) * a->wd + iw) * c + g * cg;
             const float *wt = wg + (ta * a->kw + tb) * cg * mg;
             for (int64_t ci = 0; ci < cg; ci++) {
-                v8f wv[2];
-#pragma GCC unroll 2
+                v8f wv[3];
+#pragma GCC unroll 3
                 for (int v = 0; v < V; v++) wv[v] = ld8(wt + ci * mg + 8 * v);
 #pragma GCC unroll 8
                 for (int p = 0; p < P; p++) {
                     const v8f xs = zero + xp[p * xstep + ci];
-#pragma GCC unroll 2
+#pragma GCC unroll 3
                     for (int v = 0; v < V; v++) acc[p][v] += xs * wv[v];
                 }
             }
@@ -150,7 +153,7 @@ OW_INLINE void gc_wide(const gc_args_t *a, int64_t n, int64_t r, int64_t j0, int
     }
 #pragma GCC unroll 8
     for (int p = 0; p < P; p++)
-#pragma GCC unroll 2
+#pragma GCC unroll 3
         for (int v = 0; v < V; v++) st8(a->y + o0 + p * m + 8 * v, acc[p][v]);
 }
 
@@ -233,41 +236,49 @@ OW_INLINE void gc_act_row(float *yr, int64_t len, int act, float p0, float p1) {
     }
 }
 
-/* Pixels per register block: pair 8 (8 sums + 4 weights), wide 16 channels 6 (12 sums + 2
- * weights), wide 8 channels 8. */
-#define PB_PAIR 8
-#define PB_W16 6
-#define PB_W8 8
+/* A row's pixels on the register blocks: border pixels (taps outside the image along W) one
+ * by one with the bounds checked, the inside ones in blocks of PB, then of 4, 2, 1 (a 7-wide
+ * map has 5 inside pixels: no block of 6, and single pixels run at a fraction of a block's
+ * speed, their few sums a chain of dependent multiply-adds). */
+#define GC_SPAN(BLOCK, PB)                                                     \
+    do {                                                                       \
+        int64_t j = 0;                                                         \
+        for (; j < jlo; j++) BLOCK(j, 1, 1);                                   \
+        for (; j + (PB) <= jhi; j += (PB)) BLOCK(j, PB, 0);                    \
+        if ((PB) > 4 && j + 4 <= jhi) { BLOCK(j, 4, 0); j += 4; }              \
+        if ((PB) > 2 && j + 2 <= jhi) { BLOCK(j, 2, 0); j += 2; }              \
+        for (; j < jhi; j++) BLOCK(j, 1, 0);                                   \
+        for (; j < a->ow; j++) BLOCK(j, 1, 1);                                 \
+    } while (0)
 
+/* Pixels per register block: pair 8 (8 sums + 4 weights); wide with 16 channels 6 (12 sums
+ * + 2 weights), with 24 channels 4 (12 + 3), with 8 channels 8. */
 OW_CLONES
 static void gc_row(const gc_args_t *a, int64_t n, int64_t r) {
     int64_t jlo, jhi;
     gc_inside(a, &jlo, &jhi);
     if (a->pair) {
         for (int64_t gp = 0; gp < a->group / 2; gp++) {
-            int64_t j = 0;
-            for (; j < jlo; j++) gc_pair(a, n, r, j, gp, 1, 1);
-            for (; j + PB_PAIR <= jhi; j += PB_PAIR) gc_pair(a, n, r, j, gp, PB_PAIR, 0);
-            for (; j < jhi; j++) gc_pair(a, n, r, j, gp, 1, 0);
-            for (; j < a->ow; j++) gc_pair(a, n, r, j, gp, 1, 1);
+#define B_PAIR(j, P, CHK) gc_pair(a, n, r, j, gp, P, CHK)
+            GC_SPAN(B_PAIR, 8);
         }
     } else if (a->mg % 16 == 0) {
         for (int64_t g = 0; g < a->group; g++)
             for (int64_t mb = 0; mb < a->mg; mb += 16) {
-                int64_t j = 0;
-                for (; j < jlo; j++) gc_wide(a, n, r, j, g, mb, 1, 2, 1);
-                for (; j + PB_W16 <= jhi; j += PB_W16) gc_wide(a, n, r, j, g, mb, PB_W16, 2, 0);
-                for (; j < jhi; j++) gc_wide(a, n, r, j, g, mb, 1, 2, 0);
-                for (; j < a->ow; j++) gc_wide(a, n, r, j, g, mb, 1, 2, 1);
+#define B_W16(j, P, CHK) gc_wide(a, n, r, j, g, mb, P, 2, CHK)
+                GC_SPAN(B_W16, 6);
+            }
+    } else if (a->mg % 24 == 0) {
+        for (int64_t g = 0; g < a->group; g++)
+            for (int64_t mb = 0; mb < a->mg; mb += 24) {
+#define B_W24(j, P, CHK) gc_wide(a, n, r, j, g, mb, P, 3, CHK)
+                GC_SPAN(B_W24, 4);
             }
     } else if (a->mg % 8 == 0) {
         for (int64_t g = 0; g < a->group; g++)
             for (int64_t mb = 0; mb < a->mg; mb += 8) {
-                int64_t j = 0;
-                for (; j < jlo; j++) gc_wide(a, n, r, j, g, mb, 1, 1, 1);
-                for (; j + PB_W8 <= jhi; j += PB_W8) gc_wide(a, n, r, j, g, mb, PB_W8, 1, 0);
-                for (; j < jhi; j++) gc_wide(a, n, r, j, g, mb, 1, 1, 0);
-                for (; j < a->ow; j++) gc_wide(a, n, r, j, g, mb, 1, 1, 1);
+#define B_W8(j, P, CHK) gc_wide(a, n, r, j, g, mb, P, 1, CHK)
+                GC_SPAN(B_W8, 8);
             }
     } else {
         for (int64_t j = 0; j < a->ow; j++) gc_pixel(a, n, r, j);

@@ -76,16 +76,18 @@ def _routes_nhwc(x_shape, w_shape, group, s, d, begin, end, oh, ow, branched) ->
         return ("empty",)
     if cg == 1 and m == group:
         return ("depthwise",)
+    grouped = _grouped.grouped_takes(c, w_shape, group)
     if (kh, kw) == (1, 1) and s == [1, 1] and not any(begin) and not any(end):
-        return ("pointwise",)
-    if _grouped.grouped_takes(c, w_shape, group):
+        return ("grouped",) if grouped and cg <= _grouped.GROUPED_PW_MAX_CG else ("pointwise",)
+    shifted = (not branched and cg >= _gemm.SHIFT_MIN_C and oh * ow >= _gemm.SHIFT_MIN_PIXELS
+               and m // group <= _gemm.SHIFT_MAX_M_PER_C * cg and sgemm() is not None)
+    if grouped and (cg <= _grouped.GROUPED_SHIFT_MAX_CG or not shifted):
         return ("grouped",)
     first: tuple = ()
     if (not branched and _wino.WINOGRAD and (kh, kw) == (3, 3) and s == [1, 1] and d == [1, 1]
             and group == 1 and min(*begin, *end) >= 0 and _wino.wino_tile(c, m, oh, ow)):
         first = ("winograd",)
-    if (not branched and cg >= _gemm.SHIFT_MIN_C and oh * ow >= _gemm.SHIFT_MIN_PIXELS
-            and m // group <= _gemm.SHIFT_MAX_M_PER_C * cg and sgemm() is not None):
+    if shifted:
         return (*first, "shifted")
     if (_rowtap.ROWTAP and group == 1 and s[0] == 1 and kh > 1
             and kw * cg >= _rowtap.ROWTAP_MIN_RUN and oh * ow >= _rowtap.ROWTAP_MIN_PIXELS
@@ -222,8 +224,9 @@ VARIANTS = {
     least SHIFT_MIN_C input channels per group, one accumulating GEMM per tap."""),
     "grouped": ("grouped", """Grouped (conv_grouped, compiled): group > 1 with
     GROUPED_MIN_CG..GROUPED_MAX_CG input channels per group and mg a multiple of 8 (or mg 4
-    in pairs of groups), where the extension is built; the taps read from the unpadded image,
-    a block of pixels' sums in registers."""),
+    in pairs of groups), where the extension is built (above GROUPED_SHIFT_MAX_CG only where
+    the shifted GEMM does not apply; 1x1 stride 1 up to GROUPED_PW_MAX_CG); the taps read
+    from the unpadded image, a block of pixels' sums in registers."""),
     "rowtap": ("rowtap", """Row taps (conv_rowtap): group 1, row stride 1, kernel rows of at
     least ROWTAP_MIN_RUN floats, one GEMM per kernel row."""),
     "stem": ("stem", """Stem (conv_stem): group 1, kernel rows of at most STEM_MAX_RUN floats

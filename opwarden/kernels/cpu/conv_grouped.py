@@ -25,10 +25,15 @@ from opwarden.kernels.cpu.util import F32, apply_activation, packed, scratch
 
 # The route takes groups of at least GROUPED_MIN_CG input channels (cg 1 is depthwise) with
 # mg output channels where the loop has a register-blocked path: mg a multiple of 8, or mg 4
-# in pairs of groups (native.grouped_pair_ok); and at most GROUPED_MAX_CG input channels per
-# group, above which one GEMM per tap (the shifted route) is as fast (benchmarks/NOTES.md).
+# in pairs of groups (native.grouped_pair_ok); at most GROUPED_MAX_CG input channels per
+# group, and above GROUPED_SHIFT_MAX_CG only where the shifted route (one GEMM per tap) does
+# not apply: at 48 channels per group the two ran even. A 1x1 stride-1 convolution (one GEMM
+# per group, the pointwise route) comes here up to GROUPED_PW_MAX_CG input channels per group
+# (ShuffleNet's g8 with 12: even; 32 groups of 8: 1.8x). Measurements: benchmarks/NOTES.md.
 GROUPED_MIN_CG = 2
 GROUPED_MAX_CG = 64
+GROUPED_SHIFT_MAX_CG = 32
+GROUPED_PW_MAX_CG = 16
 
 
 def grouped_takes(c: int, w_shape, group: int) -> bool:
