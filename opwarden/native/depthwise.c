@@ -30,78 +30,17 @@
 #define DW_INLINE static inline
 #endif
 
-/* The activation codes of opwarden.native.DW_ACTS. NaN propagates through every one (the
- * comparisons are written so a NaN takes the pass-through branch), as in the references. */
-enum { A_NONE, A_RELU, A_CLIP, A_LEAKY, A_SIGMOID, A_HARDSWISH, A_TANH, A_GELU, A_GELU_TANH,
-       A_SWISH };
-
-DW_INLINE float dw_act(float v, int act, float p0, float p1) {
-    switch (act) {
-    case A_RELU:
-        return v < 0.0f ? 0.0f : v;
-    case A_CLIP:
-        return v < p0 ? p0 : (v > p1 ? p1 : v);
-    case A_LEAKY:
-        return v < 0.0f ? v * p0 : v;
-    case A_SIGMOID:
-        return 1.0f / (1.0f + expf(-v));
-    case A_HARDSWISH: {
-        float t = v * (1.0f / 6.0f) + 0.5f;
-        t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
-        return v * t;
-    }
-    case A_TANH:
-        return tanhf(v);
-    case A_GELU:
-        return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    case A_GELU_TANH: {
-        float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
-        return 0.5f * v * (1.0f + tanhf(u));
-    }
-    case A_SWISH: /* v sigmoid(p0 v), as the compiled SiLU (native.h, no libm call) */
-        return ow_over_one_plus_exp(v, -p0 * v);
-    default:
-        return v;
-    }
-}
-
 /* Channels per register block and output pixels per block in the interior path: 4 pixels
  * x 16 channels of accumulators stay in registers across all the taps, and each tap's weight
  * vector is loaded once for the 4 pixels. */
 #define CB 16
 #define PB 4
 
-/* yp[k] = act(yp[k]) for k in [0, len). The switch stays outside the loops, so that each
- * piecewise activation is a loop the compiler vectorizes (a per-element switch kept HardSwish
- * scalar: a third of the Relu blocks' speed on MobileNetV3's layers); the ones that call libm
- * run element by element through dw_act. (Swish runs over whole rows: dw_row.) Each case computes what dw_act does. */
+/* yp[k] = act(yp[k]) for k in [0, len): ow_act_row (native.h), the switch outside the loops so
+ * that each piecewise activation is a loop the compiler vectorizes (a per-element switch kept
+ * HardSwish scalar: a third of the Relu blocks' speed on MobileNetV3's layers). */
 DW_INLINE void dw_act_run(float *yp, int64_t len, const dw_args_t *a) {
-    const float p0 = a->p0, p1 = a->p1;
-    switch (a->act) {
-    case A_NONE:
-        return;
-    case A_RELU:
-        for (int64_t k = 0; k < len; k++) yp[k] = yp[k] < 0.0f ? 0.0f : yp[k];
-        return;
-    case A_CLIP:
-        for (int64_t k = 0; k < len; k++) {
-            float v = yp[k];
-            yp[k] = v < p0 ? p0 : (v > p1 ? p1 : v);
-        }
-        return;
-    case A_LEAKY:
-        for (int64_t k = 0; k < len; k++) yp[k] = yp[k] < 0.0f ? yp[k] * p0 : yp[k];
-        return;
-    case A_HARDSWISH:
-        for (int64_t k = 0; k < len; k++) {
-            float v = yp[k], t = v * (1.0f / 6.0f) + 0.5f;
-            t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
-            yp[k] = v * t;
-        }
-        return;
-    default:
-        for (int64_t k = 0; k < len; k++) yp[k] = dw_act(yp[k], a->act, p0, p1);
-    }
+    ow_act_row(yp, len, a->act, a->p0, a->p1);
 }
 
 /* Output pixel (n, r, j), channels [c0, c1), every tap checked against the image bounds. The
@@ -128,20 +67,6 @@ DW_INLINE void dw_pixel(const dw_args_t *a, int64_t n, int64_t r, int64_t j, int
     dw_act_run(yp + c0, c1 - c0, a);
 }
 
-/* 8 floats (GCC/Clang vector extension: one AVX register in the x86-64-v3/v4 clones, two SSE
- * registers in the baseline); unaligned loads and stores through memcpy. */
-typedef float v8f __attribute__((vector_size(32)));
-
-DW_INLINE v8f ld8(const float *p) {
-    v8f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-DW_INLINE void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
-
-typedef int32_t v8i __attribute__((vector_size(32)));
-
 /* m ? x : y lane by lane (m from a vector comparison: all ones or all zeros per lane). */
 DW_INLINE v8f sel8(v8i m, v8f x, v8f y) { return (v8f)((m & (v8i)x) | (~m & (v8i)y)); }
 
@@ -153,8 +78,8 @@ DW_INLINE int dw_vact_ok(int act) {
            act == A_HARDSWISH;
 }
 
-/* dw_act on 8 lanes, for the codes dw_vact_ok accepts; the same operations in the same order
- * as dw_act, and a NaN lane fails every comparison, so it passes through as there. */
+/* ow_act_row's piecewise cases on 8 lanes, for the codes dw_vact_ok accepts; the same operations in the same order
+ * as ow_act_row, and a NaN lane fails every comparison, so it passes through as there. */
 DW_INLINE v8f dw_vact(v8f v, const dw_args_t *a) {
     const v8f zero = {0}, one = zero + 1.0f;
     switch (a->act) {

@@ -28,21 +28,6 @@
 #pragma GCC optimize("fp-contract=fast")
 #endif
 
-/* The activation codes of opwarden.native.DW_ACTS (as depthwise.c). */
-enum { A_NONE, A_RELU, A_CLIP, A_LEAKY, A_SIGMOID, A_HARDSWISH, A_TANH, A_GELU, A_GELU_TANH,
-       A_SWISH };
-
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-OW_INLINE v8f ld8(const float *p) {
-    v8f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-OW_INLINE void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
-
 typedef float v4f __attribute__((vector_size(16)));
 
 /* (lo[0..3], hi[0..3]) as one vector: two groups' four inputs. (Two 16-byte memcpy into one
@@ -184,58 +169,6 @@ OW_INLINE void gc_pixel(const gc_args_t *a, int64_t n, int64_t r, int64_t j) {
     }
 }
 
-/* The activation over a finished row of len floats (the switch outside the loops, so that
- * each piecewise one is a loop the compiler vectorizes). NaN takes the pass-through branch of
- * every comparison, as in the references. */
-OW_INLINE void gc_act_row(float *yr, int64_t len, int act, float p0, float p1) {
-    switch (act) {
-    case A_NONE:
-        return;
-    case A_RELU:
-        for (int64_t k = 0; k < len; k++) yr[k] = yr[k] < 0.0f ? 0.0f : yr[k];
-        return;
-    case A_CLIP:
-        for (int64_t k = 0; k < len; k++) {
-            float v = yr[k];
-            yr[k] = v < p0 ? p0 : (v > p1 ? p1 : v);
-        }
-        return;
-    case A_LEAKY:
-        for (int64_t k = 0; k < len; k++) yr[k] = yr[k] < 0.0f ? yr[k] * p0 : yr[k];
-        return;
-    case A_HARDSWISH:
-        for (int64_t k = 0; k < len; k++) {
-            float v = yr[k], t = v * (1.0f / 6.0f) + 0.5f;
-            t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
-            yr[k] = v * t;
-        }
-        return;
-    case A_SWISH: {
-        const float na = -p0;
-        for (int64_t k = 0; k < len; k++) yr[k] = ow_over_one_plus_exp(yr[k], na * yr[k]);
-        return;
-    }
-    case A_SIGMOID:
-        for (int64_t k = 0; k < len; k++) yr[k] = 1.0f / (1.0f + expf(-yr[k]));
-        return;
-    case A_TANH:
-        for (int64_t k = 0; k < len; k++) yr[k] = tanhf(yr[k]);
-        return;
-    case A_GELU:
-        for (int64_t k = 0; k < len; k++)
-            yr[k] = 0.5f * yr[k] * (1.0f + erff(yr[k] * 0.70710678118654752f));
-        return;
-    case A_GELU_TANH:
-        for (int64_t k = 0; k < len; k++) {
-            float v = yr[k], u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
-            yr[k] = 0.5f * v * (1.0f + tanhf(u));
-        }
-        return;
-    default:
-        return;
-    }
-}
-
 /* A row's pixels on the register blocks: border pixels (taps outside the image along W) one
  * by one with the bounds checked, the inside ones in blocks of PB, then of 4, 2, 1 (a 7-wide
  * map has 5 inside pixels: no block of 6, and single pixels run at a fraction of a block's
@@ -283,7 +216,7 @@ static void gc_row(const gc_args_t *a, int64_t n, int64_t r) {
     } else {
         for (int64_t j = 0; j < a->ow; j++) gc_pixel(a, n, r, j);
     }
-    gc_act_row(a->y + (n * a->oh + r) * a->ow * a->m, a->ow * a->m, a->act, a->p0, a->p1);
+    ow_act_row(a->y + (n * a->oh + r) * a->ow * a->m, a->ow * a->m, a->act, a->p0, a->p1);
 }
 
 int grouped_nhwc_pair_ok(int64_t group, int64_t cg, int64_t mg) {

@@ -3,6 +3,7 @@
 #define OPWARDEN_NATIVE_H
 
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 /* One interior node; the layout matches NODE_DTYPE in opwarden/native/__init__.py. For a
@@ -176,5 +177,77 @@ OW_INLINE float ow_exp(float t) {
 }
 
 OW_INLINE float ow_over_one_plus_exp(float v, float t) { return v / (1.0f + ow_exp(t)); }
+
+/* 8 floats (GCC/Clang vector extension: one AVX register in the x86-64-v3/v4 clones, two SSE
+ * registers in the baseline); unaligned loads and stores through memcpy (depthwise.c,
+ * grouped.c). */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+OW_INLINE v8f ld8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+OW_INLINE void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+/* The activation codes of opwarden.native.DW_ACTS (depthwise.c, grouped.c). NaN propagates
+ * through every one (the comparisons are written so a NaN takes the pass-through branch), as
+ * in the references. */
+enum { A_NONE, A_RELU, A_CLIP, A_LEAKY, A_SIGMOID, A_HARDSWISH, A_TANH, A_GELU, A_GELU_TANH,
+       A_SWISH };
+
+/* The activation (opwarden.native.DW_ACTS codes) over a finished row of len floats (the switch outside the loops, so that
+ * each piecewise one is a loop the compiler vectorizes). NaN takes the pass-through branch of
+ * every comparison, as in the references. */
+OW_INLINE void ow_act_row(float *yr, int64_t len, int act, float p0, float p1) {
+    switch (act) {
+    case A_NONE:
+        return;
+    case A_RELU:
+        for (int64_t k = 0; k < len; k++) yr[k] = yr[k] < 0.0f ? 0.0f : yr[k];
+        return;
+    case A_CLIP:
+        for (int64_t k = 0; k < len; k++) {
+            float v = yr[k];
+            yr[k] = v < p0 ? p0 : (v > p1 ? p1 : v);
+        }
+        return;
+    case A_LEAKY:
+        for (int64_t k = 0; k < len; k++) yr[k] = yr[k] < 0.0f ? yr[k] * p0 : yr[k];
+        return;
+    case A_HARDSWISH:
+        for (int64_t k = 0; k < len; k++) {
+            float v = yr[k], t = v * (1.0f / 6.0f) + 0.5f;
+            t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
+            yr[k] = v * t;
+        }
+        return;
+    case A_SWISH: {
+        const float na = -p0;
+        for (int64_t k = 0; k < len; k++) yr[k] = ow_over_one_plus_exp(yr[k], na * yr[k]);
+        return;
+    }
+    case A_SIGMOID:
+        for (int64_t k = 0; k < len; k++) yr[k] = 1.0f / (1.0f + expf(-yr[k]));
+        return;
+    case A_TANH:
+        for (int64_t k = 0; k < len; k++) yr[k] = tanhf(yr[k]);
+        return;
+    case A_GELU:
+        for (int64_t k = 0; k < len; k++)
+            yr[k] = 0.5f * yr[k] * (1.0f + erff(yr[k] * 0.70710678118654752f));
+        return;
+    case A_GELU_TANH:
+        for (int64_t k = 0; k < len; k++) {
+            float v = yr[k], u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+            yr[k] = 0.5f * v * (1.0f + tanhf(u));
+        }
+        return;
+    default:
+        return;
+    }
+}
 
 #endif
