@@ -1,4 +1,4 @@
-"""Small helpers the ops files share: compute dtypes, integer lists, axes.
+"""Small helpers the ops files share: compute dtypes, integer lists, axes, permutations.
 
 Reference kernels compute narrow floats in a wider type and round once at the end. Families
 differ in which types they widen, and each keeps its own numerics, so each rule has its own
@@ -135,3 +135,17 @@ def broadcast_shapes(*shapes: Any) -> tuple | None:
             named = {d for d in dims if d != 1}
             out.append(named.pop() if len(named) == 1 else None)
     return tuple(out)
+
+
+def transpose_perm(perm, rank: int) -> list[int] | None:
+    """Transpose's permutation (the reversal when absent), None if not one of `rank` dims."""
+    p = list(range(rank))[::-1] if perm is None else [int(x) for x in perm]
+    return p if sorted(p) == list(range(rank)) else None
+
+
+def transpose_keeps_order(attrs, shape) -> bool:
+    """Whether Transpose(perm) of a C-contiguous array of `shape` is C-contiguous: the
+    non-1 dims keep their order (moving size-1 dims is a reshape)."""
+    p = transpose_perm(attrs.get("perm"), len(shape))
+    moved = [a for a in p or () if shape[a] != 1]
+    return p is not None and moved == sorted(moved)

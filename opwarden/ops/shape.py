@@ -10,7 +10,14 @@ import numpy as np
 from opwarden.contract import Contract, one_of
 from opwarden.errors import KernelError
 from opwarden.ops.base import Sample, op
-from opwarden.ops.common import axes_indices, axis_index, ints, one_value
+from opwarden.ops.common import (
+    axes_indices,
+    axis_index,
+    ints,
+    one_value,
+    transpose_keeps_order,
+    transpose_perm,
+)
 from opwarden.ops.grad import (
     away_from_zero,
     differentiable,
@@ -24,19 +31,6 @@ from opwarden.ops.grad import (
 # Reshape-like ops return NumPy views when they can; a copy is made for non-contiguous input.
 # A contiguous input always gives a view: the memory plan shares its buffer (view_when).
 RESHAPE_LIKE = Contract(may_alias=((0, 0),), view_when=lambda attrs, shape: True)
-
-
-def transpose_keeps_order(attrs, shape) -> bool:
-    """Whether Transpose(perm) of a C-contiguous array of `shape` is C-contiguous: the
-    non-1 dims keep their order (moving size-1 dims is a reshape)."""
-    perm = attrs.get("perm")
-    perm = list(range(len(shape)))[::-1] if perm is None else [int(p) for p in perm]
-    if sorted(perm) != list(range(len(shape))):
-        return False
-    moved = [p for p in perm if shape[p] != 1]
-    return moved == sorted(moved)
-
-
 TRANSPOSE = Contract(may_alias=((0, 0),), view_when=transpose_keeps_order)
 # Every output of Split is a view of its input: no copy (a Split after sibling convolutions
 # merged into one, see passes.sibling_convs.sibling_conv_merge, costs nothing); the memory
@@ -154,11 +148,10 @@ def Unsqueeze(data, axes):
 @op("Transpose", since=1, contract=TRANSPOSE)
 def Transpose(data, *, perm=None):
     """Permute dims by `perm`, reversing them by default (ONNX Transpose-1..13)."""
-    if perm is None:
-        return data.transpose()
-    if sorted(perm) != list(range(data.ndim)):
+    p = transpose_perm(perm, data.ndim)
+    if p is None:
         raise KernelError(f"Transpose: perm {list(perm)} is not a permutation of rank {data.ndim}")
-    return data.transpose(perm)
+    return data.transpose(p)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import opwarden
 from opwarden.execute import program as program_mod
-from opwarden.ops.shape import transpose_keeps_order
+from opwarden.ops.common import transpose_keeps_order
 
 
 def _model(shape, steps):

@@ -15,6 +15,7 @@ import numpy as np
 
 from opwarden.errors import KernelError
 from opwarden.ops.base import REGISTRY
+from opwarden.ops.common import transpose_perm
 
 
 def concat(*inputs, axis=1, out=None):
@@ -67,9 +68,7 @@ def transpose(data, *, perm=None, out=None):
 
 def _valid_perm(data, *, perm=None, **_attrs) -> bool:
     """A permutation of data's (known) rank; the plan decides view or copy per signature."""
-    if data.shape is None or perm is None:
-        return data.shape is not None
-    return sorted(int(x) for x in perm) == list(range(len(data.shape)))
+    return data.shape is not None and transpose_perm(perm, len(data.shape)) is not None
 
 
 def register() -> None:
