@@ -146,6 +146,27 @@ def dw_act_code(activation: str, params) -> tuple[int, float, float] | None:
     return _act_code(DW_ACTS, activation, params)
 
 
+def _nhwc_epilogue_args(name: str, y: np.ndarray, z: np.ndarray | None,
+                        bias: np.ndarray | None, activation: str, params,
+                        rows: tuple[int, int] | None) -> tuple[tuple[int, float, float], int, int]:
+    """What the NHWC convolution loops check of their epilogue and row range: z has y's
+    shape, bias one value per output channel, the activation a DW_ACTS code, `rows` within
+    the N*OH output rows (all of them when None). Returns (activation code, r0, r1)."""
+    if z is not None and z.shape != y.shape:
+        raise KernelError(f"{name}: z {z.shape} must match y {y.shape}")
+    m = y.shape[3]
+    if bias is not None and bias.size != m:
+        raise KernelError(f"{name}: bias has {bias.size} values for {m} channels")
+    act = dw_act_code(activation, params)
+    if act is None:
+        raise KernelError(f"{name}: activation {activation!r} is not one of {sorted(DW_ACTS)}")
+    total = y.shape[0] * y.shape[1]
+    r0, r1 = rows if rows is not None else (0, total)
+    if not 0 <= r0 <= r1 <= total:
+        raise KernelError(f"{name}: rows {rows} outside 0..{total}")
+    return act, r0, r1
+
+
 def depthwise_nhwc(x: np.ndarray, taps: np.ndarray, bias: np.ndarray | None,
                    z: np.ndarray | None, y: np.ndarray, strides, dilations, pads_begin,
                    activation: str = "", params=(), n_threads: int | None = None,
@@ -168,17 +189,7 @@ def depthwise_nhwc(x: np.ndarray, taps: np.ndarray, bias: np.ndarray | None,
     if y.shape[0] != n or y.shape[3] != c or tc != c:
         raise KernelError(f"depthwise_nhwc: x {x.shape}, taps {taps.shape}, y {y.shape} "
                           "disagree on N or C")
-    if z is not None and z.shape != y.shape:
-        raise KernelError(f"depthwise_nhwc: z {z.shape} must match y {y.shape}")
-    if bias is not None and bias.size != c:
-        raise KernelError(f"depthwise_nhwc: bias has {bias.size} values for {c} channels")
-    act = dw_act_code(activation, params)
-    if act is None:
-        raise KernelError(f"depthwise_nhwc: activation {activation!r} is not one of "
-                          f"{sorted(DW_ACTS)}")
-    r0, r1 = rows if rows is not None else (0, n * y.shape[1])
-    if not 0 <= r0 <= r1 <= n * y.shape[1]:
-        raise KernelError(f"depthwise_nhwc: rows {rows} outside 0..{n * y.shape[1]}")
+    act, r0, r1 = _nhwc_epilogue_args("depthwise_nhwc", y, z, bias, activation, params, rows)
     _LIB.depthwise_nhwc(x, taps, bias if bias is not None else x[:0],
                         z if z is not None else x[:0], y, bias is not None, z is not None,
                         n, h, w, c, y.shape[1], y.shape[2], kh, kw, int(strides[0]),
@@ -227,19 +238,9 @@ def grouped_nhwc(x: np.ndarray, wp: np.ndarray, bias: np.ndarray | None,
     if pair and not grouped_pair_ok(group, cg, mg):
         raise KernelError(f"grouped_nhwc: the pair layout needs mg 4, cg a multiple of 4 and "
                           f"an even group count, got group={group} cg={cg} mg={mg}")
-    if z is not None and z.shape != y.shape:
-        raise KernelError(f"grouped_nhwc: z {z.shape} must match y {y.shape}")
     if z is not None and np.may_share_memory(z, y) and z.ctypes.data != y.ctypes.data:
         raise KernelError("grouped_nhwc: z overlaps y without being y")
-    if bias is not None and bias.size != m:
-        raise KernelError(f"grouped_nhwc: bias has {bias.size} values for {m} channels")
-    act = dw_act_code(activation, params)
-    if act is None:
-        raise KernelError(f"grouped_nhwc: activation {activation!r} is not one of "
-                          f"{sorted(DW_ACTS)}")
-    r0, r1 = rows if rows is not None else (0, n * y.shape[1])
-    if not 0 <= r0 <= r1 <= n * y.shape[1]:
-        raise KernelError(f"grouped_nhwc: rows {rows} outside 0..{n * y.shape[1]}")
+    act, r0, r1 = _nhwc_epilogue_args("grouped_nhwc", y, z, bias, activation, params, rows)
     _LIB.grouped_nhwc(x, wp, bias if bias is not None else x[:0],
                       z if z is not None else x[:0], y, bias is not None, z is not None,
                       bool(pair), n, h, w, c, y.shape[1], y.shape[2], m, group, cg, mg, kh, kw,

@@ -205,14 +205,8 @@ DW_INLINE int64_t dw_row_s1(const dw_args_t *a, int64_t n, int64_t r, int64_t j,
 
 DW_INLINE void dw_row_body(const dw_args_t *a, int64_t n, int64_t r) {
     const int64_t c = a->c, cfull = c - c % CB;
-    /* Pixels j with every tap inside along W: j*sw - pl >= 0 and
-     * j*sw - pl + (kw-1)*dw < w. */
-    int64_t jlo = (a->pl + a->sw - 1) / a->sw;
-    int64_t span = a->w + a->pl - (a->kw - 1) * a->dw; /* j*sw < span */
-    int64_t jhi = span > 0 ? (span + a->sw - 1) / a->sw : 0;
-    if (jlo < 0) jlo = 0;
-    if (jhi > a->ow) jhi = a->ow;
-    if (jlo > jhi) jlo = jhi;
+    int64_t jlo, jhi; /* pixels with every tap inside along W */
+    ow_inside_cols(a->w, a->pl, a->sw, a->dw, a->kw, a->ow, &jlo, &jhi);
     int64_t j = 0;
     for (; j < jlo; j++) dw_pixel(a, n, r, j, 0, c);
     if (a->sw == 1 && a->dw == 1 && c >= 8) {

@@ -46,18 +46,6 @@ OW_INLINE v8f ld4x2(const float *lo, const float *hi) {
 #define SPLAT2(v, k) __builtin_shuffle(v, (v8i){k, k, k, k, k + 4, k + 4, k + 4, k + 4})
 #endif
 
-/* The pixels j of a row whose taps all lie inside the image along W: [*lo, *hi). */
-OW_INLINE void gc_inside(const gc_args_t *a, int64_t *lo, int64_t *hi) {
-    int64_t jlo = (a->pl + a->sw - 1) / a->sw;
-    int64_t span = a->wd + a->pl - (a->kw - 1) * a->dw; /* j*sw < span */
-    int64_t jhi = span > 0 ? (span + a->sw - 1) / a->sw : 0;
-    if (jlo < 0) jlo = 0;
-    if (jhi > a->ow) jhi = a->ow;
-    if (jlo > jhi) jlo = jhi;
-    *lo = jlo;
-    *hi = jhi;
-}
-
 /* Pair layout: P pixels j0.. of row (n, r), groups 2 gp and 2 gp + 1. CHK (P 1 only): taps
  * outside the image along W are skipped (border pixels). */
 OW_INLINE void gc_pair(const gc_args_t *a, int64_t n, int64_t r, int64_t j0, int64_t gp,
@@ -189,7 +177,7 @@ OW_INLINE void gc_pixel(const gc_args_t *a, int64_t n, int64_t r, int64_t j) {
 OW_CLONES
 static void gc_row(const gc_args_t *a, int64_t n, int64_t r) {
     int64_t jlo, jhi;
-    gc_inside(a, &jlo, &jhi);
+    ow_inside_cols(a->wd, a->pl, a->sw, a->dw, a->kw, a->ow, &jlo, &jhi);
     if (a->pair) {
         for (int64_t gp = 0; gp < a->group / 2; gp++) {
 #define B_PAIR(j, P, CHK) gc_pair(a, n, r, j, gp, P, CHK)

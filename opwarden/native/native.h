@@ -178,6 +178,21 @@ OW_INLINE float ow_exp(float t) {
 
 OW_INLINE float ow_over_one_plus_exp(float v, float t) { return v / (1.0f + ow_exp(t)); }
 
+/* The output columns j of a row whose taps all lie inside the image along W (width wd, left
+ * pad pl, stride sw, dilation dw, kw taps, ow columns): j*sw - pl >= 0 and
+ * j*sw - pl + (kw-1)*dw < wd, as [*lo, *hi) (depthwise.c, grouped.c). */
+OW_INLINE void ow_inside_cols(int64_t wd, int64_t pl, int64_t sw, int64_t dw, int64_t kw,
+                              int64_t ow, int64_t *lo, int64_t *hi) {
+    int64_t jlo = (pl + sw - 1) / sw;
+    int64_t span = wd + pl - (kw - 1) * dw; /* j*sw < span */
+    int64_t jhi = span > 0 ? (span + sw - 1) / sw : 0;
+    if (jlo < 0) jlo = 0;
+    if (jhi > ow) jhi = ow;
+    if (jlo > jhi) jlo = jhi;
+    *lo = jlo;
+    *hi = jhi;
+}
+
 /* 8 floats (GCC/Clang vector extension: one AVX register in the x86-64-v3/v4 clones, two SSE
  * registers in the baseline); unaligned loads and stores through memcpy (depthwise.c,
  * grouped.c). */
