@@ -18,11 +18,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
 import openvino as ov  # noqa: E402
 
 import opwarden as ow  # noqa: E402
 from opwarden import zoo  # noqa: E402
+from opwarden.cli.bench import peer_runner  # noqa: E402
 
 THREADS = 2
 DEFAULT = ("bvlc_alexnet", "inception_v1", "resnet50", "shufflenet", "squeezenet")
@@ -31,9 +31,7 @@ DEFAULT = ("bvlc_alexnet", "inception_v1", "resnet50", "shufflenet", "squeezenet
 def _runners(data: bytes, feeds: dict[str, np.ndarray]):
     ours = ow.InferenceSession(data, providers=["openvino", "cpu"],
                                intra_op_num_threads=THREADS)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = THREADS, 1
-    peer = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    peer = peer_runner("onnxruntime", data, THREADS)  # its spinning off, as every bench
     core = ov.Core()
     cm = core.compile_model(core.read_model(data), "CPU", {
         "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": THREADS,
@@ -43,15 +41,14 @@ def _runners(data: bytes, feeds: dict[str, np.ndarray]):
     return {
         "ours": lambda: ours.run(None, feeds),
         "openvino": lambda: req.infer(vals, share_inputs=True),
-        "ort": lambda: peer.run(None, feeds),
+        "ort": lambda: peer(feeds),
     }
 
 
 def measure(data: bytes, feeds: dict[str, np.ndarray], reps: int) -> dict[str, float]:
     """Median seconds per run of each runner, the runners alternated within a repetition in
-    every order in turn: ORT's intra-op threads spin after a run and slow whichever runner
-    comes next, so each runner must follow each other equally often (a rotation of one
-    order would keep the same runner after ORT)."""
+    every order in turn, so that each follows each other equally often (whatever one leaves
+    behind, warm caches or threads still awake, falls on every other runner alike)."""
     run = _runners(data, feeds)
     for fn in run.values():  # warm: compile, plan, first-touch
         fn()
