@@ -289,6 +289,49 @@ def conv_epilogue(y: np.ndarray, bias: np.ndarray | None, z: np.ndarray | None,
     return y
 
 
+def requantize(acc: np.ndarray, mult: np.ndarray, bias: np.ndarray | None, zero_point: int,
+               out: np.ndarray, axis: int | None = None, n_threads: int = 1) -> np.ndarray:
+    """out = saturate(rint(float32(acc + bias[c]) * mult[c]) + zero_point), NaN to the type's
+    minimum, over an exact integer accumulator (C-contiguous float32 or float64) into an
+    8-bit `out` of its shape; c indexes acc's `axis` (None: one mult, no bias). mult: float32,
+    one value or one per channel; bias: int32, one per channel, or None. Returns out."""
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    if acc.dtype not in (np.float32, np.float64) or not acc.flags.c_contiguous:
+        raise KernelError(f"requantize: acc must be C-contiguous float32/float64, got "
+                          f"{acc.dtype}")
+    if out.dtype not in (np.int8, np.uint8) or out.shape != acc.shape \
+            or not out.flags.c_contiguous or not out.flags.writeable:
+        raise KernelError(f"requantize: out must be a writable C-contiguous 8-bit array of "
+                          f"acc's shape {acc.shape}, got {out.dtype} {out.shape}")
+    shape = acc.shape if acc.ndim else (1,)
+    if axis is None:
+        groups, rows, cols = 1, 0, 0
+    elif -len(shape) <= axis < len(shape):
+        ax = axis % len(shape)
+        groups = shape[ax]
+        rows, cols = int(np.prod(shape[:ax + 1])), int(np.prod(shape[ax + 1:]))
+    else:
+        raise KernelError(f"requantize: axis {axis} outside acc's {acc.ndim} axes")
+    per_col = axis is not None and cols == 1
+    if per_col:
+        rows, cols = (acc.size // groups if groups else 0), groups
+    m = np.ascontiguousarray(mult, np.float32).reshape(-1)
+    if m.size != groups and not (m.size == 1 and bias is None):
+        raise KernelError(f"requantize: {m.size} multipliers for {groups} channels")
+    if m.size == 1:  # rows of the last axis, for the threads to share
+        groups, cols, per_col = 1, max(1, shape[-1]), False
+        rows = acc.size // cols
+    b = None if bias is None else np.ascontiguousarray(bias, np.int32).reshape(-1)
+    if b is not None and b.size != groups:
+        raise KernelError(f"requantize: bias has {b.size} values for {groups} channels")
+    _LIB.requantize_8bit(acc, acc.dtype == np.float64, b if b is not None else m[:0],
+                         b is not None, m, rows, cols, groups, per_col,
+                         float(np.float32(zero_point)), out.dtype == np.int8,
+                         out, _threads(n_threads))
+    return out
+
+
 def swish(x: np.ndarray, y: np.ndarray, alpha: float = 1.0,
           span: tuple[int, int] | None = None, n_threads: int = 1) -> np.ndarray:
     """y = x * sigmoid(alpha x) (SiLU for alpha 1) over C-contiguous float32 arrays of one

@@ -330,6 +330,36 @@ static PyObject *py_qg_pack_im2col(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_requantize_8bit(PyObject *self, PyObject *args) {
+    Py_buffer A, B, M, O;
+    int acc_f64, has_bias, per_col, out_signed, n_threads;
+    long long rows, cols, period;
+    float zf;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*iy*iy*LLLifiw*i", &A, &acc_f64, &B, &has_bias, &M, &rows,
+                          &cols, &period, &per_col, &zf, &out_signed, &O, &n_threads))
+        return NULL;
+    long long groups = per_col ? cols : period;
+    int ok = rows >= 0 && cols >= 0 && period >= 1 && n_threads >= 1 &&
+             (per_col || period == 1 || rows % period == 0) &&
+             need(&A, (Py_ssize_t)(rows * cols * (acc_f64 ? 8 : 4)), "accumulator") &&
+             need(&M, (Py_ssize_t)((per_col || period > 1 ? groups : 1) * 4), "multipliers") &&
+             (!has_bias || need(&B, (Py_ssize_t)(groups * 4), "bias")) &&
+             need(&O, (Py_ssize_t)(rows * cols), "out");
+    if (ok && rows * cols > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        requantize_8bit(A.buf, acc_f64, has_bias ? (const int32_t *)B.buf : NULL,
+                        (const float *)M.buf, rows, cols, period, per_col, zf, out_signed,
+                        O.buf, n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!ok && !PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "requantize_8bit: bad arguments");
+    }
+    PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&M); PyBuffer_Release(&O);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_quantize_8bit(PyObject *self, PyObject *args) {
     Py_buffer X, Y;
     long long off, n;
@@ -525,6 +555,9 @@ static PyMethodDef methods[] = {
     {"qg_pack_im2col", py_qg_pack_im2col, METH_VARARGS,
      "qg_pack_im2col(x, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, packed, colsum, has_colsum, "
      "n_threads): a padded uint8 image's im2col columns in qgemm_8bit's panel layout"},
+    {"requantize_8bit", py_requantize_8bit, METH_VARARGS,
+     "requantize_8bit(acc, acc_f64, bias, has_bias, mult, rows, cols, period, per_col, zf, "
+     "out_signed, out, n_threads): an exact integer accumulator to 8 bits in one pass"},
     {"quantize_8bit", py_quantize_8bit, METH_VARARGS,
      "quantize_8bit(x, y, offset, n, scale, zp, is_signed, to_8bit): per-tensor "
      "QuantizeLinear (to_8bit 1: float32 x -> 8-bit y) or DequantizeLinear (0) of n elements "

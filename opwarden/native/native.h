@@ -124,6 +124,12 @@ void quantize_f32_8bit(const float *x, void *y, int64_t n, float scale, int32_t 
                        int out_signed);
 void dequantize_8bit_f32(const void *x, float *y, int64_t n, float scale, int32_t zp,
                          int in_signed);
+/* The integer GEMM's requantization of an exact [rows, cols] accumulator (quantize.c):
+ * out = saturate(rint(float32(acc + bias[ch]) * mult[ch]) + zf), ch = row % period or, with
+ * per_col, the column; bias may be NULL. */
+void requantize_8bit(const void *acc, int acc_f64, const int32_t *bias, const float *mult,
+                     int64_t rows, int64_t cols, int64_t period, int per_col, float zf,
+                     int out_signed, void *out, int n_threads);
 /* Softmax rows of an n x m block of attention scores (softmax.c). */
 void softmax_rows_f32(float *s, int64_t n, int64_t m, int64_t t, float c, const float *b0,
                       int64_t b0_hs, int64_t b0_rs, const float *b1, int64_t b1_hs,

@@ -147,3 +147,61 @@ void qlinear_add_8bit(const void *x, const void *y, void *out, int64_t n, float 
     else
         qlinear_add_f64(x, y, out, n, rx, ry, fixed, is_signed);
 }
+
+/* The integer GEMM's requantization in one pass (the NumPy path makes five over a float32
+ * copy): for a row-major [rows, cols] exact accumulator (float32 or float64 integers),
+ *   v = bias ? float32(float64(acc) + bias[ch]) : float32(acc)   (exact sum, one rounding)
+ *   out = saturate(rint(v * mult[ch]) + zf), NaN to the type's minimum,
+ * with ch = row % period, or the column where per_col; a one-value mult passes period 1.
+ * The product is one float32 multiply (no FMA: fp-contract is off above), the clamp is to the
+ * type's bounds less the zero point before rounding (the same, the bounds being integers), as
+ * quant_linear._finish computes it, so the results are its bit for bit. */
+#define RQ_BODY(A, T)                                                                  \
+    for (int64_t j = 0; j < cols; j++) {                                               \
+        int64_t c = per_col ? j : 0;                                                   \
+        float v = bias ? (float)((double)((const A *)ar)[j] + (double)bias[ch + c])    \
+                       : (float)((const A *)ar)[j];                                    \
+        float f = v * mult[ch + c];                                                    \
+        f = f >= lo_b ? f : lo_b;                                                      \
+        f = f <= hi_b ? f : hi_b;                                                      \
+        ((T *)orow)[j] = (T)(int32_t)(rintf(f) + zf);                                  \
+    }
+
+OW_CLONES static void requantize_rows(const void *acc, int acc_f64, const int32_t *bias,
+                                      const float *mult, int64_t r0, int64_t r1, int64_t cols,
+                                      int64_t period, int per_col, float zf, int out_signed,
+                                      void *out) {
+    float lo_b = (out_signed ? -128.0f : 0.0f) - zf, hi_b = (out_signed ? 127.0f : 255.0f) - zf;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t ch = per_col ? 0 : r % period;
+        const char *ar = (const char *)acc + r * cols * (acc_f64 ? 8 : 4);
+        char *orow = (char *)out + r * cols;
+        if (acc_f64 && out_signed) {
+            RQ_BODY(double, int8_t)
+        } else if (acc_f64) {
+            RQ_BODY(double, uint8_t)
+        } else if (out_signed) {
+            RQ_BODY(float, int8_t)
+        } else {
+            RQ_BODY(float, uint8_t)
+        }
+    }
+}
+
+void requantize_8bit(const void *acc, int acc_f64, const int32_t *bias, const float *mult,
+                     int64_t rows, int64_t cols, int64_t period, int per_col, float zf,
+                     int out_signed, void *out, int n_threads) {
+    int64_t step = cols > 0 ? (16384 + cols - 1) / cols : rows;
+    if (step < 1) step = 1;
+    const int64_t n_blocks = (rows + step - 1) / step;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(n_threads) \
+    if (n_threads > 1 && n_blocks > 1 && rows * cols >= (1 << 16))
+#endif
+    for (int64_t q = 0; q < n_blocks; q++) {
+        int64_t r0 = q * step, r1 = r0 + step < rows ? r0 + step : rows;
+        requantize_rows(acc, acc_f64, bias, mult, r0, r1, cols, period, per_col, zf,
+                        out_signed, out);
+    }
+    (void)n_threads;
+}

@@ -240,13 +240,12 @@ def _grouped_gemm(xc, wc, group, s, d, ext, oh, ow, bound_x, bound_w, splits):
 
 
 def _conv_finish(acc, B, x_scale, w_scale, y_scale, y_zero_point, m, out, what):
+    bias = None
     if B is not None:
         bias = np.asarray(B)
         if bias.shape != (m,):
             raise KernelError(f"{what}: bias B must have shape ({m},), got {bias.shape}")
-        if acc.dtype != np.float64:
-            acc = acc.astype(np.float64)
-        acc += bias.astype(np.float64).reshape(m, 1, 1)  # exact: |acc + B| < 2**53
+        bias = bias.reshape(m, 1, 1)
     sx = _scalar(x_scale, what, "x_scale").astype(F32)
     sw = np.asarray(w_scale, F32)
     if sw.size not in (1, m):
@@ -256,7 +255,7 @@ def _conv_finish(acc, B, x_scale, w_scale, y_scale, y_zero_point, m, out, what):
     sy = _scalar(y_scale, what, "y_scale").astype(F32)
     with np.errstate(all="ignore"):
         mult = ((sx * sw) / sy).astype(F32)
-    return requantize_into(acc, mult, _scalar(y_zero_point, what, "y_zero_point"), out)
+    return requantize_into(acc, mult, _scalar(y_zero_point, what, "y_zero_point"), out, bias)
 
 
 def _conv_ok(x, xs, xz, w, ws, wz, ys, yz, *rest, **attrs) -> bool:

@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from opwarden import native
+from opwarden.blas import compute_threads
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu.util import packed
 from opwarden.ops.base import REGISTRY
@@ -125,14 +127,53 @@ def _finish(y: np.ndarray, z, dtype, out=None, may_nan: bool = True) -> np.ndarr
     return res
 
 
-def requantize_into(acc: np.ndarray, mult: np.ndarray, zy: np.ndarray, out=None) -> np.ndarray:
-    """saturate(rint(float32(acc) * mult) + zy) as zy's type, the reference's float32
-    requantization (acc: exact integers, float32 or float64)."""
+def requantize_into(acc: np.ndarray, mult: np.ndarray, zy: np.ndarray, out=None,
+                    bias: np.ndarray | None = None) -> np.ndarray:
+    """saturate(rint(float32(acc + bias) * mult) + zy) as zy's type, the reference's float32
+    requantization (acc: exact integers, float32 or float64; mult broadcasting to acc with
+    at most one axis of channels; bias: integers of mult's shape, or None; the sum is exact
+    in float64, |acc + bias| < 2**53). One compiled pass where the extension loaded, else
+    five NumPy ones, bit for bit the same."""
+    dtype = zy.dtype
+    ok = out is not None and out.shape == acc.shape and out.dtype == dtype \
+        and out.flags.c_contiguous and out.flags.writeable
+    res = out if ok else np.empty(acc.shape, dtype)
+    axis = _channel_axis(acc, mult, bias)
+    if axis != -1 and native.available() and acc.flags.c_contiguous \
+            and acc.dtype in (np.float32, np.float64) and dtype in (np.int8, np.uint8):
+        m = np.asarray(mult, F32).reshape(-1)
+        if bias is not None and m.size == 1 and axis is not None:
+            m = np.repeat(m, acc.shape[axis])
+        b = None if bias is None else np.asarray(bias).reshape(-1)
+        return native.requantize(acc, m, b, int(zy), res, axis, compute_threads())
+    if bias is not None:
+        acc = acc.astype(np.float64) + np.asarray(bias).astype(np.float64)
     y = acc.astype(F32) if acc.dtype != F32 else acc
     with np.errstate(all="ignore"):
         np.multiply(y, mult, out=y)
         # a finite multiplier times finite integers is never NaN: one clip pass suffices
-        return _finish(y, F32(int(zy)), zy.dtype, out, not bool(np.isfinite(mult).all()))
+        return _finish(y, F32(int(zy)), dtype, res, not bool(np.isfinite(mult).all()))
+
+
+def _channel_axis(acc: np.ndarray, mult: np.ndarray, bias) -> int | None:
+    """The one axis of acc along which mult and bias vary (None: neither varies), -1 where
+    they vary along more than one or do not broadcast (the NumPy path then)."""
+    axes: set[int] = set()
+    for p in (mult, bias):
+        if p is None:
+            continue
+        p = np.asarray(p)
+        if p.ndim > acc.ndim:
+            return -1
+        for i, d in enumerate(p.shape):
+            ax = acc.ndim - p.ndim + i
+            if d != 1:
+                if d != acc.shape[ax]:
+                    return -1
+                axes.add(ax)
+    if len(axes) > 1:
+        return -1
+    return axes.pop() if axes else None
 
 
 # ---------------------------------------------------------------------------------------------
