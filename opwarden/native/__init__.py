@@ -332,6 +332,36 @@ def requantize(acc: np.ndarray, mult: np.ndarray, bias: np.ndarray | None, zero_
     return out
 
 
+def qconv_im2col(x: np.ndarray, image: int, c0: int, c1: int, kernel: tuple[int, int],
+                 strides: tuple[int, int], dilations: tuple[int, int], begin: tuple[int, int],
+                 out_hw: tuple[int, int], zero_point: int, cols: np.ndarray,
+                 n_threads: int = 1) -> np.ndarray:
+    """The im2col columns [(c1 - c0) kh kw, oh ow] of channels c0..c1-1 of image `image` of a
+    C-contiguous 8-bit NCHW x, as float32 less `zero_point`, 0 in the padding (`begin`: the
+    top and left pads). Writes and returns the C-contiguous float32 `cols`."""
+    if _LIB is None:
+        raise KernelError(f"compiled kernels not available: {_REASON}")
+    if x.dtype not in (np.int8, np.uint8) or x.ndim != 4 or not x.flags.c_contiguous:
+        raise KernelError(f"qconv_im2col: x must be a C-contiguous 8-bit NCHW array, got "
+                          f"{x.dtype} {x.shape}")
+    n, c, h, w = x.shape
+    (kh, kw), (oh, ow) = kernel, out_hw
+    if not (0 <= image < n and 0 <= c0 <= c1 <= c):
+        raise KernelError(f"qconv_im2col: image {image}, channels {c0}..{c1} outside {x.shape}")
+    if cols.dtype != np.float32 or not cols.flags.c_contiguous or not cols.flags.writeable \
+            or cols.size != (c1 - c0) * kh * kw * oh * ow:
+        raise KernelError(f"qconv_im2col: cols must be a writable C-contiguous float32 array "
+                          f"of {(c1 - c0) * kh * kw * oh * ow} values, got {cols.dtype} "
+                          f"{cols.shape}")
+    if min(*strides, *dilations, kh, kw) < 1 or min(begin) < 0:
+        raise KernelError(f"qconv_im2col: bad geometry: kernel {kernel}, strides {strides}, "
+                          f"dilations {dilations}, pads {begin}")
+    _LIB.qconv_im2col(x.reshape(-1), (image * c + c0) * h * w, x.dtype == np.int8, c1 - c0,
+                      h, w, kh, kw, strides[0], strides[1], dilations[0], dilations[1],
+                      begin[0], begin[1], oh, ow, float(zero_point), cols, _threads(n_threads))
+    return cols
+
+
 def swish(x: np.ndarray, y: np.ndarray, alpha: float = 1.0,
           span: tuple[int, int] | None = None, n_threads: int = 1) -> np.ndarray:
     """y = x * sigmoid(alpha x) (SiLU for alpha 1) over C-contiguous float32 arrays of one

@@ -360,6 +360,32 @@ static PyObject *py_requantize_8bit(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_qconv_im2col(PyObject *self, PyObject *args) {
+    Py_buffer X, C;
+    int is_signed, n_threads;
+    long long off, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
+    float zp;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*LiLLLLLLLLLLLLLfw*i", &X, &off, &is_signed, &c, &h, &w, &kh,
+                          &kw, &sh, &sw, &dh, &dw, &pt, &pl, &oh, &ow, &zp, &C, &n_threads))
+        return NULL;
+    int ok = off >= 0 && c >= 0 && h >= 1 && w >= 1 && kh >= 1 && kw >= 1 && sh >= 1 &&
+             sw >= 1 && dh >= 1 && dw >= 1 && pt >= 0 && pl >= 0 && oh >= 0 && ow >= 0 &&
+             n_threads >= 1 && need(&X, (Py_ssize_t)(off + c * h * w), "x") &&
+             need(&C, (Py_ssize_t)(c * kh * kw * oh * ow * 4), "cols");
+    if (ok && c * oh * ow > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        qconv_im2col_f32((const uint8_t *)X.buf + off, is_signed, c, h, w, kh, kw, sh, sw, dh,
+                         dw, pt, pl, oh, ow, zp, (float *)C.buf, n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!ok && !PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "qconv_im2col: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&C);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_quantize_8bit(PyObject *self, PyObject *args) {
     Py_buffer X, Y;
     long long off, n;
@@ -558,6 +584,9 @@ static PyMethodDef methods[] = {
     {"requantize_8bit", py_requantize_8bit, METH_VARARGS,
      "requantize_8bit(acc, acc_f64, bias, has_bias, mult, rows, cols, period, per_col, zf, "
      "out_signed, out, n_threads): an exact integer accumulator to 8 bits in one pass"},
+    {"qconv_im2col", py_qconv_im2col, METH_VARARGS,
+     "qconv_im2col(x, offset, is_signed, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, zp, "
+     "cols, n_threads): an 8-bit image's float32 im2col columns less the zero point"},
     {"quantize_8bit", py_quantize_8bit, METH_VARARGS,
      "quantize_8bit(x, y, offset, n, scale, zp, is_signed, to_8bit): per-tensor "
      "QuantizeLinear (to_8bit 1: float32 x -> 8-bit y) or DequantizeLinear (0) of n elements "

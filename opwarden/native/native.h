@@ -130,6 +130,12 @@ void dequantize_8bit_f32(const void *x, float *y, int64_t n, float scale, int32_
 void requantize_8bit(const void *acc, int acc_f64, const int32_t *bias, const float *mult,
                      int64_t rows, int64_t cols, int64_t period, int per_col, float zf,
                      int out_signed, void *out, int n_threads);
+/* One 8-bit image [c, h, w]'s float32 im2col columns [c kh kw, oh ow], less the zero point,
+ * zero in the padding (quantize.c). */
+void qconv_im2col_f32(const void *x, int is_signed, int64_t c, int64_t h, int64_t w,
+                      int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                      int64_t pt, int64_t pl, int64_t oh, int64_t ow, float zp, float *cols,
+                      int n_threads);
 /* Softmax rows of an n x m block of attention scores (softmax.c). */
 void softmax_rows_f32(float *s, int64_t n, int64_t m, int64_t t, float c, const float *b0,
                       int64_t b0_hs, int64_t b0_rs, const float *b1, int64_t b1_hs,

@@ -205,3 +205,60 @@ void requantize_8bit(const void *acc, int acc_f64, const int32_t *bias, const fl
     }
     (void)n_threads;
 }
+
+/* The float32 im2col columns of one 8-bit image [c, h, w] for the exact float-BLAS
+ * QLinearConv (kernels/cpu/quant.py), centered on the zero point and padded in one pass:
+ *   cols[(ci kh + i) kw + j][oy ow + ox] = x[ci][iy][ix] - zp, 0 outside the image
+ * (iy = oy sh - pt + i dh, ix = ox sw - pl + j dw), the padding being the zero point itself.
+ * Each value is an integer below 2**9, exact in float32. Rows are shared over threads. */
+#define IM2COL_ROW(T)                                                                  \
+    for (int64_t oy = 0; oy < oh; oy++) {                                              \
+        float *o = dst + oy * ow;                                                      \
+        int64_t iy = oy * sh - pt + i * dh;                                            \
+        if (iy < 0 || iy >= h) {                                                       \
+            for (int64_t ox = 0; ox < ow; ox++) o[ox] = 0.0f;                          \
+            continue;                                                                  \
+        }                                                                              \
+        const T *src = (const T *)x + (ci * h + iy) * w;                               \
+        for (int64_t ox = 0; ox < lo; ox++) o[ox] = 0.0f;                              \
+        if (sw == 1) {                                                                 \
+            const T *s0 = src + (lo - pl + j * dw);                                    \
+            for (int64_t ox = lo; ox < hi; ox++) o[ox] = (float)s0[ox - lo] - zp;      \
+        } else {                                                                       \
+            for (int64_t ox = lo; ox < hi; ox++)                                       \
+                o[ox] = (float)src[ox * sw - pl + j * dw] - zp;                        \
+        }                                                                              \
+        for (int64_t ox = hi; ox < ow; ox++) o[ox] = 0.0f;                             \
+    }
+
+OW_CLONES static void qim2col_row(const void *x, int is_signed, int64_t ci, int64_t i,
+                                  int64_t j, int64_t h, int64_t w, int64_t sh, int64_t sw,
+                                  int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh,
+                                  int64_t ow, float zp, float *dst) {
+    /* the output columns whose tap lands inside the row: lo <= ox < hi */
+    int64_t off = j * dw - pl, lo = 0, hi = ow;
+    while (lo < ow && lo * sw + off < 0) lo++;
+    while (hi > lo && (hi - 1) * sw + off >= w) hi--;
+    if (is_signed) {
+        IM2COL_ROW(int8_t)
+    } else {
+        IM2COL_ROW(uint8_t)
+    }
+}
+
+void qconv_im2col_f32(const void *x, int is_signed, int64_t c, int64_t h, int64_t w,
+                      int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                      int64_t pt, int64_t pl, int64_t oh, int64_t ow, float zp, float *cols,
+                      int n_threads) {
+    const int64_t rows = c * kh * kw;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(n_threads) \
+    if (n_threads > 1 && rows > 1 && rows * oh * ow >= (1 << 16))
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t ci = r / (kh * kw), i = (r / kw) % kh, j = r % kw;
+        qim2col_row(x, is_signed, ci, i, j, h, w, sh, sw, dh, dw, pt, pl, oh, ow, zp,
+                    cols + r * oh * ow);
+    }
+    (void)n_threads;
+}

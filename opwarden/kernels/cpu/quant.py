@@ -20,6 +20,8 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from opwarden import native
+from opwarden.blas import compute_threads
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu import quant_linear
 from opwarden.kernels.cpu.quant_linear import (
@@ -206,36 +208,56 @@ def qlinear_conv_im2col(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
     wc, bound_w, splits = _weight_f32(w, w_zero_point, wzr, "qconv",
                                       lambda c: c.reshape(c.shape[0], -1), -1)
     wc = wc.reshape(w.shape)
-    xc = centered_f32(x, xz)
-    if any(begin) or any(end):
-        xc = np.pad(xc, [(0, 0), (0, 0), (begin[0], end[0]), (begin[1], end[1])])
     bound_x = span(x.dtype, xz)
     if cg == 1 and m == group and kh * kw * bound_x * bound_w < 1 << 24:
-        acc = _depthwise(xc, wc.reshape(m, kh, kw), s, d, oh, ow, kh, kw)
+        acc = _depthwise(_centered_padded(x, xz, begin, end), wc.reshape(m, kh, kw), s, d, oh,
+                         ow, kh, kw)
     else:
-        acc = _grouped_gemm(xc, wc, group, s, d, ext, oh, ow, bound_x, bound_w, splits)
+        acc = _grouped_gemm(x, xz, begin, end, wc, group, s, d, ext, oh, ow, bound_x, bound_w,
+                            splits)
     return _conv_finish(acc, B, x_scale, w_scale, y_scale, y_zero_point, m, out, what)
 
 
-def _grouped_gemm(xc, wc, group, s, d, ext, oh, ow, bound_x, bound_w, splits):
-    """Per image and group: weights (M/g, K) @ windows (K, OH*OW), giving NCHW directly."""
-    n = xc.shape[0]
+def _centered_padded(x, xz, begin, end):
+    """x less its zero point as float32, zero-padded (the padding is the zero point)."""
+    xc = centered_f32(x, xz)
+    if any(begin) or any(end):
+        xc = np.pad(xc, [(0, 0), (0, 0), (begin[0], end[0]), (begin[1], end[1])])
+    return xc
+
+
+def _grouped_gemm(x, xz, begin, end, wc, group, s, d, ext, oh, ow, bound_x, bound_w, splits):
+    """Per image and group: weights (M/g, K) @ windows (K, OH*OW), giving NCHW directly. The
+    windows come centered and padded in one compiled pass where the extension loaded, else
+    from a centered, padded float32 copy of x through a strided view."""
+    n = x.shape[0]
     m, cg, kh, kw = wc.shape
     mg = m // group
     one = len(splits) <= 2 if splits is not None else cg * kh * kw * bound_x * bound_w < 1 << 24
     acc = np.empty((n, m, oh * ow), F32 if one else np.float64)
     pointwise = kh == kw == 1 and s == [1, 1]
-    if not pointwise:
-        win = sliding_window_view(xc, ext, axis=(2, 3))[:, :, ::s[0], ::s[1], ::d[0], ::d[1]]
+    compiled = not pointwise and native.available() and x.flags.c_contiguous \
+        and x.dtype in (np.int8, np.uint8)
+    if compiled:
+        cols = np.empty((cg * kh * kw, oh * ow), F32)
+        zp = 0 if xz is None else int(np.asarray(xz).reshape(-1)[0])
+        threads = compute_threads()
+    else:
+        xc = _centered_padded(x, xz, begin, end)
+        if not pointwise:
+            win = sliding_window_view(xc, ext, axis=(2, 3))[:, :, ::s[0], ::s[1], ::d[0], ::d[1]]
     for b in range(n):
         for g in range(group):
             wg = wc[g * mg:(g + 1) * mg].reshape(mg, -1)
-            if pointwise:
+            if compiled:
+                native.qconv_im2col(x, b, g * cg, (g + 1) * cg, (kh, kw), tuple(s), tuple(d),
+                                    tuple(begin), (oh, ow), zp, cols, threads)
+            elif pointwise:
                 cols = xc[b, g * cg:(g + 1) * cg].reshape(cg, -1)
             else:  # (cg, OH, OW, kh, kw) -> (cg, kh, kw, OH, OW): K rows of OH*OW pixels
                 cols = win[b, g * cg:(g + 1) * cg].transpose(0, 3, 4, 1, 2).reshape(
                     cg * kh * kw, oh * ow)
-            acc[b, g * mg:(g + 1) * mg] = exact_matmul(wg, cols, bound_w, bound_x, splits)
+            exact_matmul(wg, cols, bound_w, bound_x, splits, out=acc[b, g * mg:(g + 1) * mg])
     return acc.reshape(n, m, oh, ow)
 
 

@@ -68,21 +68,26 @@ def centered_f32(v: np.ndarray, zp) -> np.ndarray:
 
 
 def exact_matmul(a: np.ndarray, b: np.ndarray, bound_a: int, bound_b: int,
-                 splits: np.ndarray | None = None) -> np.ndarray:
+                 splits: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """a @ b of float32 arrays holding integers with |a| <= bound_a, |b| <= bound_b, exactly:
     float32 when one float32 GEMM is exact, else float64 summed over exact float32 chunks of
     the inner dimension (`splits`: chunk boundaries known exact for a weight operand, see
-    `weight_splits`; else chunks of EXACT / (bound_a * bound_b))."""
+    `weight_splits`; else chunks of EXACT / (bound_a * bound_b)). `out`: where to write it,
+    of the result's shape and dtype (float32 for one chunk, float64 for several)."""
     k = a.shape[-1]
     if splits is None:
         chunk = max(1, EXACT // max(1, bound_a * bound_b))
-        if k <= chunk:
-            return np.matmul(a, b)
-        splits = np.arange(0, k + chunk, chunk).clip(max=k)
+        splits = np.array([0, k]) if k <= chunk else \
+            np.arange(0, k + chunk, chunk).clip(max=k)
     if len(splits) <= 2:
-        return np.matmul(a, b)
+        return np.matmul(a, b, out=out)
     s, e = int(splits[0]), int(splits[1])
-    acc = np.matmul(a[..., s:e], b[..., s:e, :]).astype(np.float64)
+    first = np.matmul(a[..., s:e], b[..., s:e, :])
+    if out is None:
+        acc = first.astype(np.float64)
+    else:
+        acc = out
+        acc[...] = first
     for s, e in zip(splits[1:-1], splits[2:]):
         acc += np.matmul(a[..., int(s):int(e)], b[..., int(s):int(e), :])
     return acc

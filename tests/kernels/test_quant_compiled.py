@@ -1,15 +1,22 @@
-"""The compiled one-pass requantization (native/quantize.c: requantize_8bit) against the NumPy
-path of `quant_linear.requantize_into` bit for bit: float32 and float64 accumulators near
-their exact bounds, int32 biases at their extremes, per-tensor, per-channel (a convolution's
-NCHW axis, a matmul's rows and columns) and non-finite multipliers, both 8-bit types."""
+"""The compiled pieces of the float-BLAS quantized kernels (native/quantize.c) against their
+NumPy paths bit for bit:
+- the one-pass requantization (`quant_linear.requantize_into`): float32 and float64
+  accumulators near their exact bounds, int32 biases at their extremes, per-tensor and
+  per-channel (a convolution's NCHW axis, a matmul's rows and columns) and non-finite
+  multipliers, both 8-bit types;
+- QLinearConv's centered, padded im2col columns, over random geometries (strides, dilations,
+  asymmetric pads, groups, both 8-bit types, zero points inside their ranges)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from opwarden import native
 from opwarden.errors import KernelError, OpwardenError
+from opwarden.kernels.cpu import quant
 from opwarden.kernels.cpu import quant_linear as ql
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="compiled kernels not built")
@@ -102,3 +109,55 @@ def test_bad_arguments_raise_kernel_errors(bad):
     with pytest.raises(KernelError) as e:
         native.requantize(acc, mult, bias, 0, out, axis)
     assert isinstance(e.value, OpwardenError) and "requantize" in str(e.value)
+
+
+@st.composite
+def conv_cases(draw):
+    group = draw(st.sampled_from([1, 1, 2, 3]))
+    cg, mg = draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    kh, kw = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    s = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    d = [draw(st.integers(1, 3)), draw(st.integers(1, 2))]
+    pads = [draw(st.integers(0, 3)) for _ in range(4)]
+    h = draw(st.integers(max(1, d[0] * (kh - 1) + 1 - pads[0] - pads[2]), 20))
+    w = draw(st.integers(max(1, d[1] * (kw - 1) + 1 - pads[1] - pads[3]), 20))
+    n = draw(st.integers(1, 2))
+    xt = draw(st.sampled_from([np.uint8, np.int8]))
+    info = np.iinfo(xt)
+    xz = draw(st.integers(int(info.min), int(info.max)))
+    seed = draw(st.integers(0, 2**16))
+    return (n, group * cg, h, w), (group * mg, cg, kh, kw), \
+        {"group": group, "strides": s, "dilations": d, "pads": pads}, xt, xz, seed
+
+
+@settings(max_examples=150, deadline=None)
+@given(conv_cases())
+def test_compiled_im2col_conv_matches_numpy_path(case):
+    xs, ws, attrs, xt, xz, seed = case
+    rng = np.random.default_rng(seed)
+    x = rng.integers(np.iinfo(xt).min, int(np.iinfo(xt).max) + 1, xs).astype(xt)
+    w = rng.integers(-128, 128, ws).astype(np.int8)
+    m = ws[0]
+    args = [x, np.asarray(0.03, F32), np.asarray(xz, xt), w,
+            rng.uniform(0.001, 0.01, m).astype(F32), np.asarray(0, np.int8),
+            np.asarray(0.1, F32), np.asarray(3, xt), rng.integers(-900, 900, m).astype(np.int32)]
+    got = quant.qlinear_conv_im2col(*args, **attrs)
+    lib = native._LIB
+    try:
+        native._LIB = None
+        want = quant.qlinear_conv_im2col(*args, **attrs)
+    finally:
+        native._LIB = lib
+    assert np.array_equal(got, want)
+
+
+def test_compiled_im2col_rejects_bad_arguments():
+    x = np.zeros((1, 2, 4, 4), np.uint8)
+    cols = np.empty((2 * 9, 16), F32)
+    with pytest.raises(KernelError, match="channels"):
+        native.qconv_im2col(x, 0, 0, 3, (3, 3), (1, 1), (1, 1), (1, 1), (4, 4), 0, cols)
+    with pytest.raises(KernelError, match="cols"):
+        native.qconv_im2col(x, 0, 0, 2, (3, 3), (1, 1), (1, 1), (1, 1), (4, 5), 0, cols)
+    with pytest.raises(KernelError, match="8-bit"):
+        native.qconv_im2col(x.astype(np.int32), 0, 0, 2, (3, 3), (1, 1), (1, 1), (1, 1),
+                            (4, 4), 0, cols)
