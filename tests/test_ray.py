@@ -155,7 +155,17 @@ def test_faulty_kernel_is_quarantined_fleet_wide(fresh):
     assert faults[0]["worker"] in h["workers"] and faults[0]["cluster_node"]
     q = h["quarantine"]["relu.cpu.flaky_fleet"]
     assert q["worker"] == faults[0]["worker"] and "simulated" in q["reason"]
-    assert len(q["adopted"]) >= 2, "the other worker never took the quarantine up"
+    if len(q["adopted"]) < 2:
+        # The other worker ran no batch after the fault (an actor can take seconds to start
+        # on 2 busy cores; the first may run nearly every batch): a second run's fresh
+        # workers must then take the quarantine up from the board before their first call.
+        out = owr.predict(_rows(x), tiny_model(), batch_size=4, concurrency=2,
+                          setup="tests.test_ray:register_faulty").take_all()
+        np.testing.assert_allclose(np.stack([r["y"] for r in out]), _ref(x),
+                                   rtol=1e-5, atol=1e-6)
+        h = owr.health()
+        q = h["quarantine"]["relu.cpu.flaky_fleet"]
+    assert len(q["adopted"]) >= 2, f"no other worker took the quarantine up: {h['workers']}"
     # no worker called the variant after the quarantine reached it from the board
     pid_of = {w: int(w.rsplit(":", 1)[1]) for w in h["workers"]}
     adopted = {pid_of[w]: t for w, t in q["adopted"].items()}

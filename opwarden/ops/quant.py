@@ -15,7 +15,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from opwarden.contract import Contract, one_of
 from opwarden.dtypes import np_dtype
 from opwarden.errors import KernelError
-from opwarden.ops.base import Sample, op
+from opwarden.ops.base import Sample, op, shape_size
 from opwarden.ops.cast import cast_array, int_range, is_exotic_float, is_small_int
 
 _STD_FLOATS = (np.float16, np.float32, np.float64)
@@ -511,3 +511,27 @@ def _qlinear_matmul_samples(rng):
                           _q8(rng, bt, (k, n)), np.asarray(0.02, f32), np.asarray(1, bt),
                           np.asarray(0.1, f32), np.asarray(7, at)],
                          label=f"{np.dtype(at).name}x{np.dtype(bt).name} {m}x{k}x{n}")
+
+
+# Multiply-adds, for the roofline in `opwarden bench` (two FLOPs per integer product).
+
+@QLinearConv.flops
+def _qlinear_conv_flops(ins, outs):
+    """Each output element meets its group's weights, w[1:] (w is input 3)."""
+    return 2.0 * shape_size(outs[0]) * shape_size(ins[3][1:]) if len(ins) >= 4 and outs else None
+
+
+@ConvInteger.flops
+def _conv_integer_flops(ins, outs):
+    return 2.0 * shape_size(outs[0]) * shape_size(ins[1][1:]) if len(ins) >= 2 and outs else None
+
+
+@QLinearMatMul.flops
+def _qlinear_matmul_flops(ins, outs):
+    """Each output element sums K = a's last dim products."""
+    return 2.0 * shape_size(outs[0]) * int(ins[0][-1]) if len(ins) >= 4 and outs else None
+
+
+@MatMulInteger.flops
+def _matmul_integer_flops(ins, outs):
+    return 2.0 * shape_size(outs[0]) * int(ins[0][-1]) if len(ins) >= 2 and outs else None
