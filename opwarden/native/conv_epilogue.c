@@ -104,10 +104,7 @@ static void ep_rows(float *y, const float *b, const float *z, int64_t r0, int64_
 
 void conv_epilogue_f32(float *y, const float *bias, const float *z, int64_t rows, int64_t cols,
                        int act, float p0, float p1, int n_threads) {
-    /* Blocks of rows of about 16k floats each. */
-    int64_t step = cols > 0 ? (16384 + cols - 1) / cols : rows;
-    if (step < 1) step = 1;
-    const int64_t n_blocks = (rows + step - 1) / step;
+    const int64_t step = ow_block_rows(rows, cols), n_blocks = (rows + step - 1) / step;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(n_threads) \
     if (n_threads > 1 && n_blocks > 1 && rows * cols >= (1 << 16))

@@ -191,9 +191,7 @@ OW_CLONES static void requantize_rows(const void *acc, int acc_f64, const int32_
 void requantize_8bit(const void *acc, int acc_f64, const int32_t *bias, const float *mult,
                      int64_t rows, int64_t cols, int64_t period, int per_col, float zf,
                      int out_signed, void *out, int n_threads) {
-    int64_t step = cols > 0 ? (16384 + cols - 1) / cols : rows;
-    if (step < 1) step = 1;
-    const int64_t n_blocks = (rows + step - 1) / step;
+    const int64_t step = ow_block_rows(rows, cols), n_blocks = (rows + step - 1) / step;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(n_threads) \
     if (n_threads > 1 && n_blocks > 1 && rows * cols >= (1 << 16))
