@@ -305,24 +305,23 @@ def requantize(acc: np.ndarray, mult: np.ndarray, bias: np.ndarray | None, zero_
         raise KernelError(f"requantize: out must be a writable C-contiguous 8-bit array of "
                           f"acc's shape {acc.shape}, got {out.dtype} {out.shape}")
     shape = acc.shape if acc.ndim else (1,)
-    if axis is None:
-        groups, rows, cols = 1, 0, 0
+    m = np.ascontiguousarray(mult, np.float32).reshape(-1)
+    b = None if bias is None else np.ascontiguousarray(bias, np.int32).reshape(-1)
+    per_col = False
+    if axis is None or (m.size == 1 and b is None):
+        # one multiplier: rows of the last axis, for the threads to share
+        groups, cols = 1, max(1, shape[-1])
+        rows = acc.size // cols
     elif -len(shape) <= axis < len(shape):
         ax = axis % len(shape)
-        groups = shape[ax]
-        rows, cols = int(np.prod(shape[:ax + 1])), int(np.prod(shape[ax + 1:]))
+        groups, inner = shape[ax], int(np.prod(shape[ax + 1:]))
+        per_col = inner == 1  # the channels are the last axis (or followed by 1s)
+        rows, cols = (acc.size // max(1, groups), groups) if per_col else \
+            (int(np.prod(shape[:ax + 1])), inner)
     else:
         raise KernelError(f"requantize: axis {axis} outside acc's {acc.ndim} axes")
-    per_col = axis is not None and cols == 1
-    if per_col:
-        rows, cols = (acc.size // groups if groups else 0), groups
-    m = np.ascontiguousarray(mult, np.float32).reshape(-1)
-    if m.size != groups and not (m.size == 1 and bias is None):
+    if m.size != groups:
         raise KernelError(f"requantize: {m.size} multipliers for {groups} channels")
-    if m.size == 1:  # rows of the last axis, for the threads to share
-        groups, cols, per_col = 1, max(1, shape[-1]), False
-        rows = acc.size // cols
-    b = None if bias is None else np.ascontiguousarray(bias, np.int32).reshape(-1)
     if b is not None and b.size != groups:
         raise KernelError(f"requantize: bias has {b.size} values for {groups} channels")
     _LIB.requantize_8bit(acc, acc.dtype == np.float64, b if b is not None else m[:0],

@@ -190,15 +190,16 @@ OW_INLINE float ow_exp(float t) {
 
 OW_INLINE float ow_over_one_plus_exp(float v, float t) { return v / (1.0f + ow_exp(t)); }
 
-/* The output columns j of a row whose taps all lie inside the image along W (width wd, left
- * pad pl, stride sw, dilation dw, kw taps, ow columns): j*sw - pl >= 0 and
- * j*sw - pl + (kw-1)*dw < wd, as [*lo, *hi) (depthwise.c, grouped.c). */
 /* Rows per block when a [rows, cols] pass is shared over threads: about 16k values a block. */
 OW_INLINE int64_t ow_block_rows(int64_t rows, int64_t cols) {
     int64_t step = cols > 0 ? (16384 + cols - 1) / cols : rows;
     return step < 1 ? 1 : step;
 }
 
+/* The output columns j of a row whose taps all lie inside the image along W (width wd, left
+ * pad pl, stride sw, dilation dw, kw taps, ow columns): j*sw - pl >= 0 and
+ * j*sw - pl + (kw-1)*dw < wd, as [*lo, *hi) (depthwise.c, grouped.c,
+ * quantize.c). */
 OW_INLINE void ow_inside_cols(int64_t wd, int64_t pl, int64_t sw, int64_t dw, int64_t kw,
                               int64_t ow, int64_t *lo, int64_t *hi) {
     int64_t jlo = (pl + sw - 1) / sw;

@@ -233,10 +233,10 @@ OW_CLONES static void qim2col_row(const void *x, int is_signed, int64_t ci, int6
                                   int64_t j, int64_t h, int64_t w, int64_t sh, int64_t sw,
                                   int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t oh,
                                   int64_t ow, float zp, float *dst) {
-    /* the output columns whose tap lands inside the row: lo <= ox < hi */
-    int64_t off = j * dw - pl, lo = 0, hi = ow;
-    while (lo < ow && lo * sw + off < 0) lo++;
-    while (hi > lo && (hi - 1) * sw + off >= w) hi--;
+    /* the output columns whose tap lands inside the row, lo <= ox < hi: one tap of left pad
+     * pl - j dw */
+    int64_t lo, hi;
+    ow_inside_cols(w, pl - j * dw, sw, dw, 1, ow, &lo, &hi);
     if (is_signed) {
         IM2COL_ROW(int8_t)
     } else {

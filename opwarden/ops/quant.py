@@ -17,6 +17,8 @@ from opwarden.dtypes import np_dtype
 from opwarden.errors import KernelError
 from opwarden.ops.base import Sample, op, shape_size
 from opwarden.ops.cast import cast_array, int_range, is_exotic_float, is_small_int
+from opwarden.ops.conv import _conv_flops
+from opwarden.ops.linalg import _matmul_flops
 
 _STD_FLOATS = (np.float16, np.float32, np.float64)
 
@@ -521,17 +523,12 @@ def _qlinear_conv_flops(ins, outs):
     return 2.0 * shape_size(outs[0]) * shape_size(ins[3][1:]) if len(ins) >= 4 and outs else None
 
 
-@ConvInteger.flops
-def _conv_integer_flops(ins, outs):
-    return 2.0 * shape_size(outs[0]) * shape_size(ins[1][1:]) if len(ins) >= 2 and outs else None
-
-
 @QLinearMatMul.flops
 def _qlinear_matmul_flops(ins, outs):
     """Each output element sums K = a's last dim products."""
     return 2.0 * shape_size(outs[0]) * int(ins[0][-1]) if len(ins) >= 4 and outs else None
 
 
-@MatMulInteger.flops
-def _matmul_integer_flops(ins, outs):
-    return 2.0 * shape_size(outs[0]) * int(ins[0][-1]) if len(ins) >= 2 and outs else None
+# ConvInteger and MatMulInteger take their operands where Conv and MatMul do
+ConvInteger.flops(_conv_flops)
+MatMulInteger.flops(_matmul_flops)
