@@ -377,8 +377,8 @@ register_device(
     Device(
         "cpu",
         kind="host",
-        description="NumPy on the host CPU (always present); kernel path: "
-        + _native_status()["reason"],
+        description="NumPy on the host CPU (always present); kernel path: {reason}; BLAS "
+        "threads: {blas_pool_reason}".format(**_native_status()),
         aliases=("CPUExecutionProvider",),
     )
 )

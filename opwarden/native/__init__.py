@@ -25,6 +25,7 @@ import numpy as np
 
 from opwarden.blas import blas_thread_count
 from opwarden.errors import KernelError
+from opwarden.native import blas_pool as _pool
 
 # Node comparison modes (ONNX TreeEnsemble-5 numbering).
 LEQ, LT, GTE, GT, EQ, NEQ, MEMBER = range(7)
@@ -75,6 +76,7 @@ def _load() -> tuple[Any, str]:
 
 
 _LIB, _REASON = _load()
+_pool.install(_LIB)
 
 
 def available() -> bool:
@@ -84,13 +86,28 @@ def available() -> bool:
 
 def status() -> dict[str, Any]:
     """Which kernel path is active: {"active": "native" | "numpy", "reason": str,
-    "openmp": version or 0, "module": path of the extension or None}."""
+    "openmp": version or 0, "module": path of the extension or None, "blas_pool": "openmp" |
+    "openblas" (whose threads run NumPy's OpenBLAS jobs), "blas_pool_reason": str}."""
+    pool, why = _pool.state()
     return {
         "active": "native" if _LIB is not None else "numpy",
         "reason": _REASON,
         "openmp": int(_LIB.openmp()) if _LIB is not None else 0,
         "module": getattr(_LIB, "__file__", None),
+        "blas_pool": pool,
+        "blas_pool_reason": why,
     }
+
+
+def set_blas_pool(on: bool) -> bool:
+    """NumPy's OpenBLAS runs its parallel jobs on the extension's OpenMP threads (on, the
+    default at import) or on its own (off); False where that cannot be done (see status())."""
+    return _pool.set_pool(_LIB, on)
+
+
+def blas_pool_counts() -> tuple[int, int]:
+    """(OpenBLAS job sets run on an OpenMP team, job sets run on plain threads) so far."""
+    return tuple(_LIB.blas_pool_counts()) if _LIB is not None else (0, 0)  # type: ignore
 
 
 def _threads(n_threads: int | None) -> int:

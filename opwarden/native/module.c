@@ -538,6 +538,40 @@ static PyObject *py_grouped_nhwc(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_blas_pool_set(PyObject *self, PyObject *args) {
+    unsigned long long setter;
+    int on;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Kp", &setter, &on)) return NULL;
+    int done;
+    Py_BEGIN_ALLOW_THREADS /* (waits for a job set in flight) */
+    done = blas_pool_set((void *)(uintptr_t)setter, on);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(done);
+}
+
+static PyObject *py_blas_pool_counts(PyObject *self, PyObject *args) {
+    int64_t team, threads;
+    (void)self; (void)args;
+    blas_pool_counts(&team, &threads);
+    return Py_BuildValue("(LL)", (long long)team, (long long)threads);
+}
+
+static PyObject *py_blas_pool_call_in_team(PyObject *self, PyObject *args) {
+    unsigned long long fn;
+    int n;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Ki", &fn, &n)) return NULL;
+    if (!fn || n < 1) {
+        PyErr_SetString(PyExc_ValueError, "blas_pool_call_in_team: bad arguments");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    blas_pool_call_in_team((void (*)(int))(uintptr_t)fn, n);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_openmp(PyObject *self, PyObject *args) {
     (void)self; (void)args;
 #ifdef _OPENMP
@@ -604,6 +638,14 @@ static PyMethodDef methods[] = {
      "astype; isa -1 the best path, else at most 0 scalar, 1 F16C, 2 AVX512F"},
     {"cast_f16_isa", py_cast_f16_isa, METH_NOARGS,
      "The float16 conversion path the CPU runs: 2 AVX512F, 1 F16C, 0 scalar."},
+    {"blas_pool_set", py_blas_pool_set, METH_VARARGS,
+     "blas_pool_set(setter_address, on): OpenBLAS's threading callback through its setter; "
+     "False when not set"},
+    {"blas_pool_counts", py_blas_pool_counts, METH_NOARGS,
+     "(job sets run on an OpenMP team, job sets run on plain threads)"},
+    {"blas_pool_call_in_team", py_blas_pool_call_in_team, METH_VARARGS,
+     "blas_pool_call_in_team(fn_address, n): fn(thread number) on each thread of a team of n "
+     "(a test hook)"},
     {"openmp", py_openmp, METH_NOARGS, "The _OPENMP version the module was built with, or 0."},
     {NULL, NULL, 0, NULL},
 };

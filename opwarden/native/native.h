@@ -144,6 +144,13 @@ void softmax_rows_f32(float *s, int64_t n, int64_t m, int64_t t, float c, const 
 void qlinear_add_8bit(const void *x, const void *y, void *out, int64_t n, float rx, float ry,
                       float fixed, int is_signed);
 
+/* blas_pool.c: OpenBLAS's threading callback set (on) or cleared through its setter; 0 when not
+ * set (no setter, or no OpenMP to lend). Counts of job sets run on an OpenMP team / plain threads. */
+int blas_pool_set(void *setter, int on);
+void blas_pool_counts(int64_t *team, int64_t *threads);
+/* Test hook: fn(thread number) called from each thread of an OpenMP team of n. */
+void blas_pool_call_in_team(void (*fn)(int), int n);
+
 /* e^t in float32 without libm, branch-free so every target clone vectorizes it, and v / (1 + e^t)
  * (the SiLU and tanh-Gelu core; e^t alone for the attention softmax), inlined into each
  * caller: t = k ln2 + r with k = round(t / ln2)
