@@ -37,13 +37,14 @@ NODE_DTYPE = np.dtype([("thr", "<f8"), ("feat", "<i4"), ("child_false", "<i4"),
 AGGREGATES = {"AVERAGE": 0, "SUM": 1, "MIN": 2, "MAX": 3}
 
 
-# GOMP_SPINCOUNT while the extension's libgomp loads (it reads the variable once, then).
-# Each compiled kernel is one OpenMP region between NumPy/OpenBLAS operators, so a worker
-# spinning for libgomp's default 300000 iterations (milliseconds) after a region only takes
-# a core from the OpenBLAS threads of the operators that follow (a depthwise conv between
-# two pointwise GEMMs: MobileNetV3 at 2 threads spent ~3x its CPU time that way on a loaded
-# machine); a short spin keeps a worker through back-to-back regions.
-OMP_SPIN = "1000"
+# GOMP_SPINCOUNT while the extension's libgomp loads (it reads the variable once, then). Its
+# workers also run OpenBLAS's jobs (blas_pool), so their spin after a region bridges the gaps
+# between one run's GEMMs and compiled passes: 10000 iterations, ~0.4 ms here (OpenBLAS's own
+# workers spun ~2.7 ms after each call). With OpenBLAS on its own threads a spinning worker
+# only takes a core from those of the operators that follow (MobileNetV3 at 2 threads spent
+# ~3x its CPU time that way on a loaded machine), so a short spin: 1000, which still keeps a
+# worker through back-to-back regions. (benchmarks/NOTES.md, session #10.)
+OMP_SPIN = "10000" if _pool.wanted() else "1000"
 
 
 @contextlib.contextmanager

@@ -60,6 +60,12 @@ def _forked() -> None:
         _STATE[:] = ["openblas", "OpenBLAS's own threads (a forked child)"]
 
 
+def wanted() -> bool:
+    """Whether install() will try the shared pool (asked before the extension loads)."""
+    opted_out = os.environ.get("OPWARDEN_BLAS_POOL", "openmp").strip().lower() == "openblas"
+    return not opted_out and _setter()[0] is not None
+
+
 def install(lib: Any) -> None:
     """At load: the shared pool unless OPWARDEN_BLAS_POOL=openblas."""
     if lib is None:

@@ -6,7 +6,8 @@ NHWC, output into a preallocated buffer), our NCHW kernel and optionally the ref
 alternating them, median of many runs. It prints GFLOP/s per shape and, per model, the ratio of
 total convolution time (each shape weighted by how often it occurs) with the geometric mean.
 
-    python benchmarks/kernels.py [--models resnet50,vgg19] [--runs 15] [--ref] [--json out.json]
+    python benchmarks/bench_kernels.py [--models resnet50,vgg19] [--runs 15] [--ref]
+                                       [--json out.json]
 
 `--grouped`: instead, the grouped convolutions of ResNeXt-50 32x4d, RegNetX/Y and grouped 1x1s
 (GROUPED_SHAPES) at batch 1 and 8: the route conv_nhwc took before the compiled grouped loop
