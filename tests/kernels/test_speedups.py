@@ -239,3 +239,25 @@ def test_concat_errors_name_the_input():
         kshape.concat(a, np.zeros((1, 3, 4), np.float32), axis=1)
     with pytest.raises(KernelError, match="axis 3 is out of range"):
         kshape.concat(a, a, axis=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=2, max_size=5), st.data(),
+       st.sampled_from([np.float32, np.int64, np.uint8]))
+def test_transpose_into_out_matches_numpy(shape, data, dtype):
+    # Short strided last axes copy index by index (a 3-channel image's NCHW -> NHWC); the
+    # sizes go up to 9**5 elements, past the path's minimum, with last axes of 1 to 9.
+    perm = data.draw(st.permutations(range(len(shape))))
+    x = (np.arange(np.prod(shape)) % 251).astype(dtype).reshape(shape)
+    want = np.ascontiguousarray(x.transpose(perm))
+    out = np.full(want.shape, 7, dtype=dtype)
+    got = kshape.transpose(x, perm=list(perm), out=out)
+    assert got is out
+    np.testing.assert_array_equal(got, want)
+
+
+def test_transpose_rgb_image_to_nhwc():
+    x = np.random.default_rng(0).standard_normal((2, 3, 64, 48)).astype(np.float32)
+    out = np.empty((2, 64, 48, 3), np.float32)
+    kshape.transpose(x, perm=[0, 2, 3, 1], out=out)
+    np.testing.assert_array_equal(out, x.transpose(0, 2, 3, 1))
