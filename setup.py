@@ -49,7 +49,8 @@ NATIVE = Extension(
     sources=[f"opwarden/native/{f}"
              for f in ("module.c", "trees.c", "epilogue.c", "depthwise.c", "silu.c",
                        "qgemm.c", "quantize.c", "conv_epilogue.c", "gelu.c",
-                       "layernorm.c", "cast.c", "softmax.c", "grouped.c", "blas_pool.c")],
+                       "layernorm.c", "cast.c", "softmax.c", "grouped.c", "blas_pool.c",
+                       "pool.c")],
     depends=["opwarden/native/native.h"],
     optional=True,  # a failed compile leaves the NumPy kernels, not a failed install
 )

@@ -538,6 +538,31 @@ static PyObject *py_grouped_nhwc(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_maxpool_nhwc(PyObject *self, PyObject *args) {
+    Py_buffer X, Y;
+    long long n, h, w, c, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl;
+    int n_threads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*LLLLLLLLLLLLLLi", &X, &Y, &n, &h, &w, &c, &oh, &ow, &kh,
+                          &kw, &sh, &sw, &dh, &dw, &pt, &pl, &n_threads))
+        return NULL;
+    int ok = n >= 0 && h > 0 && w > 0 && c >= 0 && oh >= 0 && ow >= 0 && kh > 0 && kw > 0 &&
+             sh > 0 && sw > 0 && dh > 0 && dw > 0 && n_threads >= 1 &&
+             need(&X, (Py_ssize_t)(n * h * w * c * 4), "x") &&
+             need(&Y, (Py_ssize_t)(n * oh * ow * c * 4), "y");
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        maxpool_nhwc_f32(X.buf, Y.buf, n, h, w, c, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl,
+                         n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "maxpool_nhwc: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&Y);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_blas_pool_set(PyObject *self, PyObject *args) {
     unsigned long long setter;
     int on;
@@ -638,6 +663,9 @@ static PyMethodDef methods[] = {
      "astype; isa -1 the best path, else at most 0 scalar, 1 F16C, 2 AVX512F"},
     {"cast_f16_isa", py_cast_f16_isa, METH_NOARGS,
      "The float16 conversion path the CPU runs: 2 AVX512F, 1 F16C, 0 scalar."},
+    {"maxpool_nhwc", py_maxpool_nhwc, METH_VARARGS,
+     "maxpool_nhwc(x, y, n, h, w, c, oh, ow, kh, kw, sh, sw, dh, dw, pad_top, pad_left, "
+     "n_threads): 2-D MaxPool of an NHWC float32 x"},
     {"blas_pool_set", py_blas_pool_set, METH_VARARGS,
      "blas_pool_set(setter_address, on): OpenBLAS's threading callback through its setter; "
      "False when not set"},

@@ -144,6 +144,12 @@ void softmax_rows_f32(float *s, int64_t n, int64_t m, int64_t t, float c, const 
 void qlinear_add_8bit(const void *x, const void *y, void *out, int64_t n, float rx, float ry,
                       float fixed, int is_signed);
 
+/* pool.c: MaxPool of an NHWC float32 x [n, h, w, c] into y [n, oh, ow, c]; pads top/left pt/pl
+ * (the output size fixes the rest). */
+void maxpool_nhwc_f32(const float *x, float *y, int64_t n, int64_t h, int64_t w, int64_t c,
+                      int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                      int64_t dh, int64_t dw, int64_t pt, int64_t pl, int n_threads);
+
 /* blas_pool.c: OpenBLAS's threading callback set (on) or cleared through its setter; 0 when not
  * set (no setter, or no OpenMP to lend). Counts of job sets run on an OpenMP team / plain threads. */
 int blas_pool_set(void *setter, int on);

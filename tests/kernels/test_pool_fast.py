@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from opwarden import native
 from opwarden.kernels.cpu import pool as kpool
 from tests.kernels.test_pool_norm import nchw, nhwc, pool_case, ref
 
@@ -23,6 +24,11 @@ def check(x, attrs, include_pad=0, out=False):
     if out:
         assert got is buf
     np.testing.assert_array_equal(nchw(got), want)
+    if native.available():
+        buf = np.full(nhwc(want).shape, np.nan, np.float32) if out else None
+        got = kpool.maxpool_nhwc_native(nhwc(x), out=buf, **attrs)
+        assert not out or got is buf
+        np.testing.assert_array_equal(nchw(got), want)
     want = ref("AveragePool", x, count_include_pad=include_pad, **attrs)
     buf = np.full(nhwc(want).shape, np.nan, np.float32) if out else None
     got = kpool.averagepool_nhwc(nhwc(x), count_include_pad=include_pad, out=buf, **attrs)
@@ -169,3 +175,28 @@ def test_average_pool_with_pads_as_large_as_the_window_takes_the_reference():
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got[:, :, 0]).all()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not native.available(), reason="compiled kernels not built")
+@pytest.mark.parametrize("c", [1, 31, 32, 70])
+def test_native_maxpool_channel_blocks_nan_and_inf(c):
+    # Channel counts below, at and past the 32-channel register block; NaN anywhere in a
+    # window makes that output NaN (np.maximum's rule); -inf and +inf stay what they are.
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((2, c, 9, 8), dtype=np.float32)
+    x.flat[rng.choice(x.size, max(1, x.size // 40), replace=False)] = np.nan
+    x.flat[rng.choice(x.size, max(1, x.size // 40), replace=False)] = np.inf
+    x.flat[rng.choice(x.size, max(1, x.size // 40), replace=False)] = -np.inf
+    for attrs in CASES[:4] + [CASES[-5]]:
+        want = kpool.maxpool_nhwc(nhwc(x), **attrs)
+        got = kpool.maxpool_nhwc_native(nhwc(x), **attrs)
+        np.testing.assert_array_equal(got, want)
+        assert np.isnan(got).any() and np.isnan(want).sum() == np.isnan(got).sum()
+
+
+def test_native_maxpool_other_dtypes_and_indices_take_the_numpy_path():
+    x = np.arange(2 * 6 * 6 * 3, dtype=np.uint8).reshape(2, 6, 6, 3)
+    got = kpool.maxpool_nhwc_native(x, kernel_shape=[2, 2], strides=[2, 2])
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, kpool.maxpool_nhwc(x, kernel_shape=[2, 2],
+                                                          strides=[2, 2]))

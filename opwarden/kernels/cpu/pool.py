@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from opwarden import native
 from opwarden.kernels.cpu.util import F32, ones_row, output, scratch, tap_range
+from opwarden.native import maxpool as _native_maxpool
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.pool import pool_geometry
 
@@ -295,6 +297,36 @@ def maxpool_nhwc(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
     return y
 
 
+def maxpool_nhwc_native(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
+                        kernel_shape=None, pads=None, storage_order=0, strides=None, noutputs=1,
+                        out=None):
+    """MaxPool on NHWC float32 activations, compiled (native/pool.c): each output pixel folds
+    its in-image taps along C on OpenMP threads (one pass, no band buffer). Other dtypes and
+    the Indices output take maxpool_nhwc."""
+    x = np.asarray(X)
+    if noutputs > 1 or x.dtype != F32 or x.ndim != 4:
+        return maxpool_nhwc(X, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+                            kernel_shape=kernel_shape, pads=pads, storage_order=storage_order,
+                            strides=strides, noutputs=noutputs, out=out)
+    x = np.ascontiguousarray(x)
+    key = ("native", x.shape, _tup(kernel_shape), _tup(strides), _tup(dilations), _tup(pads),
+           auto_pad, int(ceil_mode))
+    geom = _PLANS.get(key)
+    if geom is None:
+        kernel, s, d, begin, _end, o, _ = _geometry_nhwc(
+            x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+        geom = _store_plan(key, (tuple(kernel), tuple(s), tuple(d), tuple(begin),
+                                 (x.shape[0], o[0], o[1], x.shape[3])))
+    y = output(out, geom[4], x.dtype)
+    if y.size:
+        _native_maxpool.maxpool_nhwc(x, y, *geom[:4])
+    return y
+
+
+def _max_native_ok(x, *rest, **attrs) -> bool:
+    return native.available() and _rank4(x, *rest, **attrs)
+
+
 def maxpool_nchw(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None,
                  pads=None, storage_order=0, strides=None, noutputs=1, out=None):
     """MaxPool on NCHW activations (2-D; the Indices output is computed by the reference)."""
@@ -405,6 +437,8 @@ def register() -> None:
     kmax = {**kw, "dtypes": ["float32", "uint8", "int8"]}
     for opdef in REGISTRY.versions("MaxPool"):
         opdef.kernel(layout="NHWC", when=_rank4, name="maxpool.cpu.nhwc", **kmax)(maxpool_nhwc)
+        opdef.kernel(layout="NHWC", when=_max_native_ok, name="maxpool.cpu.nhwc_native",
+                     **{**kw, "priority": 11})(maxpool_nhwc_native)
         opdef.kernel(layout="NCHW", when=_rank4, name="maxpool.cpu.nchw", **kmax)(maxpool_nchw)
     for opdef in REGISTRY.versions("AveragePool"):
         opdef.kernel(layout="NHWC", when=_avg_ok, name="averagepool.cpu.nhwc",
