@@ -270,7 +270,8 @@ def grouped_nhwc(x: np.ndarray, wp: np.ndarray, bias: np.ndarray | None,
 
 # Activations conv_epilogue applies (conv_epilogue.c's codes): the piecewise ones, which it
 # computes exactly as the NumPy kernels do, and Swish [alpha] as the compiled SiLU does.
-EPILOGUE_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "HardSwish": 4, "Swish": 5}
+EPILOGUE_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "HardSwish": 4, "Swish": 5,
+                 "Sigmoid": 6}
 
 
 def epilogue_act_code(activation: str, params) -> tuple[int, float, float] | None:

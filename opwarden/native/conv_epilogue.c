@@ -5,8 +5,9 @@
  * kernels compute them (HardSwish divides by 6 as they do), so results match them bit for
  * bit; NaN fails every comparison and passes through. Swish (x sigmoid(alpha x), SiLU at
  * alpha 1) is v / (1 + e^(-alpha v)) on native.h's branch-free exponential, as the compiled
- * SiLU computes it (within 2e-7 relative of the reference). Rows are shared over OpenMP threads
- * for large outputs. Built for the x86-64-v3/v4 levels too (target_clones, as depthwise.c).
+ * SiLU computes it (within 2e-7 relative of the reference), and Sigmoid as 1 / (1 + e^-v) on
+ * the same exponential (within 4e-7 relative; NaN passes through). Rows are shared over OpenMP
+ * threads for large outputs. Built for the x86-64-v3/v4 levels too (target_clones, as depthwise.c).
  */
 #include "native.h"
 
@@ -25,7 +26,7 @@
 #endif
 
 /* opwarden.native.EPILOGUE_ACTS */
-enum { E_NONE, E_RELU, E_CLIP, E_LEAKY, E_HARDSWISH, E_SWISH };
+enum { E_NONE, E_RELU, E_CLIP, E_LEAKY, E_HARDSWISH, E_SWISH, E_SIGMOID };
 
 /* One row; hb/hz are constants at each call, so every combination compiles to its own loop
  * the compiler vectorizes. */
@@ -73,6 +74,15 @@ EP_INLINE void ep_row(float *yr, const float *b, const float *zr, int64_t cols, 
             if (hb) v += b[j];
             if (hz) v += zr[j];
             yr[j] = ow_over_one_plus_exp(v, -p0 * v);
+        }
+        return;
+    case E_SIGMOID:
+        for (int64_t j = 0; j < cols; j++) {
+            float v = yr[j];
+            if (hb) v += b[j];
+            if (hz) v += zr[j];
+            float s = 1.0f / (1.0f + ow_exp(-v));
+            yr[j] = v != v ? v : s; /* (ow_exp takes a NaN to 89: NaN passes here instead) */
         }
         return;
     default:

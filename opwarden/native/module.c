@@ -451,7 +451,7 @@ static PyObject *py_conv_epilogue(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "w*y*y*iiLLiffi", &Y, &B, &Z, &has_bias, &has_z, &rows, &cols,
                           &act, &p0, &p1, &n_threads))
         return NULL;
-    int ok = rows >= 0 && cols >= 0 && act >= 0 && act <= 5 &&
+    int ok = rows >= 0 && cols >= 0 && act >= 0 && act <= 6 &&
              need(&Y, (Py_ssize_t)(rows * cols * 4), "y") &&
              (!has_bias || need(&B, (Py_ssize_t)(cols * 4), "bias")) &&
              (!has_z || need(&Z, (Py_ssize_t)(rows * cols * 4), "z")) && n_threads >= 1;

@@ -1,6 +1,7 @@
 """The compiled convolution epilogue (native.conv_epilogue, taken by conv_common._epilogue):
 bit for bit the NumPy path's y + bias + z and activations (None, Relu, Clip, LeakyRelu,
-HardSwish) with NaN, +-inf, -0.0 and kink values, on 1 and 2 threads; the
+HardSwish) with NaN, +-inf, -0.0 and kink values, on 1 and 2 threads; Sigmoid within 4e-7 of
+float64; the
 operands it declines (pre-shaped bias, strided, overlapping, other activations) take the
 NumPy path; whole convolutions on it agree with onnxruntime; bad calls raise."""
 
@@ -80,12 +81,43 @@ def test_in_place_over_residual_and_nhwc_shape():
 def test_declines_what_it_does_not_take():
     y, b, z = _data(8, 16, seed=5)
     assert not conv_common._native_epilogue(y, b.reshape(16, 1)[:8], None, "", [])
-    assert not conv_common._native_epilogue(y, b, None, "Sigmoid", [])
+    assert not conv_common._native_epilogue(y, b, None, "Tanh", [])
     assert not conv_common._native_epilogue(y, b, None, "Gelu", [0.0])
     assert not conv_common._native_epilogue(y[:, ::2], None, None, "Relu", [])
     assert not conv_common._native_epilogue(y, None, z[:, ::-1], "Relu", [])
     assert not conv_common._native_epilogue(y[1:], None, y[:-1], "Relu", [])  # overlapping
     assert not conv_common._native_epilogue(y.astype(np.float64), None, None, "Relu", [])
+
+
+@needs_native
+@pytest.mark.parametrize("has_bias,has_z", [(1, 1), (1, 0), (0, 0)])
+@pytest.mark.parametrize("rows,cols", [(1, 1152), (300, 72), (4096, 24)])
+def test_sigmoid_within_4e7_of_float64(has_bias, has_z, rows, cols):
+    # Sigmoid is 1 / (1 + e^-v) on native.h's exponential (as Swish): not NumPy's bits, within
+    # 4e-7 relative (the exponential's 2e-7 and two roundings) of the float64 value of the
+    # float32 pre-activation; NaN stays NaN, +-inf give 1 and 0, |v| past float32's exp range
+    # saturates as NumPy's does.
+    y, b, z = _data(rows, cols, seed=rows)
+    flat = y.reshape(-1)
+    flat[40:46] = np.float32([100.0, -100.0, 88.5, -88.5, 1e-8, -87.0])[: max(0, flat.size - 40)]
+    b = b if has_bias else None
+    z = z if has_z else None
+    pre = y.copy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        if b is not None:
+            pre += b
+        if z is not None:
+            pre += z
+        want = 1.0 / (1.0 + np.exp(-pre.astype(np.float64)))
+        numpy_path = _numpy_epilogue(y.copy(), b, z, "Sigmoid", [])
+    for threads in (1, 2):
+        got = native.conv_epilogue(y.copy(), b, z, "Sigmoid", [], threads).astype(np.float64)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        ok = ~np.isnan(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=4e-7, atol=1e-38)
+        np.testing.assert_allclose(got[ok], numpy_path[ok], rtol=6e-7, atol=1e-38)
+    yy = y.copy()
+    assert conv_common._native_epilogue(yy, b, z, "Sigmoid", [])
 
 
 @needs_native

@@ -261,3 +261,27 @@ def test_transpose_rgb_image_to_nhwc():
     out = np.empty((2, 64, 48, 3), np.float32)
     kshape.transpose(x, perm=[0, 2, 3, 1], out=out)
     np.testing.assert_array_equal(out, x.transpose(0, 2, 3, 1))
+
+
+@pytest.mark.parametrize("act", ["", "Relu", "Sigmoid", "Swish", "HardSwish", "Tanh"])
+@pytest.mark.parametrize("bias,residual", [(True, False), (False, True), (True, True)])
+def test_one_pixel_pointwise_matches_reference(act, bias, residual):
+    # A squeeze-excite gate: 1x1 image, matrix-vector product straight into y; the residual
+    # also given as y itself (FusedConv's in-place alias), which must be read before y is
+    # written.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 48, 1, 1), dtype=np.float32)
+    w = rng.standard_normal((96, 48, 1, 1), dtype=np.float32)
+    b = rng.standard_normal(96, dtype=np.float32) if bias else None
+    z = rng.standard_normal((1, 96, 1, 1), dtype=np.float32) if residual else None
+    params = {"Swish": [1.0]}.get(act, [])
+    want = FusedConv(x, w, b, z, activation=act, activation_params=params)
+    got = kfused.fused_conv_nhwc(nhwc(x), w, b, None if z is None else nhwc(z),
+                                 activation=act, activation_params=params)
+    np.testing.assert_allclose(nchw(got), want, rtol=1e-5, atol=1e-6)
+    if residual:
+        y = np.ascontiguousarray(nhwc(z))
+        got = kfused.fused_conv_nhwc(nhwc(x), w, b, y, activation=act,
+                                     activation_params=params, out=y)
+        assert got is y
+        np.testing.assert_allclose(nchw(got), want, rtol=1e-5, atol=1e-6)

@@ -129,6 +129,13 @@ def nhwc_pointwise(x, W, B, s, d, begin, end, y, bias, z, activation, params, sh
     a = x.reshape(n * h * wd, c)
     y2 = y.reshape(-1, m)
     zz = None if z is None else z.reshape(y2.shape)
+    if group == 1 and y2.shape[0] == 1 and W.dtype == F32 and W.flags.c_contiguous:
+        # One pixel (a squeeze-excite gate after a global pool): a matrix-vector product
+        # straight into y, then the one-pass epilogue; no transposed scratch to copy back.
+        zz = _own(zz, y2)
+        np.matmul(W.reshape(m, c), a[0], out=y2[0])
+        _epilogue(y2, bias, zz, activation, params)
+        return
     if group == 1 and y2.shape[0] <= PW_T_MAX_PIXELS and W.dtype == F32 \
             and W.flags.c_contiguous:
         # Few pixels: Y.T = W @ X.T (W as stored) runs faster in OpenBLAS than X @ W.T; the
