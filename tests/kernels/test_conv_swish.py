@@ -23,6 +23,7 @@ from opwarden.kernels.cpu import fused as kfused
 from opwarden.memory.constants import mark as mark_constant
 from opwarden.ops.fused import FusedConv
 from tests.kernels.test_conv import PATHS, nchw, nhwc, nhwc_path
+from tests.kernels.test_conv_epilogue_native import pre_activation
 
 needs_native = pytest.mark.skipif(os.environ.get("OPWARDEN_NATIVE", "1") == "0"
                                   or not native.available(), reason="compiled path off")
@@ -68,13 +69,7 @@ def test_conv_epilogue_swish(alpha, has_bias, has_z, rows, cols):
     y = _specials((rng.standard_normal((rows, cols)) * 8).astype(np.float32))
     b = rng.standard_normal(cols).astype(np.float32) if has_bias else None
     z = rng.standard_normal((rows, cols)).astype(np.float32) if has_z else None
-    pre = y.copy()
-    with np.errstate(invalid="ignore", over="ignore"):
-        if b is not None:
-            pre += b
-        if z is not None:
-            pre += z
-    want = _swish64(pre, alpha)
+    want = _swish64(pre_activation(y, b, z), alpha)
     for threads in (1, 2):
         got = native.conv_epilogue(y.copy(), b, z, "Swish", [alpha], threads)
         _close(got, want)
