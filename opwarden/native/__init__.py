@@ -37,13 +37,11 @@ NODE_DTYPE = np.dtype([("thr", "<f8"), ("feat", "<i4"), ("child_false", "<i4"),
 AGGREGATES = {"AVERAGE": 0, "SUM": 1, "MIN": 2, "MAX": 3}
 
 
-# GOMP_SPINCOUNT while the extension's libgomp loads (it reads the variable once, then). Its
-# workers also run OpenBLAS's jobs (blas_pool), so their spin after a region bridges the gaps
-# between one run's GEMMs and compiled passes: 10000 iterations, ~0.4 ms here (OpenBLAS's own
-# workers spun ~2.7 ms after each call). With OpenBLAS on its own threads a spinning worker
-# only takes a core from those of the operators that follow (MobileNetV3 at 2 threads spent
-# ~3x its CPU time that way on a loaded machine), so a short spin: 1000, which still keeps a
-# worker through back-to-back regions. (benchmarks/NOTES.md, session #10.)
+# GOMP_SPINCOUNT while the extension's libgomp loads (it reads the variable once). Its workers
+# also run OpenBLAS's jobs (blas_pool), so their spin after a region bridges the gaps between a
+# run's GEMMs and passes: 10000 iterations, ~0.4 ms here (OpenBLAS's own workers spun ~2.7 ms).
+# With OpenBLAS on its own threads a spinning worker takes a core from those (MobileNetV3 spent
+# ~3x its CPU time so on a loaded machine): 1000 then. (benchmarks/NOTES.md, session #10.)
 OMP_SPIN = "10000" if _pool.wanted() else "1000"
 
 
