@@ -60,10 +60,13 @@ def _forked() -> None:
         _STATE[:] = ["openblas", "OpenBLAS's own threads (a forked child)"]
 
 
+def _opted_out() -> bool:
+    return os.environ.get("OPWARDEN_BLAS_POOL", "openmp").strip().lower() == "openblas"
+
+
 def wanted() -> bool:
     """Whether install() will try the shared pool (asked before the extension loads)."""
-    opted_out = os.environ.get("OPWARDEN_BLAS_POOL", "openmp").strip().lower() == "openblas"
-    return not opted_out and _setter()[0] is not None
+    return not _opted_out() and _setter()[0] is not None
 
 
 def install(lib: Any) -> None:
@@ -72,7 +75,7 @@ def install(lib: Any) -> None:
         return
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forked)
-    if os.environ.get("OPWARDEN_BLAS_POOL", "openmp").strip().lower() == "openblas":
+    if _opted_out():
         _STATE[:] = ["openblas", "OpenBLAS's own threads (OPWARDEN_BLAS_POOL=openblas)"]
         return
     set_pool(lib, True)

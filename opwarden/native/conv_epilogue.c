@@ -114,14 +114,6 @@ static void ep_rows(float *y, const float *b, const float *z, int64_t r0, int64_
 
 void conv_epilogue_f32(float *y, const float *bias, const float *z, int64_t rows, int64_t cols,
                        int act, float p0, float p1, int n_threads) {
-    const int64_t step = ow_block_rows(rows, cols), n_blocks = (rows + step - 1) / step;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(n_threads) \
-    if (n_threads > 1 && n_blocks > 1 && rows * cols >= (1 << 16))
-#endif
-    for (int64_t q = 0; q < n_blocks; q++) {
-        int64_t r0 = q * step, r1 = r0 + step < rows ? r0 + step : rows;
-        ep_rows(y, bias, z, r0, r1, cols, act, p0, p1);
-    }
-    (void)n_threads;
+    OW_ROW_BLOCKS(rows, cols, n_threads, rows * cols,
+                  ep_rows(y, bias, z, r0, r1, cols, act, p0, p1));
 }

@@ -151,7 +151,8 @@ void maxpool_nhwc_f32(const float *x, float *y, int64_t n, int64_t h, int64_t w,
                       int64_t dh, int64_t dw, int64_t pt, int64_t pl, int n_threads);
 
 /* blas_pool.c: OpenBLAS's threading callback set (on) or cleared through its setter; 0 when not
- * set (no setter, or no OpenMP to lend). Counts of job sets run on an OpenMP team / plain threads. */
+ * set (no setter, or no OpenMP to lend). Counts of job sets run on an OpenMP team / plain
+ * threads. */
 int blas_pool_set(void *setter, int on);
 void blas_pool_counts(int64_t *team, int64_t *threads);
 /* Test hook: fn(thread number) called from each thread of an OpenMP team of n. */
@@ -208,6 +209,31 @@ OW_INLINE int64_t ow_block_rows(int64_t rows, int64_t cols) {
     int64_t step = cols > 0 ? (16384 + cols - 1) / cols : rows;
     return step < 1 ? 1 : step;
 }
+
+/* Runs the statement(s) after `work` once per row block [r0, r1) of a [rows, cols] pass (r0 and
+ * r1 in scope), the blocks shared over n_threads OpenMP threads when there is more than one
+ * block and `work` (the pass's operation count) is at least 2^16: below that a fork costs more
+ * than it saves. */
+#ifdef _OPENMP
+#define OW_OMP_ROW_BLOCKS \
+    _Pragma("omp parallel for schedule(static) num_threads(ow_nt) if (ow_par)")
+#else
+#define OW_OMP_ROW_BLOCKS
+#endif
+#define OW_ROW_BLOCKS(rows, cols, n_threads, work, ...)                                      \
+    do {                                                                                     \
+        const int64_t ow_rows = (rows), ow_step = ow_block_rows(ow_rows, (cols)),            \
+                      ow_nb = (ow_rows + ow_step - 1) / ow_step;                             \
+        const int ow_nt = (n_threads), ow_par = ow_nt > 1 && ow_nb > 1 && (work) >= (1 << 16); \
+        (void)ow_nt;                                                                         \
+        (void)ow_par;                                                                        \
+        OW_OMP_ROW_BLOCKS                                                                    \
+        for (int64_t ow_q = 0; ow_q < ow_nb; ow_q++) {                                       \
+            const int64_t r0 = ow_q * ow_step,                                               \
+                          r1 = r0 + ow_step < ow_rows ? r0 + ow_step : ow_rows;                 \
+            __VA_ARGS__;                                                                     \
+        }                                                                                    \
+    } while (0)
 
 /* The output columns j of a row whose taps all lie inside the image along W (width wd, left
  * pad pl, stride sw, dilation dw, kw taps, ow columns): j*sw - pl >= 0 and

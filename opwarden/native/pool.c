@@ -55,15 +55,6 @@ static void maxpool_rows(const float *x, float *y, int64_t r0, int64_t r1, int64
 void maxpool_nhwc_f32(const float *x, float *y, int64_t n, int64_t h, int64_t w, int64_t c,
                       int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                       int64_t dh, int64_t dw, int64_t pt, int64_t pl, int n_threads) {
-    const int64_t rows = n * oh, step = ow_block_rows(rows, ow * c),
-                  n_blocks = (rows + step - 1) / step;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(n_threads) \
-    if (n_threads > 1 && n_blocks > 1 && rows * ow * c * kh * kw >= (1 << 16))
-#endif
-    for (int64_t q = 0; q < n_blocks; q++) {
-        int64_t r0 = q * step, r1 = r0 + step < rows ? r0 + step : rows;
-        maxpool_rows(x, y, r0, r1, h, w, c, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl);
-    }
-    (void)n_threads;
+    OW_ROW_BLOCKS(n * oh, ow * c, n_threads, n * oh * ow * c * kh * kw,
+                  maxpool_rows(x, y, r0, r1, h, w, c, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl));
 }

@@ -191,17 +191,9 @@ OW_CLONES static void requantize_rows(const void *acc, int acc_f64, const int32_
 void requantize_8bit(const void *acc, int acc_f64, const int32_t *bias, const float *mult,
                      int64_t rows, int64_t cols, int64_t period, int per_col, float zf,
                      int out_signed, void *out, int n_threads) {
-    const int64_t step = ow_block_rows(rows, cols), n_blocks = (rows + step - 1) / step;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(n_threads) \
-    if (n_threads > 1 && n_blocks > 1 && rows * cols >= (1 << 16))
-#endif
-    for (int64_t q = 0; q < n_blocks; q++) {
-        int64_t r0 = q * step, r1 = r0 + step < rows ? r0 + step : rows;
-        requantize_rows(acc, acc_f64, bias, mult, r0, r1, cols, period, per_col, zf,
-                        out_signed, out);
-    }
-    (void)n_threads;
+    OW_ROW_BLOCKS(rows, cols, n_threads, rows * cols,
+                  requantize_rows(acc, acc_f64, bias, mult, r0, r1, cols, period, per_col, zf,
+                                  out_signed, out));
 }
 
 /* The float32 im2col columns of one 8-bit image [c, h, w] for the exact float-BLAS
