@@ -2,7 +2,8 @@
 against the reference Conv / FusedConv: groups, channels per group (the pair layout at mg 4,
 the 8/16/24-channel blocks, the plain loop), kernel sizes, strides, dilation, asymmetric pads,
 batches, bias, residual (also in place over Y), activations, NaN; the route it takes and when
-it is not taken (extension off, shapes it has no fast path for); bad calls raise."""
+it is not taken (extension off, shapes it has no fast path for); bad calls raise. The same
+loop with one group is the direct route (conv.cpu.direct, the RGB stems): tested likewise."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ needs_native = pytest.mark.skipif(os.environ.get("OPWARDEN_NATIVE", "1") == "0"
 
 _grouped_conv = kconv.nhwc_kernel("grouped")
 _grouped_fused = kfused._fused_nhwc(_grouped_conv)
+_direct_conv = kconv.nhwc_kernel("direct")
+_direct_fused = kfused._fused_nhwc(_direct_conv)
 
 
 def nhwc(x):
@@ -174,9 +177,97 @@ def test_route_thresholds(xs, ws, attrs, route):
 
 def test_variants_registered():
     for opdef in REGISTRY.versions("Conv"):
-        assert "conv.cpu.grouped" in {v.name for v in opdef.variants}
+        assert {"conv.cpu.grouped", "conv.cpu.direct"} <= {v.name for v in opdef.variants}
     for opdef in REGISTRY.versions("FusedConv", "opwarden"):
-        assert "fusedconv.cpu.grouped" in {v.name for v in opdef.variants}
+        assert {"fusedconv.cpu.grouped", "fusedconv.cpu.direct"} <= {
+            v.name for v in opdef.variants}
+
+
+# -- the direct route: one group, few input channels ----------------------------------------
+
+# (C, M): RGB with the 8/16/24-channel blocks and M 64 (four 16-blocks), grey, RGBA, 6 and 8
+DIRECT = [(3, 8), (3, 16), (3, 24), (3, 64), (1, 32), (4, 16), (6, 40), (8, 16)]
+DIRECT_GEOMS = [  # (k, strides, dilations, pads, (H, W))
+    (3, [2, 2], [1, 1], [1, 1, 1, 1], (23, 20)),  # the MobileNet / EfficientNet stem
+    (7, [2, 2], [1, 1], [3, 3, 3, 3], (30, 27)),  # ResNet's
+    (3, [2, 2], [1, 1], [0, 0, 0, 0], (19, 19)),  # Inception's, unpadded
+    (4, [4, 4], [1, 1], [0, 0, 0, 0], (16, 20)),  # a ConvNeXt / Swin patchify
+    (3, [1, 2], [2, 1], [2, 0, 1, 3], (12, 13)),  # dilation, asymmetric pads
+    (5, [1, 1], [1, 1], [2, 2, 2, 2], (9, 8)),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("c,m", DIRECT, ids=[f"c{c}m{m}" for c, m in DIRECT])
+@pytest.mark.parametrize("geom", DIRECT_GEOMS, ids=lambda g: f"k{g[0]}s{g[1][1]}d{g[2][0]}")
+@pytest.mark.parametrize("n", [1, 2])
+def test_direct_matches_reference(c, m, geom, n):
+    k, strides, dil, pads, hw = geom
+    x, w, b = _arrays(n, 1, c, m, k, hw, seed=c + m + k)
+    attrs = dict(strides=strides, dilations=dil, pads=pads)
+    if k * c <= kconv._stem.STEM_MAX_RUN:
+        xs = (n, *hw, c)
+        geo = kconv.static_route(xs, w.shape, attrs)
+        assert geo == "direct", geo
+    ref = Conv(x, w, b, **attrs)
+    out = np.full((ref.shape[0],) + ref.shape[2:] + ref.shape[1:2], np.nan, np.float32)
+    y = _direct_conv(nhwc(x), w, b, **attrs, out=out)
+    assert y is out
+    np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4 * k * k * c)
+    # X as the NHWC view of the NCHW graph input, no bias
+    y2 = _direct_conv(x.transpose(0, 2, 3, 1), w, None, **attrs)
+    np.testing.assert_allclose(nchw(y2), Conv(x, w, None, **attrs), rtol=1e-4,
+                               atol=1e-4 * k * k * c)
+
+
+@needs_native
+@pytest.mark.parametrize("act,params", ACTS, ids=[f"{a or 'none'}{p}" for a, p in ACTS])
+@pytest.mark.parametrize("residual", [False, True])
+def test_direct_fused_matches_reference(act, params, residual):
+    x, w, b = _arrays(2, 1, 3, 16, 3, (15, 18), seed=11)
+    attrs = dict(strides=[2, 2], pads=[1, 1, 1, 1])
+    z = None
+    if residual:
+        z = np.random.default_rng(12).standard_normal(Conv(x, w, b, **attrs).shape,
+                                                      dtype=np.float32)
+    ref = FusedConv(x, w, b, z, activation=act, activation_params=params, **attrs)
+    zh = None if z is None else nhwc(z)
+    y = _direct_fused(nhwc(x), w, b, zh, activation=act, activation_params=params,
+                      out=zh, **attrs)  # in place over the residual where there is one
+    assert zh is None or y is zh
+    np.testing.assert_allclose(nchw(y), ref, rtol=1e-4, atol=1e-4)
+
+
+@needs_native
+def test_direct_nan_and_inf_propagate():
+    x, w, b = _arrays(1, 1, 3, 16, 3, (12, 12), seed=13)
+    x[0, 2, 5, 6] = np.nan
+    w = np.array(w)
+    # At the centre tap: like the grouped and depthwise loops, the direct one skips the taps
+    # that read padding, where the reference multiplies the zeros (0 * inf is NaN there).
+    w[3, 1, 1, 1] = np.inf
+    mark_constant(w)
+    attrs = dict(strides=[2, 2], pads=[1, 1, 1, 1])
+    for act in ("", "Relu"):
+        ref = FusedConv(x, w, b, activation=act, **attrs)
+        got = nchw(_direct_fused(nhwc(x), w, b, activation=act, **attrs))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+        fin = np.isfinite(ref)
+        np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-4, atol=1e-4)
+
+
+def test_direct_route_only_with_native_and_m_in_blocks(monkeypatch):
+    stem = ((1, 224, 224, 3), (32, 3, 3, 3), {"strides": [2, 2], "pads": [1] * 4})
+    xs, ws, attrs = stem
+    assert kconv.static_route(xs, ws, attrs) == ("direct" if native.available() else "stem")
+    assert kconv.static_route(xs, (36, 3, 3, 3), attrs) == "stem"  # M not in 8-blocks
+    monkeypatch.setattr(native, "_LIB", None)  # the extension off (as OPWARDEN_NATIVE=0)
+    assert kconv.static_route(xs, ws, attrs) == "stem"
+    x = np.random.default_rng(0).standard_normal((1, 3, 20, 20), dtype=np.float32)
+    w = np.random.default_rng(1).standard_normal(ws, dtype=np.float32)
+    got = kconv.conv_nhwc(nhwc(x), w, None, **attrs)  # the NumPy stem still runs
+    np.testing.assert_allclose(nchw(got), Conv(x, w, None, **attrs), rtol=1e-4, atol=1e-4)
 
 
 def test_workspace_declared():

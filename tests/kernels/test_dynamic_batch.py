@@ -14,7 +14,8 @@ from opwarden.kernels.cpu import conv
 
 # (name, input C, H, output M, kernel, stride): one layer per route that depends on the map.
 LAYERS = [
-    ("stem", 3, 32, 16, 7, 2),
+    ("stem", 3, 32, 12, 7, 2),
+    ("direct", 3, 32, 16, 7, 2),  # (the stem route without the extension)
     ("shifted", 64, 28, 64, 3, 1),
     ("fewpixel", 256, 7, 256, 3, 1),
     ("pointwise", 32, 14, 48, 1, 1),

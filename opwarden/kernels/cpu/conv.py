@@ -11,7 +11,8 @@ name and validate the algorithm that runs:
     conv.cpu.shifted_gemm one accumulating GEMM per tap over phase planes (conv_gemm)
     conv.cpu.grouped      few channels per group, compiled direct loop (conv_grouped)
     conv.cpu.rowtap       one GEMM per kernel row over row copies (conv_rowtap)
-    conv.cpu.stem         few input channels: transposed patch matrix (conv_stem)
+    conv.cpu.direct       few input channels (the RGB stem), the compiled loop (conv_grouped)
+    conv.cpu.stem         the same without it: transposed patch matrix (conv_stem)
     conv.cpu.fewpixel     few output pixels, large weights: transposed product (conv_gemm)
     conv.cpu.im2col       banded patch matrix, whatever else (conv_gemm)
 
@@ -94,7 +95,7 @@ def _routes_nhwc(x_shape, w_shape, group, s, d, begin, end, oh, ow, branched) ->
             and sgemm() is not None):
         return (*first, "rowtap")
     if group == 1 and kw * cg <= _stem.STEM_MAX_RUN:
-        return (*first, "stem")
+        return (*first, "direct" if _grouped.direct_takes(m) else "stem")
     # Per image, so that the route does not depend on the batch (static_route decides it for
     # a symbolic batch): the transposed product also wins over whole batches of such maps.
     if (group == 1 and not branched and oh * ow <= _gemm.PATCH_T_MAX_PIXELS
@@ -124,6 +125,7 @@ _RUN = {
     "shifted": _gemm.nhwc_shifted,
     "grouped": _grouped.nhwc_grouped,
     "rowtap": _rowtap.nhwc_rowtap,
+    "direct": _grouped.nhwc_grouped,
     "stem": _stem.nhwc_stem,
     "few_pixels": _gemm.nhwc_few_pixels,
     "patch": _gemm.nhwc_im2col,
@@ -229,8 +231,13 @@ VARIANTS = {
     from the unpadded image, a block of pixels' sums in registers."""),
     "rowtap": ("rowtap", """Row taps (conv_rowtap): group 1, row stride 1, kernel rows of at
     least ROWTAP_MIN_RUN floats, one GEMM per kernel row."""),
+    "direct": ("direct", """Direct (conv_grouped's compiled loop with one group): group 1,
+    kernel rows of at most STEM_MAX_RUN floats (few input channels: the RGB stem) and M a
+    multiple of 8, where the extension is built; each pixel's taps read from the unpadded
+    image, a block of pixels' sums in registers."""),
     "stem": ("stem", """Stem (conv_stem): group 1, kernel rows of at most STEM_MAX_RUN floats
-    (few input channels), the transposed patch matrix."""),
+    (few input channels), the transposed patch matrix; where the direct loop does not take
+    them (no extension, M not a multiple of 8)."""),
     "depthwise": ("depthwise", """Depthwise (conv_depthwise): one channel per group, one
     einsum over a strided window view."""),
     "pointwise": ("pointwise", """Pointwise (conv_gemm): 1x1, stride 1, no padding; one GEMM
@@ -259,6 +266,7 @@ _FLOATS = {
     "winograd": _wino.winograd_floats,
     "shifted": _gemm.shifted_floats,
     "grouped": _grouped.grouped_floats,
+    "direct": _grouped.grouped_floats,
     "rowtap": _rowtap.rowtap_floats,
     "stem": _stem.stem_floats,
     "few_pixels": _gemm.few_pixels_floats,

@@ -1,6 +1,8 @@
 """Grouped convolution with few channels per group on the compiled loop (native/grouped.c):
 the "grouped" route of conv.py's NHWC dispatcher, variants conv.cpu.grouped and
-fusedconv.cpu.grouped (ResNeXt's and RegNet's 3x3 group convolutions, grouped 1x1s).
+fusedconv.cpu.grouped (ResNeXt's and RegNet's 3x3 group convolutions, grouped 1x1s), and
+with one group the "direct" route (conv.cpu.direct, fusedconv.cpu.direct): convolutions with
+few input channels, the RGB stems, whose patch matrix costs more to build than to multiply.
 
 The shifted-GEMM and patch-matrix routes run one small GEMM per group (per tap, or over a
 patch copy), whose calls cost more than their few multiply-adds at 4..32 channels per group.
@@ -47,6 +49,14 @@ def grouped_takes(c: int, w_shape, group: int) -> bool:
     if not GROUPED_MIN_CG <= cg <= GROUPED_MAX_CG:
         return False
     return mg % 8 == 0 or native.grouped_pair_ok(group, cg, mg)
+
+
+def direct_takes(m: int) -> bool:
+    """Whether the direct route takes a group-1 convolution with few input channels (the
+    stem; conv.py decides "few") and M output channels: the extension built and M a multiple
+    of 8, the loop's register blocks (at M 16: 3-5x the transposed patch matrix of
+    conv_stem on 224x224 RGB stems, see benchmarks/NOTES.md)."""
+    return m % 8 == 0 and native.available()
 
 
 def _pack_wide(group: int):
