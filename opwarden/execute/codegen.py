@@ -197,6 +197,26 @@ def direct_form(call: tuple) -> tuple[Any, tuple] | None:
     return declare(kw.get("out")) if callable(declare) else None
 
 
+def prepared_form(call: tuple, consts: tuple) -> Any:
+    """The callable step `call` runs as, ``prepared(*inputs, out=out)``, when its kernel
+    prepares one for this step, else None.
+
+    A kernel declares it with a ``prepare(kw, consts) -> callable | None`` attribute, asked
+    once with the step's keyword arguments (its attributes and the planned buffer `out`) and
+    per input its constant value (`...` for a computed input, None for an absent one). The
+    callable promises the kernel's result for any inputs (it may hand them to the kernel),
+    having done once what the kernel checks and derives from the rest on every call (see
+    kernels.cpu.conv_prepared). As for direct_form, only the variant's own function, and only
+    for a node with a planned buffer, one output and no subgraphs."""
+    st, fn, _ins, kw, _frees, _hook = call
+    if type(kw) is not dict or kw.get("out") is None:
+        return None
+    if st.graphs or len(st.outs) != 1 or st.outs[0] < 0 or fn is not st.placement.variant.fn:
+        return None
+    prepare = getattr(fn, "prepare", None)
+    return prepare(kw, consts) if callable(prepare) else None
+
+
 # Compiled sources kept per program (most recently used).
 CODE_CACHE = 4
 
@@ -303,6 +323,14 @@ class _Source:
         const = self.program.template[s] is not None and s not in self.fed
         return f"c{s}" if const else f"s{s}"
 
+    def constant(self, s: int) -> Any:
+        """Slot s's constant value as steps read it, `...` for a computed value, None for an
+        absent input (see prepared_form)."""
+        if s < 0:
+            return None
+        name = self.ref(s)
+        return self.ns[name] if name == f"c{s}" else ...
+
     def check(self, i: int, k: int, s: int) -> tuple[str, str] | None:
         """The output check of slot s (output k of step i): (a condition true when the value
         may be wrong, the arguments of _bad_out/_out), or None when s has no type to check."""
@@ -331,6 +359,9 @@ class _Source:
         if direct is not None:
             self.direct(i, call, *direct)
             return
+        prepared = prepared_form(call, tuple(self.constant(s) for s in ins))
+        if prepared is not None:
+            fn, kw = prepared, {"out": kw["out"]}
         ns[f"f{i}"] = fn
         out_buf = kw.get("out") if isinstance(kw, dict) else None
         if out_buf is not None and self.contract:

@@ -53,6 +53,7 @@ from opwarden.kernels.cpu.conv_depthwise import depthwise_floats, nhwc_depthwise
 from opwarden.kernels.cpu.conv_gemm import _branch_gemms as _branch_gemms
 from opwarden.kernels.cpu.conv_gemm import _few_pixels_nhwc as _few_pixels_nhwc
 from opwarden.kernels.cpu.conv_gemm import _shifted_nhwc as _shifted_nhwc
+from opwarden.kernels.cpu.conv_prepared import prepare_nhwc
 from opwarden.kernels.cpu.conv_rowtap import _rowtap_nhwc as _rowtap_nhwc
 from opwarden.kernels.cpu.conv_stem import _stem_nhwc as _stem_nhwc
 from opwarden.kernels.cpu.conv_stem import _stem_taps as _stem_taps
@@ -489,9 +490,11 @@ def register() -> None:
     kw = {"device": "cpu", "dtypes": ["float32"], "accepts_out": True}
     for opdef in REGISTRY.versions("Conv"):
         for route, (suffix, doc) in VARIANTS.items():
+            fn = _conv_kernel(nhwc_kernel(route), doc)
+            fn.prepare = prepare_nhwc(_RUN[route], fn)  # type: ignore[attr-defined]
             opdef.kernel(layout="NHWC", priority=11, when=route_when(route),
                          name=f"conv.cpu.{suffix}", workspace_bytes=route_workspace(route),
-                         **kw)(_conv_kernel(nhwc_kernel(route), doc))
+                         **kw)(fn)
         opdef.kernel(layout="NHWC", priority=10, when=_conv_ok, name="conv.cpu.nhwc",
                      workspace_bytes=nhwc_workspace, **kw)(
             _conv_kernel(conv_nhwc, "Conv on NHWC activations, the route picked per call."))

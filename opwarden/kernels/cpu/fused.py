@@ -12,6 +12,7 @@ import numpy as np
 
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu.conv import (
+    _RUN,
     VARIANTS,
     _conv_ok,
     conv_nchw,
@@ -23,6 +24,7 @@ from opwarden.kernels.cpu.conv import (
     route_workspace,
 )
 from opwarden.kernels.cpu.conv_common import _finite, _own, geometry
+from opwarden.kernels.cpu.conv_prepared import prepare_nhwc
 from opwarden.kernels.cpu.linalg import (
     _gemm_ok,
     _matmul_ok,
@@ -197,10 +199,12 @@ def register() -> bool:
     kw = {"device": "cpu", "dtypes": ["float32"], "priority": 10, "accepts_out": True}
     for opdef in convs:
         for route, (suffix, _doc) in VARIANTS.items():
+            fn = _fused_nhwc(nhwc_kernel(route))
+            fn.prepare = prepare_nhwc(_RUN[route], fn)  # type: ignore[attr-defined]
             opdef.kernel(layout="NHWC", when=route_when(route), name=f"fusedconv.cpu.{suffix}",
                          in_place_when=_in_place_nhwc,
                          workspace_bytes=_fused_workspace(route_workspace(route), 3),
-                         **{**kw, "priority": 11})(_fused_nhwc(nhwc_kernel(route)))
+                         **{**kw, "priority": 11})(fn)
         opdef.kernel(layout="NHWC", when=_conv_ok, name="fusedconv.cpu.nhwc",
                      in_place_when=_in_place_nhwc,
                      workspace_bytes=_fused_workspace(nhwc_workspace, 3),
