@@ -21,9 +21,10 @@ from opwarden.ops.conv import Conv
 F32 = TensorProto.FLOAT
 
 
-def _cnn(batch, stem_m=16) -> bytes:
+def _cnn(batch, stem_m=16, hw=(20, 22)) -> bytes:
     """An RGB stem (3x3/2, HardSwish), a depthwise 3x3, two pointwise convolutions with a
-    residual add in between, a 3x3 grouped and a 3x3 dense convolution."""
+    residual add in between, a 3x3 grouped one, a pointwise one with bias and HardSwish, and
+    a 3x3 dense one."""
     rng = np.random.default_rng(3)
 
     def w(*shape):
@@ -32,7 +33,8 @@ def _cnn(batch, stem_m=16) -> bytes:
 
     inits = {"ws": w(stem_m, 3, 3, 3), "bs": w(stem_m, 1)[:, 0], "wd": w(stem_m, 1, 3, 3),
              "wp": w(32, stem_m, 1, 1), "wq": w(32, 32, 1, 1), "bq": w(32, 1)[:, 0],
-             "wg": w(32, 8, 3, 3), "wc": w(24, 32, 3, 3)}
+             "wg": w(32, 8, 3, 3), "wr": w(32, 32, 1, 1), "br": w(32, 1)[:, 0],
+             "wc": w(24, 32, 3, 3)}
     nodes = [
         helper.make_node("Conv", ["x", "ws", "bs"], ["c0"], strides=[2, 2], pads=[1] * 4),
         helper.make_node("HardSwish", ["c0"], ["a0"]),
@@ -43,10 +45,12 @@ def _cnn(batch, stem_m=16) -> bytes:
         helper.make_node("Add", ["c3", "c2"], ["r3"]),
         helper.make_node("Relu", ["r3"], ["a3"]),
         helper.make_node("Conv", ["a3", "wg"], ["c4"], group=4, pads=[1] * 4),
-        helper.make_node("Conv", ["c4", "wc"], ["y"], pads=[1] * 4),
+        helper.make_node("Conv", ["c4", "wr", "br"], ["c5"]),
+        helper.make_node("HardSwish", ["c5"], ["a5"]),
+        helper.make_node("Conv", ["a5", "wc"], ["y"], pads=[1] * 4),
     ]
     g = helper.make_graph(
-        nodes, "cnn", [helper.make_tensor_value_info("x", F32, [batch, 3, 20, 22])],
+        nodes, "cnn", [helper.make_tensor_value_info("x", F32, [batch, 3, *hw])],
         [helper.make_tensor_value_info("y", F32, None)],
         [numpy_helper.from_array(v, k) for k, v in inits.items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
@@ -64,11 +68,14 @@ def _prepared_steps(sess, x) -> list[str]:
 
 @pytest.mark.parametrize("batch", [1, 2, "N"])
 @pytest.mark.parametrize("stem_m", [16, 12])  # the direct route and the NumPy stem
-def test_session_steps_are_prepared_and_match_the_generic_kernels(batch, stem_m, monkeypatch):
-    data = _cnn(batch, stem_m)
+# maps of 110 pixels (the GEMM), 16 (the transposed product) and 1 (the GEMV) after the stem
+@pytest.mark.parametrize("hw", [(20, 22), (8, 8), (2, 2)], ids=["gemm", "few", "one"])
+def test_session_steps_are_prepared_and_match_the_generic_kernels(batch, stem_m, hw,
+                                                                   monkeypatch):
+    data = _cnn(batch, stem_m, hw)
     rng = np.random.default_rng(4)
     n = 2 if batch == "N" else batch
-    xs = [rng.standard_normal((n, 3, 20, 22)).astype(np.float32) for _ in range(3)]
+    xs = [rng.standard_normal((n, 3, *hw)).astype(np.float32) for _ in range(3)]
     sess = ow.InferenceSession(data)
     got = [sess.run(None, {"x": x})[0] for x in xs]
     assert len(_prepared_steps(sess, xs[0])) >= 4, _prepared_steps(sess, xs[0])
@@ -80,7 +87,7 @@ def test_session_steps_are_prepared_and_match_the_generic_kernels(batch, stem_m,
     ref = ow.InferenceSession(data, ow.SessionOptions(optimization_level=0))
     np.testing.assert_allclose(got[0], ref.run(None, {"x": xs[0]})[0], rtol=1e-4, atol=1e-4)
     if batch == "N":  # another batch: a new signature, its own prepared steps
-        x3 = rng.standard_normal((3, 3, 20, 22)).astype(np.float32)
+        x3 = rng.standard_normal((3, 3, *hw)).astype(np.float32)
         np.testing.assert_array_equal(sess.run(None, {"x": x3})[0],
                                       plain.run(None, {"x": x3})[0])
 

@@ -217,6 +217,11 @@ def static_route(x, w, attrs) -> str | None:
                         bplan is not None)[0]
 
 
+# route -> its algorithm as one bound native call for a prepared step (conv_prepared)
+_BIND = {"grouped": _grouped.bind_grouped, "direct": _grouped.bind_grouped,
+         "pointwise": _gemm.bind_pointwise}
+
+
 # route -> (variant name suffix, what the variant runs and when placement gives it a node)
 VARIANTS = {
     "winograd": ("winograd", """Winograd F(4x4, 3x3) (conv_winograd): 3x3, stride 1, group 1,
@@ -491,7 +496,7 @@ def register() -> None:
     for opdef in REGISTRY.versions("Conv"):
         for route, (suffix, doc) in VARIANTS.items():
             fn = _conv_kernel(nhwc_kernel(route), doc)
-            fn.prepare = prepare_nhwc(_RUN[route], fn)  # type: ignore[attr-defined]
+            fn.prepare = prepare_nhwc(_RUN[route], fn, _BIND.get(route))  # type: ignore
             opdef.kernel(layout="NHWC", priority=11, when=route_when(route),
                          name=f"conv.cpu.{suffix}", workspace_bytes=route_workspace(route),
                          **kw)(fn)

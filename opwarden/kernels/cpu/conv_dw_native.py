@@ -25,12 +25,14 @@ import numpy as np
 from opwarden import native
 from opwarden.blas import blas_thread_count
 from opwarden.errors import KernelError
-from opwarden.kernels.cpu.blas_split import over_rows, split_threads
+from opwarden.kernels.cpu.blas_split import SPLIT, over_rows, split_threads
 from opwarden.kernels.cpu.conv import _conv_ok, nhwc_kernel, route_when, route_workspace
 from opwarden.kernels.cpu.conv_common import _prologue, _static_geometry
 from opwarden.kernels.cpu.conv_depthwise import _pack_depthwise
+from opwarden.kernels.cpu.conv_prepared import prepare_nhwc
 from opwarden.kernels.cpu.shuffle import channel_shuffle
 from opwarden.kernels.cpu.util import F32, packed, scratch
+from opwarden.native.bound import depthwise_nhwc_call
 
 _numpy_depthwise = nhwc_kernel("depthwise")
 _is_depthwise = route_when("depthwise")
@@ -75,7 +77,15 @@ def depthwise_native(X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None,
                                 activation_params=activation_params, out=out)
     if y.size == 0:
         return y
-    shuffle = int(input_shuffle or 0)
+    _dw_run(x, W, B, s, d, begin, _end, y, bias, z, act, activation_params,
+            int(input_shuffle or 0), None)
+    return y
+
+
+def _dw_run(x, W, B, s, d, begin, end, y, bias, z, activation, params, shuffle,
+            bplan) -> None:
+    """depthwise_native after its prologue, as the NHWC algorithms run (conv.py's _RUN
+    signature), for an activation native.DW_ACTS holds."""
     if shuffle > 1 or not x.flags.c_contiguous:
         x = _contiguous(x, shuffle)
     taps = packed(W, "dw_taps", _pack_depthwise)  # (kh, kw, C), shared with the NumPy variant
@@ -83,7 +93,8 @@ def depthwise_native(X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None,
         bias = np.ascontiguousarray(bias, dtype=F32)
     if z is not None:
         z = np.ascontiguousarray(z)
-    params = activation_params or ()
+    act = _act_name(activation)
+    params = params or ()
     n, oh, ow, c = y.shape
 
     def run(r0: int, r1: int) -> None:
@@ -94,7 +105,32 @@ def depthwise_native(X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None,
     else:  # (no session threads set: OpenMP on OpenBLAS's count)
         native.depthwise_nhwc(x, taps, bias, z, y, s, d, begin, act, params,
                               blas_thread_count())
-    return y
+
+
+def _dw_bind(x, W, B, s, d, begin, end, y, bias, activation, params):
+    """_dw_run as one bound native call (native.bound) for a prepared step, where it is one
+    call: no session threads sharing rows out (blas_split.SPLIT off)."""
+    if SPLIT:
+        return None
+    act = _act_name(activation)
+    params = params or ()
+    taps = packed(W, "dw_taps", _pack_depthwise)
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=F32)
+    f = depthwise_nhwc_call(taps, b, y, s, d, begin, act, params)
+
+    def call(x, z) -> None:
+        if z is not None or not f(x):
+            _dw_run(x, W, B, s, d, begin, end, y, bias, z, activation, params, 0, None)
+
+    return call
+
+
+def _dw_prepares(attrs, w) -> bool:
+    """Whether a prepared step may run _dw_run: what depthwise_native checks before it."""
+    group = int(attrs.get("group", 1) or 1)
+    return (native.available() and w.shape[1] == 1 and w.shape[0] == group
+            and native.dw_act_code(_act_name(attrs.get("activation", "")),
+                                   attrs.get("activation_params")) is not None)
 
 
 def _contiguous(x: np.ndarray, shuffle: int) -> np.ndarray:
@@ -186,6 +222,8 @@ def register() -> None:
           "priority": 12, "when": dw_native_when}
     nchw = {**kw, "layout": "NCHW", "priority": 11, "when": dw_nchw_when,
             "workspace_bytes": dw_nchw_workspace}
+    for fn in (_conv_depthwise_native, depthwise_native):
+        fn.prepare = prepare_nhwc(_dw_run, fn, _dw_bind, _dw_prepares)  # type: ignore
     for opdef in REGISTRY.versions("Conv"):
         opdef.kernel(name="conv.cpu.depthwise_native",
                      workspace_bytes=route_workspace("depthwise"), **kw)(_conv_depthwise_native)

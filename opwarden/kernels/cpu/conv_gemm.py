@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from opwarden.kernels.cpu.blas_split import over_rows, split_gemm
+from opwarden import native
+from opwarden.kernels.cpu.blas_split import SPLIT, over_rows, split_gemm
 from opwarden.kernels.cpu.conv_common import (
     Facts,
     _band_rows,
@@ -42,6 +43,7 @@ from opwarden.kernels.cpu.util import (
     sgemm,
 )
 from opwarden.memory.constants import is_constant
+from opwarden.native.bound import conv_epilogue_call
 
 # Patch-matrix band size (bytes): big enough for BLAS to reach its peak, small enough to stay in
 # the last-level cache together with the weights.
@@ -167,6 +169,63 @@ def nhwc_pointwise(x, W, B, s, d, begin, end, y, bias, z, activation, params, sh
         _epilogue(y2, None, None, activation, params)
     else:
         _epilogue(y2, bias, zz, activation, params, hot)
+
+
+def bind_pointwise(x, W, B, s, d, begin, end, y, bias, activation, params):
+    """nhwc_pointwise for a prepared step of one group without a residual, its choices made
+    once: the GEMV of one pixel, the transposed product of a few, or the GEMM; the epilogue
+    on the compiled pass (native.bound) where it takes it. The same calls in the same order
+    as nhwc_pointwise makes them; other steps run the algorithm itself (None)."""
+    n, h, wd, c = x.shape
+    m, cg = W.shape[:2]
+    rows = n * h * wd
+    if SPLIT or cg != c or W.dtype != F32 or not W.flags.c_contiguous:
+        return None
+    act = activation.decode() if isinstance(activation, bytes) else str(activation or "")
+    params = params or ()
+    y2 = y.reshape(rows, m)
+    few = 1 < rows <= PW_T_MAX_PIXELS
+    if rows == 1 or few:
+        w2, hot, acc = W.reshape(m, c), (few and _hot(m, rows, c)), False
+    else:
+        w2 = _packed_nhwc(W, 1)[0]
+        hot = _hot(rows, m, c)
+        # _prefill's choice for no residual: the bias written first for GEMMs to accumulate on
+        acc = bias is not None and not (hot and blas_adds()) and y.size >= PREFILL_MIN
+    b = None if acc or few else bias  # (few pixels: the bias rides on the transposing copy)
+    epi = None
+    if b is not None or act:
+        if (native.available() and native.epilogue_act_code(act, params) is not None
+                and (b is None or (b.dtype == F32 and b.shape == (m,)))):
+            epi = conv_epilogue_call(y2, None if b is None else np.ascontiguousarray(b), act,
+                                     params)
+        else:
+            def epi() -> None:
+                _epilogue(y2, b, None, act, params, hot)
+
+    def call(x, z) -> None:
+        if z is not None or not x.flags.c_contiguous:
+            nhwc_pointwise(x, W, B, s, d, begin, end, y, bias, z, activation, params, 0, None)
+            return
+        a = x.reshape(rows, c)
+        if rows == 1:
+            np.matmul(w2, a[0], out=y2[0])
+        elif few:
+            yt = scratch("conv.yt", (m, rows))
+            np.matmul(w2, a.T, out=yt)
+            if bias is not None:
+                np.add(yt.T, bias, out=y2)
+            else:
+                np.copyto(y2, yt.T)
+        elif acc:
+            np.copyto(y2, bias)
+            matmul_acc(a, w2, y2, True)
+        else:
+            np.matmul(a, w2, out=y2)
+        if epi is not None:
+            epi()
+
+    return call
 
 
 def pointwise_floats(f: Facts) -> int:

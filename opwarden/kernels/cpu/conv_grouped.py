@@ -21,9 +21,10 @@ import numpy as np
 
 from opwarden import native
 from opwarden.blas import blas_thread_count
-from opwarden.kernels.cpu.blas_split import over_rows, split_threads
+from opwarden.kernels.cpu.blas_split import SPLIT, over_rows, split_threads
 from opwarden.kernels.cpu.conv_common import Facts, _own
 from opwarden.kernels.cpu.util import F32, apply_activation, packed, scratch
+from opwarden.native.bound import grouped_nhwc_call
 
 # The route takes groups of at least GROUPED_MIN_CG input channels (cg 1 is depthwise) with
 # mg output channels where the loop has a register-blocked path: mg a multiple of 8, or mg 4
@@ -115,6 +116,28 @@ def nhwc_grouped(x, W, B, s, d, begin, end, y, bias, z, activation, params, shuf
                             blas_thread_count(), None, pair)
     if later and act:
         apply_activation(y, act, params)
+
+
+def bind_grouped(x, W, B, s, d, begin, end, y, bias, activation, params):
+    """nhwc_grouped as one bound native call (native.bound) for a prepared step, where it is
+    one call: an activation the loop applies and no session threads sharing rows out
+    (blas_split.SPLIT off)."""
+    act = activation.decode() if isinstance(activation, bytes) else str(activation or "")
+    params = params or ()
+    if SPLIT or native.dw_act_code(act, params) is None:
+        return None
+    m, cg, kh, kw = W.shape
+    group = x.shape[3] // cg
+    pair = native.grouped_pair_ok(group, cg, m // group)
+    wp = packed(W, ("grouped", group, pair), (_pack_pair if pair else _pack_wide)(group))
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=F32)
+    f = grouped_nhwc_call(wp, b, y, group, (kh, kw), s, d, begin, act, params, pair)
+
+    def call(x, z) -> None:
+        if z is not None or not f(x):
+            nhwc_grouped(x, W, B, s, d, begin, end, y, bias, z, activation, params, 0, None)
+
+    return call
 
 
 def grouped_floats(f: Facts) -> int:

@@ -51,18 +51,23 @@ def _preparable(kw: dict, consts: tuple) -> tuple | None:
     return w, b, out, attrs
 
 
-def prepare_nhwc(run: Callable, general: Callable, bind: Callable | None = None):
+def prepare_nhwc(run: Callable, general: Callable, bind: Callable | None = None,
+                 accepts: Callable | None = None):
     """The `prepare(kw, consts)` of an NHWC convolution variant whose algorithm is `run` (one
-    of kernels.cpu.conv's _RUN) and whose kernel is `general` (called as general(X, W, B, Z,
-    out=..., **attrs) for anything the prepared call does not take). `bind(x, W, B, s, d,
-    begin, y, bias, has_z, activation, params)` (optional) returns a callable f(x, z) running
-    the whole algorithm for inputs like these, or None to run `run` instead."""
+    of kernels.cpu.conv's _RUN, or of that signature) and whose kernel is `general` (called as
+    general(X, W, B, Z, out=..., **attrs) for anything the prepared call does not take).
+    `bind(x, W, B, s, d, begin, end, y, bias, activation, params)` (optional) returns a
+    callable f(x, z) running the whole algorithm for inputs like x, or None to run `run`
+    instead; `accepts(attrs, W)` (optional) says whether `run` takes the step at all (what
+    the kernel checks before its algorithm)."""
 
     def prepare(kw: dict, consts: tuple) -> Callable | None:
         got = _preparable(kw, consts)
         if got is None:
             return None
         w0, b0, y0, attrs = got
+        if accepts is not None and not accepts(attrs, w0):
+            return None
         group = int(attrs.get("group", 1) or 1)
         # as conv_nhwc hands them to the algorithm
         act = attrs.get("activation", "")
@@ -82,7 +87,7 @@ def prepare_nhwc(run: Callable, general: Callable, bind: Callable | None = None)
                 y0, nhwc=True)
             if y is not y0:
                 return None
-            fast = bind(x, w0, b0, s, d, begin, y0, bias, act, params) if bind else None
+            fast = bind(x, w0, b0, s, d, begin, end, y0, bias, act, params) if bind else None
             if fast is not None:
                 return fast
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from opwarden.errors import KernelError
 from opwarden.kernels.cpu.conv import (
+    _BIND,
     _RUN,
     VARIANTS,
     _conv_ok,
@@ -200,7 +201,7 @@ def register() -> bool:
     for opdef in convs:
         for route, (suffix, _doc) in VARIANTS.items():
             fn = _fused_nhwc(nhwc_kernel(route))
-            fn.prepare = prepare_nhwc(_RUN[route], fn)  # type: ignore[attr-defined]
+            fn.prepare = prepare_nhwc(_RUN[route], fn, _BIND.get(route))  # type: ignore
             opdef.kernel(layout="NHWC", when=route_when(route), name=f"fusedconv.cpu.{suffix}",
                          in_place_when=_in_place_nhwc,
                          workspace_bytes=_fused_workspace(route_workspace(route), 3),
