@@ -94,20 +94,24 @@ def depthwise_nhwc_call(taps: np.ndarray, bias: np.ndarray | None, y: np.ndarray
 
 
 def conv_epilogue_call(y: np.ndarray, bias: np.ndarray | None, activation: str,
-                       params) -> Callable[[], None]:
-    """f() = native.conv_epilogue(y, bias, None, activation, params) over the fixed y, on
-    OpenBLAS's thread count: the first call through the checked wrapper."""
-    state: list = []
+                       params) -> Callable[..., None]:
+    """f(z=None) = native.conv_epilogue(y, bias, z, activation, params) over the fixed y, on
+    OpenBLAS's thread count; the first call of each kind (with z, without) through the checked
+    wrapper. A z the caller passes is y's shape, C-contiguous float32 and apart from y's
+    memory (it checks that once per residual view it sees)."""
+    state: dict = {}
 
-    def call() -> None:
+    def call(z: np.ndarray | None = None) -> None:
         threads = max(1, blas_thread_count())
-        if state:
-            native._LIB.conv_epilogue(*state, threads)
+        has_z = z is not None
+        head = state.get(has_z)
+        if head is not None:
+            native._LIB.conv_epilogue(y, head[0], z if has_z else _EMPTY, *head[1:], threads)
             return
-        native.conv_epilogue(y, bias, None, activation, params, threads)
+        native.conv_epilogue(y, bias, z, activation, params, threads)
         cols = y.shape[-1] if y.ndim else 1
         act = native.epilogue_act_code(activation, params)
-        state[:] = [y, bias if bias is not None else _EMPTY, _EMPTY, bias is not None, False,
-                    y.size // cols if cols else 0, cols, *act]
+        state[has_z] = (bias if bias is not None else _EMPTY, bias is not None, has_z,
+                        y.size // cols if cols else 0, cols, *act)
 
     return call

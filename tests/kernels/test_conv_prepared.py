@@ -145,3 +145,33 @@ def test_not_prepared_without_constant_weights_or_a_planned_buffer():
     assert fn.prepare({"out": None}, (..., w, None)) is None
     assert fn.prepare({"out": out[:, ::2]}, (..., w, None)) is None  # strided
     assert fn.prepare({"out": out, "input_shuffle": 2}, (..., w, None)) is None
+
+
+# (map, bias, activation): a small map (the epilogue adds bias and residual), one of
+# PREFILL_MIN floats and more (both written first for the GEMM to accumulate on)
+RESIDUAL_CASES = [((9, 10), True, "Relu"), ((9, 10), False, ""), ((64, 66), True, "HardSwish"),
+                  ((64, 66), False, "")]
+
+
+@pytest.mark.parametrize("hw,bias,act", RESIDUAL_CASES)
+@pytest.mark.parametrize("alias", [False, True], ids=["apart", "in-place"])
+def test_prepared_pointwise_residual_is_the_generic_kernels(hw, bias, act, alias):
+    rng = np.random.default_rng(8)
+    c, m = 24, 32
+    w = mark(rng.standard_normal((m, c, 1, 1)).astype(np.float32))
+    b = mark(rng.standard_normal(m).astype(np.float32)) if bias else None
+    x = rng.standard_normal((1, *hw, c)).astype(np.float32)
+    z0 = rng.standard_normal((1, *hw, m)).astype(np.float32)
+    fn = _fused_route("pointwise")
+    # The generic kernel with the same aliasing (in place, the residual is summed first)
+    want = z0.copy()
+    fn(x, w, b, want.view() if alias else z0.copy(), activation=act, out=want)
+    out = np.empty_like(want)
+    prepared = fn.prepare({"activation": act, "out": out}, (..., w, b, ...))
+    assert prepared is not None
+    zv = out.view() if alias else np.empty_like(out)
+    for _ in range(3):  # the first call, then the bound ones
+        np.copyto(out if alias else zv, z0)
+        got = prepared(x, w, b, zv, out=out)
+        assert got is out
+        np.testing.assert_array_equal(out, want)

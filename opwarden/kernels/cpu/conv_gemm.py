@@ -171,11 +171,25 @@ def nhwc_pointwise(x, W, B, s, d, begin, end, y, bias, z, activation, params, sh
         _epilogue(y2, bias, zz, activation, params, hot)
 
 
+def _epilogue_call(y2, b, act: str, params, hot: bool, z: bool = False):
+    """_epilogue(y2, b, z2, act, params, hot) as a callable f(z2) (None: nothing to do), on
+    the compiled pass bound to y2 where it takes it (see _native_epilogue); with `z` the
+    residual z2 it is given is apart from y2's memory, C-contiguous float32."""
+    if b is None and not act and not z:
+        return None
+    if (native.available() and native.epilogue_act_code(act, params) is not None
+            and (b is None or (b.dtype == F32 and b.shape == (y2.shape[1],)))):
+        return conv_epilogue_call(y2, None if b is None else np.ascontiguousarray(b), act,
+                                  params)
+    return lambda z2=None: _epilogue(y2, b, z2, act, params, hot)
+
+
 def bind_pointwise(x, W, B, s, d, begin, end, y, bias, activation, params):
-    """nhwc_pointwise for a prepared step of one group without a residual, its choices made
-    once: the GEMV of one pixel, the transposed product of a few, or the GEMM; the epilogue
-    on the compiled pass (native.bound) where it takes it. The same calls in the same order
-    as nhwc_pointwise makes them; other steps run the algorithm itself (None)."""
+    """nhwc_pointwise for a prepared step of one group, its choices made once: the GEMV of one
+    pixel, the transposed product of a few, or the GEMM, this one also with a residual (apart
+    from Y, or the memory Y is written in place of: FusedConv's alias); the epilogue on the
+    compiled pass (native.bound) where it takes it. The same calls in the same order as
+    nhwc_pointwise makes them; other calls run the algorithm itself."""
     n, h, wd, c = x.shape
     m, cg = W.shape[:2]
     rows = n * h * wd
@@ -185,29 +199,58 @@ def bind_pointwise(x, W, B, s, d, begin, end, y, bias, activation, params):
     params = params or ()
     y2 = y.reshape(rows, m)
     few = 1 < rows <= PW_T_MAX_PIXELS
-    if rows == 1 or few:
+    gemm = not few and rows > 1
+    if not gemm:
         w2, hot, acc = W.reshape(m, c), (few and _hot(m, rows, c)), False
     else:
         w2 = _packed_nhwc(W, 1)[0]
         hot = _hot(rows, m, c)
-        # _prefill's choice for no residual: the bias written first for GEMMs to accumulate on
-        acc = bias is not None and not (hot and blas_adds()) and y.size >= PREFILL_MIN
-    b = None if acc or few else bias  # (few pixels: the bias rides on the transposing copy)
-    epi = None
-    if b is not None or act:
-        if (native.available() and native.epilogue_act_code(act, params) is not None
-                and (b is None or (b.dtype == F32 and b.shape == (m,)))):
-            epi = conv_epilogue_call(y2, None if b is None else np.ascontiguousarray(b), act,
-                                     params)
-        else:
-            def epi() -> None:
-                _epilogue(y2, b, None, act, params, hot)
+    # _prefill's choice (apart from a residual in Y's memory): bias and residual written
+    # first for the GEMM to accumulate on, or added by the epilogue
+    prefill = gemm and not (hot and blas_adds()) and y.size >= PREFILL_MIN
+    acc = prefill and bias is not None
+    # (few pixels: the bias rides on the transposing copy)
+    epi = _epilogue_call(y2, None if acc or few else bias, act, params, hot)
+    epi_acc = _epilogue_call(y2, None, act, params, False) if gemm else None
+    epi_z = _epilogue_call(y2, bias, act, params, hot, z=True) if gemm else None
+    seen: dict = {}  # id of a residual view -> (the view, "alias" / "apart" / None)
+
+    def kind(z) -> str | None:
+        got = seen.get(id(z))
+        if got is not None and got[0] is z:
+            return got[1]
+        k = None  # (a partial overlap: the algorithm's own copy)
+        if z.strides == y.strides and z.ctypes.data == y.ctypes.data:
+            k = "alias"
+        elif not np.may_share_memory(z, y):
+            k = "apart"
+        if len(seen) < 8:  # (views are fixed per step: the same object, the same memory)
+            seen[id(z)] = (z, k)
+        return k
 
     def call(x, z) -> None:
-        if z is not None or not x.flags.c_contiguous:
+        zk = None if z is None or not gemm else kind(z)
+        if not x.flags.c_contiguous or (z is not None and zk is None):
             nhwc_pointwise(x, W, B, s, d, begin, end, y, bias, z, activation, params, 0, None)
             return
         a = x.reshape(rows, c)
+        if z is not None:
+            z2 = z.reshape(rows, m)
+            if zk == "alias" or prefill:
+                if zk == "alias":
+                    if bias is not None:
+                        add_rows(y2, bias, hot)
+                elif bias is not None:
+                    np.add(z2, bias, out=y2)
+                else:
+                    np.copyto(y2, z2)
+                matmul_acc(a, w2, y2, True)
+                if epi_acc is not None:
+                    epi_acc()
+            else:
+                np.matmul(a, w2, out=y2)
+                epi_z(z2)
+            return
         if rows == 1:
             np.matmul(w2, a[0], out=y2[0])
         elif few:
