@@ -474,15 +474,45 @@ def guard_allocation(
                 "before allocating"
             )
 
+    # Where only the inputs' shapes and dtypes set the size (no input read for its values, no
+    # data-dependent predictor), a kind of inputs once found to fit is not checked again: the
+    # shape rules cost tens of microseconds a call, the size of a small kernel, and an
+    # exporter's fresh dims (unk__N) leave every node after them here.
+    by_kind = not (node.domain == "" and (node.op_type in VALUE_SHAPED
+                                          or node.op_type in PREDICTORS))
+    fits: dict[tuple, bool] = {}
+
     @functools.wraps(fn)
     def checked(*args: Any, **kw: Any) -> Any:
-        refuse(*args, **kw)
+        key = _input_kind(args) if by_kind else None
+        if key is None or key not in fits:
+            refuse(*args, **kw)
+            if key is not None and len(fits) < _KINDS_KEPT:
+                fits[key] = True
         return fn(*args, **kw)
 
     checked.size_rule = predict  # type: ignore[attr-defined]
     checked.scratch_rule = scratch  # type: ignore[attr-defined]
     checked.refuse = refuse  # type: ignore[attr-defined]  # for calls that bypass `checked`
     return checked
+
+
+_KINDS_KEPT = 64
+_ND = np.ndarray
+
+
+def _input_kind(args: tuple) -> tuple | None:
+    """(shape, dtype) of each array input (None for an absent one); None when an input is
+    anything else (a sequence, a scalar), whose size this key would not capture."""
+    key = []
+    for a in args:
+        if type(a) is _ND:
+            key.append((a.shape, a.dtype))
+        elif a is None:
+            key.append(None)
+        else:
+            return None
+    return tuple(key)
 
 
 def _shapes(args: tuple) -> str:
