@@ -30,13 +30,20 @@ from opwarden.ops.base import REGISTRY
 # Scores per block: 128 KiB of float32 (plus its exponentials in place), within L2 alongside
 # the block's Q rows and the reused Kt / V panels.
 BLOCK_FLOATS = 1 << 15
+# ... but at least BLOCK_MIN_ROWS query rows where a head has them: the block's products are
+# (rows x H) @ (H x T) and (rows x T) @ (T x Hv), and at long T few rows starve them (Whisper's
+# 1500 keys: 21-row blocks 76 GFLOP/s, 256-row blocks, 1.5 MB of scores in L3, 132); yet at
+# least MIN_BLOCKS blocks where the rows allow, for the threads to share.
+BLOCK_MIN_ROWS = 256
+MIN_BLOCKS = 8
 
 
 def _block_shape(g: int, s: int, t: int) -> tuple[int, int]:
     """(heads, rows) of a full block: whole heads grouped when a head's scores are small,
     else rows of one head."""
     if s * t >= BLOCK_FLOATS:
-        return 1, min(s, max(1, BLOCK_FLOATS // t))
+        rows = max(BLOCK_MIN_ROWS, BLOCK_FLOATS // t)
+        return 1, max(1, min(s, rows, max(BLOCK_FLOATS // t, -(-g * s // MIN_BLOCKS))))
     return min(g, max(1, BLOCK_FLOATS // max(1, s * t))), s
 
 
@@ -204,7 +211,10 @@ def _workspace(q, kt, v, *_, **__) -> int:
     if not q or not kt or not all(isinstance(d, int) for d in (q[-2], kt[-1])):
         return 0
     s, t = q[-2], kt[-1]
-    g = q[-3] if len(q) > 2 and isinstance(q[-3], int) else 1 << 20
+    # the heads axis the blocks run over: the broadcast of the operands' (the block grows with
+    # it; unknown: as large as it gets)
+    heads = [f[-3] if len(f) > 2 else 1 for f in (q, kt, v)]
+    g = max(heads) if all(isinstance(d, int) for d in heads) else 1 << 20
     per, rows = _block_shape(g, s, t)
     return 4 * per * rows * (t + 1)
 
