@@ -504,7 +504,7 @@ _ND = np.ndarray
 def _input_kind(args: tuple) -> tuple | None:
     """(shape, dtype) of each array input (None for an absent one); None when an input is
     anything else (a sequence, a scalar), whose size this key would not capture."""
-    key = []
+    key: list[tuple[Any, Any] | None] = []
     for a in args:
         if type(a) is _ND:
             key.append((a.shape, a.dtype))
