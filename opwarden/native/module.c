@@ -563,6 +563,27 @@ static PyObject *py_maxpool_nhwc(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_channel_shuffle(PyObject *self, PyObject *args) {
+    Py_buffer X, Y;
+    long long rows, c, g;
+    int n_threads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*LLLi", &X, &Y, &rows, &c, &g, &n_threads)) return NULL;
+    int ok = rows >= 0 && c >= 0 && g >= 1 && c % g == 0 && n_threads >= 1 &&
+             need(&X, (Py_ssize_t)(rows * c * 4), "x") &&
+             need(&Y, (Py_ssize_t)(rows * c * 4), "y");
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        channel_shuffle_f32(X.buf, Y.buf, rows, c, g, n_threads);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "channel_shuffle: bad arguments");
+    }
+    PyBuffer_Release(&X); PyBuffer_Release(&Y);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_blas_pool_set(PyObject *self, PyObject *args) {
     unsigned long long setter;
     int on;
@@ -663,6 +684,8 @@ static PyMethodDef methods[] = {
      "astype; isa -1 the best path, else at most 0 scalar, 1 F16C, 2 AVX512F"},
     {"cast_f16_isa", py_cast_f16_isa, METH_NOARGS,
      "The float16 conversion path the CPU runs: 2 AVX512F, 1 F16C, 0 scalar."},
+    {"channel_shuffle", py_channel_shuffle, METH_VARARGS,
+     "channel_shuffle(x, y, rows, c, g, n_threads): ChannelShuffle of float32 rows"},
     {"maxpool_nhwc", py_maxpool_nhwc, METH_VARARGS,
      "maxpool_nhwc(x, y, n, h, w, c, oh, ow, kh, kw, sh, sw, dh, dw, pad_top, pad_left, "
      "n_threads): 2-D MaxPool of an NHWC float32 x"},

@@ -150,6 +150,11 @@ void maxpool_nhwc_f32(const float *x, float *y, int64_t n, int64_t h, int64_t w,
                       int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                       int64_t dh, int64_t dw, int64_t pt, int64_t pl, int n_threads);
 
+/* shuffle.c: ChannelShuffle of `rows` rows of c contiguous float32 channels, group g (g | c):
+ * y[r, j*g + i] = x[r, i*(c/g) + j]; x and y must not overlap. */
+void channel_shuffle_f32(const float *x, float *y, int64_t rows, int64_t c, int64_t g,
+                         int n_threads);
+
 /* blas_pool.c: OpenBLAS's threading callback set (on) or cleared through its setter; 0 when not
  * set (no setter, or no OpenMP to lend). Counts of job sets run on an OpenMP team / plain
  * threads. */

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from opwarden import native
 from opwarden.errors import KernelError, OpwardenError
 from opwarden.kernels.cpu.shuffle import channel_shuffle
 from opwarden.ops.fused import ChannelShuffle
@@ -34,6 +35,22 @@ def test_fast_matches_reference_and_index_map(shape, group, dtype):
     # A strided (non-contiguous) input view gives the same result.
     xs = np.repeat(x, 2, axis=0)[::2]
     np.testing.assert_array_equal(channel_shuffle(xs, group=group), want)
+
+
+@pytest.mark.skipif(not native.available(), reason="compiled path off")
+@pytest.mark.parametrize("group", [2, 3, 4, 5, 8])  # the constant-group loops and the general
+@pytest.mark.parametrize("shape", [(1, 14, 14, 120), (3, 7, 360), (2, 1, 1, 240)])
+def test_compiled_shuffle_is_the_numpy_copies(shape, group, monkeypatch):
+    rng = np.random.default_rng(group)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[::7] = np.nan  # (a copy: NaN bits pass as they are)
+    got = channel_shuffle(x, group=group, out=np.empty_like(x))
+    monkeypatch.setattr(native, "available", lambda: False)
+    want = channel_shuffle(x, group=group, out=np.empty_like(x))  # the NumPy copies
+    assert got.tobytes() == want.tobytes()
+    c = shape[-1]
+    idx = np.array([(p % group) * (c // group) + p // group for p in range(c)])
+    assert want.tobytes() == x[..., idx].tobytes()
 
 
 @pytest.mark.parametrize("fn", [ChannelShuffle, channel_shuffle])
