@@ -175,3 +175,27 @@ def test_prepared_pointwise_residual_is_the_generic_kernels(hw, bias, act, alias
         got = prepared(x, w, b, zv, out=out)
         assert got is out
         np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("shuffle", [0, 2, 4])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_prepared_depthwise_with_its_input_shuffle_is_the_kernel(shuffle, stride):
+    from opwarden import native
+    from opwarden.kernels.cpu.conv_dw_native import depthwise_native
+
+    if not native.available():
+        pytest.skip("compiled path off")
+    rng = np.random.default_rng(9)
+    c = 24
+    w = mark(rng.standard_normal((c, 1, 3, 3)).astype(np.float32))
+    b = mark(rng.standard_normal(c).astype(np.float32))
+    x = rng.standard_normal((1, 11, 12, c)).astype(np.float32)
+    attrs = {"group": c, "pads": [1] * 4, "strides": [stride] * 2, "activation": "Relu",
+             "input_shuffle": shuffle}
+    want = depthwise_native(x, w, b, **attrs)
+    out = np.empty_like(want)
+    prepared = depthwise_native.prepare({**attrs, "out": out}, (..., w, b))
+    assert prepared is not None
+    for _ in range(3):
+        assert prepared(x, w, b, out=out) is out
+        assert out.tobytes() == want.tobytes()

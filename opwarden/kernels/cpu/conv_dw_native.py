@@ -223,7 +223,8 @@ def register() -> None:
     nchw = {**kw, "layout": "NCHW", "priority": 11, "when": dw_nchw_when,
             "workspace_bytes": dw_nchw_workspace}
     for fn in (_conv_depthwise_native, depthwise_native):
-        fn.prepare = prepare_nhwc(_dw_run, fn, _dw_bind, _dw_prepares)  # type: ignore
+        fn.prepare = prepare_nhwc(_dw_run, fn, _dw_bind, _dw_prepares,  # type: ignore
+                                  shuffles=True)
     for opdef in REGISTRY.versions("Conv"):
         opdef.kernel(name="conv.cpu.depthwise_native",
                      workspace_bytes=route_workspace("depthwise"), **kw)(_conv_depthwise_native)

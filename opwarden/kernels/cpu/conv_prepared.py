@@ -31,10 +31,10 @@ from opwarden.memory.constants import is_constant
 _ND = np.ndarray
 
 
-def _preparable(kw: dict, consts: tuple) -> tuple | None:
+def _preparable(kw: dict, consts: tuple, shuffles: bool) -> tuple | None:
     """(W, B, out, attributes) when a step can be prepared: a planned C-contiguous float32
-    NHWC output, constant float32 4-D weights, a constant bias or none, no input shuffle and
-    no branches (their paths stay generic)."""
+    NHWC output, constant float32 4-D weights, a constant bias or none, no branches and no
+    input shuffle unless the algorithm takes it (`shuffles`; else those paths stay generic)."""
     out = kw.get("out")
     if type(out) is not _ND or out.dtype != F32 or out.ndim != 4 or not out.flags.c_contiguous \
             or not out.flags.writeable or out.size == 0 or len(consts) < 2:
@@ -46,23 +46,24 @@ def _preparable(kw: dict, consts: tuple) -> tuple | None:
     if b is not None and (type(b) is not _ND or not is_constant(b)):
         return None  # (also a computed bias: `...` in consts)
     attrs = {k: v for k, v in kw.items() if k != "out"}
-    if int(attrs.get("input_shuffle", 0) or 0) > 1 or attrs.get("branches"):
+    if (int(attrs.get("input_shuffle", 0) or 0) > 1 and not shuffles) or attrs.get("branches"):
         return None
     return w, b, out, attrs
 
 
 def prepare_nhwc(run: Callable, general: Callable, bind: Callable | None = None,
-                 accepts: Callable | None = None):
+                 accepts: Callable | None = None, shuffles: bool = False):
     """The `prepare(kw, consts)` of an NHWC convolution variant whose algorithm is `run` (one
     of kernels.cpu.conv's _RUN, or of that signature) and whose kernel is `general` (called as
     general(X, W, B, Z, out=..., **attrs) for anything the prepared call does not take).
     `bind(x, W, B, s, d, begin, end, y, bias, activation, params)` (optional) returns a
     callable f(x, z) running the whole algorithm for inputs like x, or None to run `run`
     instead; `accepts(attrs, W)` (optional) says whether `run` takes the step at all (what
-    the kernel checks before its algorithm)."""
+    the kernel checks before its algorithm); `shuffles`: `run` takes the input shuffle
+    (FusedConv's input_shuffle) itself, as the depthwise loop does in its copy of X."""
 
     def prepare(kw: dict, consts: tuple) -> Callable | None:
-        got = _preparable(kw, consts)
+        got = _preparable(kw, consts, shuffles)
         if got is None:
             return None
         w0, b0, y0, attrs = got
@@ -72,6 +73,7 @@ def prepare_nhwc(run: Callable, general: Callable, bind: Callable | None = None,
         # as conv_nhwc hands them to the algorithm
         act = attrs.get("activation", "")
         params = attrs.get("activation_params") or ()
+        shuffle = int(attrs.get("input_shuffle", 0) or 0)
         state: list = []  # [x shape, the call for it] once the first call has run
         lock = threading.Lock()
 
@@ -87,12 +89,13 @@ def prepare_nhwc(run: Callable, general: Callable, bind: Callable | None = None,
                 y0, nhwc=True)
             if y is not y0:
                 return None
-            fast = bind(x, w0, b0, s, d, begin, end, y0, bias, act, params) if bind else None
+            fast = (bind(x, w0, b0, s, d, begin, end, y0, bias, act, params)
+                    if bind and shuffle <= 1 else None)
             if fast is not None:
                 return fast
 
             def call(x, z):
-                run(x, w0, b0, s, d, begin, end, y0, bias, z, act, params, 0, None)
+                run(x, w0, b0, s, d, begin, end, y0, bias, z, act, params, shuffle, None)
             return call
 
         def prepared(X, W, B=None, Z=None, *, out=None):
