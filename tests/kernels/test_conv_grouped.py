@@ -141,17 +141,23 @@ def test_nan_propagates(group, cg, mg):
 RESNEXT = ((1, 56, 56, 128), (128, 4, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]})
 
 
+def _route_without_native(monkeypatch, xs, ws, attrs, route, x_shape):
+    """With the extension off (as OPWARDEN_NATIVE=0) the shape takes `route`, and the NumPy
+    fallback computes a small X of `x_shape` right."""
+    monkeypatch.setattr(native, "_LIB", None)
+    assert kconv.static_route(xs, ws, attrs) == route
+    x = np.random.default_rng(0).standard_normal(x_shape, dtype=np.float32)
+    w = np.random.default_rng(1).standard_normal(ws, dtype=np.float32)
+    got = kconv.conv_nhwc(nhwc(x), w, None, **attrs)
+    np.testing.assert_allclose(nchw(got), Conv(x, w, None, **attrs), rtol=1e-4, atol=1e-4)
+
+
 def test_route_chosen_for_resnext_shape_only_with_native(monkeypatch):
     xs, ws, attrs = RESNEXT
     want = "grouped" if native.available() else "patch"
     assert kconv.static_route(xs, ws, attrs) == want
     assert kconv.static_route(("N", *xs[1:]), ws, attrs) == want  # a symbolic batch
-    monkeypatch.setattr(native, "_LIB", None)  # the extension off (as OPWARDEN_NATIVE=0)
-    assert kconv.static_route(xs, ws, attrs) == "patch"
-    x = np.random.default_rng(0).standard_normal((1, 128, 8, 8), dtype=np.float32)
-    w = np.random.default_rng(1).standard_normal(ws, dtype=np.float32)
-    got = kconv.conv_nhwc(nhwc(x), w, None, **attrs)  # the NumPy fallback still runs
-    np.testing.assert_allclose(nchw(got), Conv(x, w, None, **attrs), rtol=1e-4, atol=1e-4)
+    _route_without_native(monkeypatch, xs, ws, attrs, "patch", (1, 128, 8, 8))
 
 
 @needs_native
@@ -262,12 +268,7 @@ def test_direct_route_only_with_native_and_m_in_blocks(monkeypatch):
     xs, ws, attrs = stem
     assert kconv.static_route(xs, ws, attrs) == ("direct" if native.available() else "stem")
     assert kconv.static_route(xs, (36, 3, 3, 3), attrs) == "stem"  # M not in 8-blocks
-    monkeypatch.setattr(native, "_LIB", None)  # the extension off (as OPWARDEN_NATIVE=0)
-    assert kconv.static_route(xs, ws, attrs) == "stem"
-    x = np.random.default_rng(0).standard_normal((1, 3, 20, 20), dtype=np.float32)
-    w = np.random.default_rng(1).standard_normal(ws, dtype=np.float32)
-    got = kconv.conv_nhwc(nhwc(x), w, None, **attrs)  # the NumPy stem still runs
-    np.testing.assert_allclose(nchw(got), Conv(x, w, None, **attrs), rtol=1e-4, atol=1e-4)
+    _route_without_native(monkeypatch, xs, ws, attrs, "stem", (1, 3, 20, 20))
 
 
 def test_workspace_declared():
