@@ -48,7 +48,7 @@ NATIVE = Extension(
     "opwarden.native._native",
     sources=[f"opwarden/native/{f}"
              for f in ("module.c", "trees.c", "epilogue.c", "depthwise.c", "silu.c",
-                       "qgemm.c", "quantize.c", "conv_epilogue.c", "gelu.c",
+                       "qgemm.c", "qgemm_avx2.c", "quantize.c", "conv_epilogue.c", "gelu.c",
                        "layernorm.c", "cast.c", "softmax.c", "grouped.c", "blas_pool.c",
                        "pool.c", "shuffle.c")],
     depends=["opwarden/native/native.h"],

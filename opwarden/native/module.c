@@ -253,16 +253,16 @@ static int opt_i32(Py_buffer *b, int has, Py_ssize_t count, const char *what,
 }
 
 static PyObject *py_qgemm_8bit(PyObject *self, PyObject *args) {
-    Py_buffer A, Bp, CC, RC, U, V, S, FB, IB, O;
+    Py_buffer A, Bp, CC, RC, U, V, S, FB, IB, O, SU;
     long long lda, m, n, k, ldo;
     int has_cc, has_rc, has_uv, swap, mode, sidx, bidx, has_fb, has_ib, zy, out_signed;
-    int portable, n_threads;
+    int portable, n_threads, isa = 0, has_sums;
     qg_args_t p;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*y*LLLLy*iy*iy*y*iiiy*iy*iy*iiiiw*Lii", &A, &Bp, &lda, &m, &n,
-                          &k, &CC, &has_cc, &RC, &has_rc, &U, &V, &has_uv, &swap, &mode, &S,
+    if (!PyArg_ParseTuple(args, "y*y*LLLLy*iy*iy*y*iiiy*iy*iy*iiiiw*Liiy*i", &A, &Bp, &lda, &m,
+                          &n, &k, &CC, &has_cc, &RC, &has_rc, &U, &V, &has_uv, &swap, &mode, &S,
                           &sidx, &FB, &has_fb, &IB, &has_ib, &bidx, &zy, &out_signed, &O, &ldo,
-                          &portable, &n_threads))
+                          &portable, &n_threads, &SU, &has_sums))
         return NULL;
     int64_t panels = (n + QG_NR - 1) / QG_NR, groups = (k + 3) / 4;
     int osz = mode == QG_OUT_Q8 ? 1 : 4;
@@ -278,6 +278,7 @@ static PyObject *py_qgemm_8bit(PyObject *self, PyObject *args) {
              (mode == QG_OUT_I32 || need(&S, sn * 4, "scale")) &&
              (!has_fb || need(&FB, bn * 4, "fbias")) &&
              opt_i32(&IB, has_ib, bn, "ibias", &p.ibias) &&
+             opt_i32(&SU, has_sums, swap ? m : n, "sums", &p.sums) &&
              (m == 0 || need(&O, (Py_ssize_t)(((m - 1) * ldo + n) * osz), "out"));
     if (ok) {
         p.a = A.buf; p.bp = Bp.buf; p.lda = lda; p.m = m; p.n = n; p.k = k; p.ldo = ldo;
@@ -285,16 +286,16 @@ static PyObject *py_qgemm_8bit(PyObject *self, PyObject *args) {
         p.out_signed = out_signed; p.portable = portable; p.scale = S.buf;
         p.fbias = has_fb ? FB.buf : NULL; p.zy = zy; p.out = O.buf;
         Py_BEGIN_ALLOW_THREADS
-        qgemm_8bit(&p, n_threads);
+        isa = qgemm_8bit(&p, n_threads);
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "qgemm_8bit: bad arguments");
     }
     PyBuffer_Release(&A); PyBuffer_Release(&Bp); PyBuffer_Release(&CC); PyBuffer_Release(&RC);
     PyBuffer_Release(&U); PyBuffer_Release(&V); PyBuffer_Release(&S); PyBuffer_Release(&FB);
-    PyBuffer_Release(&IB); PyBuffer_Release(&O);
+    PyBuffer_Release(&IB); PyBuffer_Release(&O); PyBuffer_Release(&SU);
     if (!ok) return NULL;
-    Py_RETURN_NONE;
+    return PyLong_FromLong(isa);
 }
 
 static PyObject *py_qg_pack_im2col(PyObject *self, PyObject *args) {
@@ -657,7 +658,8 @@ static PyMethodDef methods[] = {
     {"qgemm_8bit", py_qgemm_8bit, METH_VARARGS,
      "qgemm_8bit(a, packed, lda, m, n, k, colc, has_colc, rowc, has_rowc, u, v, has_uv, swap, "
      "mode, scale, scale_idx, fbias, has_fbias, ibias, has_ibias, bias_idx, zy, out_signed, "
-     "out, ldo, portable, n_threads): 8-bit rows times packed panels, int32 exact, epilogue"},
+     "out, ldo, portable, n_threads, sums, has_sums) -> the instruction set it ran on: 8-bit rows times packed "
+     "panels, int32 exact, epilogue"},
     {"qg_pack_im2col", py_qg_pack_im2col, METH_VARARGS,
      "qg_pack_im2col(x, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, packed, colsum, has_colsum, "
      "n_threads): a padded uint8 image's im2col columns in qgemm_8bit's panel layout"},
@@ -674,7 +676,7 @@ static PyMethodDef methods[] = {
     {"qlinear_add", py_qlinear_add, METH_VARARGS,
      "qlinear_add(x, y, out, n, rx, ry, fixed, is_signed): com.microsoft QLinearAdd of two "
      "same-shape 8-bit tensors (the reference's fma32 steps)"},
-    {"qgemm_isa", py_qgemm_isa, METH_NOARGS, "1 if qgemm_8bit runs on AVX512-VNNI, else 0."},
+    {"qgemm_isa", py_qgemm_isa, METH_NOARGS, "qgemm_8bit's instruction set: 1 AVX512-VNNI, 2 AVX2, 0 portable."},
     {"conv_epilogue", py_conv_epilogue, METH_VARARGS,
      "conv_epilogue(y, bias, z, has_bias, has_z, rows, cols, act, p0, p1, n_threads): "
      "y = act(y + bias + z) in place over a [rows, cols] float32 output"},

@@ -95,6 +95,7 @@ void conv_epilogue_f32(float *y, const float *bias, const float *z, int64_t rows
 /* 8-bit integer GEMM with an exact int32 accumulator and its epilogue (qgemm.c). Rows are
  * uint8 against int8 panels, or with `swap` int8 rows against uint8 panels. */
 #define QG_NR 64 /* columns per packed panel */
+#define QG_MB 48 /* rows per job: a block of rows reused across its column panels */
 enum { QG_OUT_I32, QG_OUT_F32, QG_OUT_Q8 };
 enum { QG_ONE, QG_PER_COL, QG_PER_ROW }; /* how scale / bias are indexed */
 typedef struct {
@@ -103,16 +104,27 @@ typedef struct {
     int64_t lda, m, n, k, ldo;
     /* acc = sum row * col + colc[n] + rowc[m] + u[m] v[n]; NULL terms are absent */
     const int32_t *colc, *rowc, *u, *v;
-    int swap, mode, scale_idx, bias_idx, out_signed, portable;
+    int swap, mode, scale_idx, bias_idx, out_signed;
+    int portable;          /* 1: the portable loop, 2: at most AVX2 (tests), 0: the best */
     const float *scale;    /* QG_OUT_F32 / QG_OUT_Q8 */
     const float *fbias;    /* QG_OUT_F32, or NULL */
     const int32_t *ibias;  /* QG_OUT_Q8: added to the accumulator, or NULL */
+    /* AVX2 only: the int8 operand's sums over k (per column, or per row with swap), given
+     * with the caller's word that the operand holds no -128; NULL: qgemm_8bit finds both */
+    const int32_t *sums;
     int32_t zy;
     void *out;             /* int32, float32 or 8-bit [m, ldo] */
 } qg_args_t;
 
-void qgemm_8bit(const qg_args_t *p, int n_threads);
-int qgemm_isa(void); /* 1: AVX512-VNNI in use, 0: the portable loop */
+/* Returns the instruction set the call ran on (qgemm_isa's codes). */
+int qgemm_8bit(const qg_args_t *p, int n_threads);
+int qgemm_isa(void); /* 1: AVX512-VNNI, 2: AVX2 (qgemm_avx2.c), 0: the portable loop */
+/* qgemm_avx2.c, and the scalar epilogue of qgemm.c it finishes rows with. */
+int qg_cpu_avx2(void);
+int qg_avx2_sums(const qg_args_t *p, int32_t *corr);
+void qg_job_avx2(const qg_args_t *p, int64_t mb, int64_t panel, int bias_safe,
+                 const int32_t *corr);
+void qg_store_row(const qg_args_t *p, int64_t m, int64_t n0, int cols, const int32_t *t);
 /* uint8 image [c, hp, wp] (padded) -> im2col columns of the oh x ow output pixels in the panel
  * layout (rows k = (ci, i, j)), and each pixel's column sum if colsum is not NULL. */
 void qg_pack_im2col_u8(const uint8_t *x, int64_t c, int64_t hp, int64_t wp, int64_t kh,

@@ -32,7 +32,6 @@
 #endif
 
 #define QG_MR 6   /* rows per register tile */
-#define QG_MB 48  /* rows per job: a block of rows reused across its column panels */
 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 9 || defined(__clang__))
 #define QG_HAVE_VNNI 1
@@ -135,6 +134,10 @@ QG_INLINE void qg_store(const qg_args_t *p, int64_t m, int64_t n0, int cols, con
         uint8_t *y = (uint8_t *)p->out + m * p->ldo + n0;
         for (int j = 0; j < cols; j++) y[j] = (uint8_t)(int32_t)f[j];
     }
+}
+
+void qg_store_row(const qg_args_t *p, int64_t m, int64_t n0, int cols, const int32_t *t) {
+    qg_store(p, m, n0, cols, t);
 }
 
 /* One job: rows [mb QG_MB, ...) against one panel; `tile_fn` computes a register tile. */
@@ -298,10 +301,9 @@ static int qg_cpu_vnni(void) {
 
 int qgemm_isa(void) {
 #ifdef QG_HAVE_VNNI
-    return qg_cpu_vnni() ? 1 : 0;
-#else
-    return 0;
+    if (qg_cpu_vnni()) return 1;
 #endif
+    return qg_cpu_avx2() ? 2 : 0;
 }
 
 /* Can no accumulator plus bias overflow int32? |sum (row - zr)(col - zc)| <= 65025 k, so the
@@ -319,13 +321,24 @@ static int qg_bias_safe(const qg_args_t *p) {
     return 1;
 }
 
-void qgemm_8bit(const qg_args_t *p, int n_threads) {
-    int vnni = qgemm_isa() && !p->portable;
-    int bias_safe = vnni ? qg_bias_safe(p) : 0;
-    (void)bias_safe;
+int qgemm_8bit(const qg_args_t *p, int n_threads) {
+    int isa = p->portable == 1 ? 0 : qgemm_isa();
+    if (p->portable == 2 && isa == 1) isa = qg_cpu_avx2() ? 2 : 0; /* tests: AVX2 on VNNI */
+    int32_t *corr = NULL;
+    if (isa == 2) { /* the centring's correction terms, and the int8 operand's -128 test */
+        int64_t lines = p->swap ? p->m : (p->n + QG_NR - 1) / QG_NR * QG_NR;
+        corr = (int32_t *)malloc((size_t)(lines > 0 ? lines : 1) * sizeof(int32_t));
+        if (corr && p->sums) {
+            int64_t given = p->swap ? p->m : p->n;
+            for (int64_t i = 0; i < lines; i++)
+                corr[i] = i < given ? (int32_t)((uint32_t)p->sums[i] * 128u) : 0;
+        } else if (!corr || !qg_avx2_sums(p, corr)) {
+            isa = 0;
+        }
+    }
+    int bias_safe = isa ? qg_bias_safe(p) : 0;
     int64_t mblocks = (p->m + QG_MB - 1) / QG_MB, panels = (p->n + QG_NR - 1) / QG_NR;
     int64_t jobs = mblocks * panels;
-    (void)vnni;
     (void)n_threads;
 #ifdef _OPENMP
     int nt = n_threads < 1 ? 1 : n_threads;
@@ -334,13 +347,19 @@ void qgemm_8bit(const qg_args_t *p, int n_threads) {
 #endif
     for (int64_t j = 0; j < jobs; j++) {
 #ifdef QG_HAVE_VNNI
-        if (vnni) {
+        if (isa == 1) {
             qg_job_vnni(p, j / panels, j % panels, bias_safe);
             continue;
         }
 #endif
+        if (isa == 2) {
+            qg_job_avx2(p, j / panels, j % panels, bias_safe, corr);
+            continue;
+        }
         qg_job_generic(p, j / panels, j % panels);
     }
+    free(corr);
+    return isa;
 }
 
 #if defined(__SSE2__)

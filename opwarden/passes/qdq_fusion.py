@@ -50,11 +50,12 @@ _8BIT = ("uint8", "int8")
 
 @functools.cache
 def _activation_types() -> tuple[str, ...]:
-    """The activation types fused here: int8 as well where the compiled integer GEMM runs on
-    VNNI (its signed inputs are shifted to unsigned exactly); ORT fuses some of them there."""
-    from opwarden.kernels.cpu.quant_native import isa
+    """The activation types fused here: int8 as well where the compiled integer GEMM runs
+    (AVX512-VNNI or AVX2: its signed inputs are shifted to unsigned exactly); ORT fuses some
+    of them on VNNI."""
+    from opwarden.kernels.cpu.quant_native import FAST_ISAS, isa
 
-    return _8BIT if isa() == "avx512-vnni" else ("uint8",)
+    return _8BIT if isa() in FAST_ISAS else ("uint8",)
 
 
 class _DQ:

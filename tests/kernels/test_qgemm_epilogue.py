@@ -1,4 +1,5 @@
-"""The AVX-512 requantizing epilogue of native/qgemm.c against the NumPy variant bit for bit,
+"""The AVX-512 and AVX2 requantizing epilogues of native/qgemm.c and qgemm_avx2.c against the
+NumPy variant bit for bit,
 on both sides of the bound below which it adds the int32 bias without an overflow test
 (65025 k + |bias| < 2**31): small biases, biases just inside and just past the bound, and
 biases that make accumulator + bias overflow int32 (added in int64 by the scalar path), with
@@ -22,14 +23,26 @@ LIMIT = 2 ** 31 - 1
 
 def conv_case(rng, c, m, kh):
     x = rng.integers(0, 256, (1, c, 9, 9)).astype(np.uint8)
-    w = rng.integers(-128, 128, (m, c, kh, kh)).astype(np.int8)
+    w = rng.integers(-127, 128, (m, c, kh, kh)).astype(np.int8)  # no -128: AVX2 takes it
     mark(w)
     return x, w
 
 
+@pytest.fixture(params=[0, 2], ids=["isa", "avx2"])
+def cap(request):
+    from opwarden.kernels.cpu import quant_native as qn
+
+    if qn.isa() not in qn.FAST_ISAS:
+        pytest.skip("no AVX2 / AVX512-VNNI integer GEMM on this CPU")
+    old = qn._PORTABLE[0]
+    qn._PORTABLE[0] = request.param
+    yield request.param
+    qn._PORTABLE[0] = old
+
+
 @pytest.mark.parametrize("xz,wz", [(0, 0), (7, 0), (0, 3), (200, -5)])
 @pytest.mark.parametrize("c,m,kh", [(16, 20, 1), (8, 70, 3), (64, 9, 3)])
-def test_bias_on_both_sides_of_the_bound(xz, wz, c, m, kh):
+def test_bias_on_both_sides_of_the_bound(cap, xz, wz, c, m, kh):
     from opwarden.kernels.cpu import quant_native as qn
 
     rng = np.random.default_rng(c * m + kh)
@@ -48,3 +61,4 @@ def test_bias_on_both_sides_of_the_bound(xz, wz, c, m, kh):
             want = quant.qlinear_conv_im2col(*args, **kw)
             got = qn.qlinear_conv_native(*args, **kw)
             assert np.array_equal(got, want), (bias[:3], scale)
+            assert cap != 2 or qn._LAST_ISA[0] == 2

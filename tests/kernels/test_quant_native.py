@@ -1,5 +1,6 @@
 """The compiled integer GEMM variants (kernels/cpu/quant_native.py over native/qgemm.c)
-against their NumPy variants bit for bit (both the AVX512-VNNI and the portable loop: shapes
+against their NumPy variants bit for bit (the machine's instruction set, the AVX2 kernel of
+qgemm_avx2.c where the CPU has it, and the portable loop: shapes
 with row, column and inner-dimension tails, every 8-bit type pairing, zero points scalar, per
 column / channel and absent, accumulators that wrap int32), and sessions against onnxruntime
 on single-node models, which also run the NumPy fallback under OPWARDEN_NATIVE=0."""
@@ -37,18 +38,21 @@ def test_native_integer_gemm_registers_unless_disabled():
     else:
         assert native.status()["active"] == "native"
         assert "quantizelinear.cpu.native" in q_names
-        assert qn.isa() in ("avx512-vnni", "portable")
-        # the portable loop is not a fast path: the float-BLAS variants stay without VNNI
-        assert ("qlinearconv.cpu.native_u8s8" in names) == (qn.isa() == "avx512-vnni")
+        assert qn.isa() in ("avx512-vnni", "avx2", "portable")
+        # the portable loop is not a fast path: the float-BLAS variants stay without it
+        assert ("qlinearconv.cpu.native_u8s8" in names) == (qn.isa() in qn.FAST_ISAS)
 
 
-@pytest.fixture(params=["isa", "portable"])
+@pytest.fixture(params=["isa", "avx2", "portable"])
 def path(request):
-    """Run each kernel test on the machine's instruction set and on the portable loop."""
+    """Run each kernel test on the machine's instruction set, on the AVX2 kernel (also on an
+    AVX512-VNNI machine) and on the portable loop."""
     if DISABLED:
         pytest.skip("compiled path disabled (OPWARDEN_NATIVE=0)")
+    if request.param == "avx2" and qn.isa() not in qn.FAST_ISAS:
+        pytest.skip("no AVX2 on this CPU")
     old = qn._PORTABLE[0]
-    qn._PORTABLE[0] = int(request.param == "portable")
+    qn._PORTABLE[0] = {"isa": qn._CAP, "avx2": 2, "portable": 1}[request.param]
     yield request.param
     qn._PORTABLE[0] = old
 
@@ -56,6 +60,22 @@ def path(request):
 def q8(rng, dtype, shape):
     info = np.iinfo(dtype)
     return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def w8(rng, dtype, shape, path):
+    """A weight operand: full range, except on the AVX2 path, where its int8 form leaves out
+    -128 (int8 -128, uint8 0) so that the AVX2 kernel takes it (with -128 the variants keep
+    float BLAS: test_avx2_takes_no_int8_minimum)."""
+    if path != "avx2":
+        return q8(rng, dtype, shape)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min + 1, info.max + 1, shape).astype(dtype)
+
+
+def ran_kernel(path):
+    """The last call ran on the instruction set `path` asks for."""
+    want = {"avx2": 2, "portable": 0}.get(path)
+    return want is None or qn._LAST_ISA[0] == want
 
 
 PAIRS = [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)]
@@ -66,13 +86,13 @@ SHAPES = [(1, 1, 1), (5, 3, 7), (7, 13, 65), (13, 147, 64), (49, 768, 130)]
 @pytest.mark.parametrize("m,k,n", SHAPES)
 def test_matmul_integer_matches_numpy(path, at, bt, m, k, n):
     rng = np.random.default_rng(m * 1000 + k + n)
-    a, b = q8(rng, at, (2, m, k)), q8(rng, bt, (k, n))
+    a, b = q8(rng, at, (2, m, k)), w8(rng, bt, (k, n), path)
     for za, zb in [(None, None), (q8(rng, at, ()), q8(rng, bt, ())),
                    (q8(rng, at, ()), q8(rng, bt, (n,)))]:
         ref = matmul_integer_blas(a, b, za, zb)
         got = qn.matmul_integer_native(a, b, za, zb)
         assert got.dtype == ref.dtype == np.int32 and got.shape == ref.shape
-        assert np.array_equal(got, ref)
+        assert np.array_equal(got, ref) and ran_kernel(path)
 
 
 def test_accumulator_wraps_like_int32(path):
@@ -92,7 +112,7 @@ def test_accumulator_wraps_like_int32(path):
 @pytest.mark.parametrize("m,k,n", SHAPES[1:])
 def test_qlinear_matmul_matches_numpy(path, at, bt, m, k, n):
     rng = np.random.default_rng(k + n)
-    a, b = q8(rng, at, (m, k)), q8(rng, bt, (k, n))
+    a, b = q8(rng, at, (m, k)), w8(rng, bt, (k, n), path)
     mark(b)
     sa, sy = np.float32(0.02), np.float32(0.3)
     for sb, zb in [(np.float32(0.004), q8(rng, bt, ())),
@@ -101,7 +121,7 @@ def test_qlinear_matmul_matches_numpy(path, at, bt, m, k, n):
         args = (a, sa, q8(rng, at, ()), b, sb, zb, sy, zy)
         ref = quant.qlinear_matmul_blas(*args)
         got = qn.qlinear_matmul_native(*args)
-        assert got.dtype == ref.dtype and np.array_equal(got, ref)
+        assert got.dtype == ref.dtype and np.array_equal(got, ref) and ran_kernel(path)
 
 
 @pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (1, 0), (0, 1), (1, 1)])
@@ -110,14 +130,14 @@ def test_qgemm_matches_numpy(path, trans_a, trans_b, quantized):
     rng = np.random.default_rng(trans_a * 2 + trans_b)
     m, k, n = 9, 77, 70
     a = q8(rng, np.uint8, (k, m) if trans_a else (m, k))
-    b = q8(rng, np.int8, (n, k) if trans_b else (k, n))
+    b = w8(rng, np.int8, (n, k) if trans_b else (k, n), path)
     c = rng.integers(-5000, 5000, (n,)).astype(np.int32)
     bs = (rng.random(n) * 0.01).astype(np.float32)
     ys, yz = (np.float32(0.5), np.array(3, np.uint8)) if quantized else (None, None)
     args = (a, np.float32(0.03), np.array(7, np.uint8), b, bs, q8(rng, np.int8, (n,)), c, ys, yz)
     kw = dict(alpha=0.75, transA=trans_a, transB=trans_b)
     ref, got = quant.qgemm_blas(*args, **kw), qn.qgemm_native(*args, **kw)
-    assert got.dtype == ref.dtype and np.array_equal(got, ref)
+    assert got.dtype == ref.dtype and np.array_equal(got, ref) and ran_kernel(path)
 
 
 @pytest.mark.parametrize("bt", [np.int8, np.uint8])
@@ -127,7 +147,7 @@ def test_dynamic_quantize_matmul_matches_numpy(path, bt, fill):
     m, k, n = 37, 130, 67
     a = {"normal": rng.standard_normal((2, m, k)), "zeros": np.zeros((2, m, k)),
          "positive": rng.random((2, m, k)) + 1}[fill].astype(np.float32)
-    b = q8(rng, bt, (k, n))
+    b = w8(rng, bt, (k, n), path)
     bs = (rng.random(n) * 0.01).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     for zb, bi, s in [(None, None, bs), (q8(rng, bt, (n,)), bias, bs),
@@ -135,7 +155,7 @@ def test_dynamic_quantize_matmul_matches_numpy(path, bt, fill):
         ref = quant.dynamic_quantize_matmul_blas(a, b, s, zb, bi)
         got = qn.dynamic_quantize_matmul_native(a, b, s, zb, bi)
         assert got.dtype == ref.dtype and got.shape == ref.shape
-        assert np.array_equal(got, ref)
+        assert np.array_equal(got, ref) and ran_kernel(path)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference casts a NaN range
@@ -168,7 +188,7 @@ def test_qlinear_conv_matches_numpy(path, xt, wt, geom):
     n, c, h, w, m, kh, kw, strides, pads, dil = geom
     rng = np.random.default_rng(c * m + kh)
     x = q8(rng, xt, (n, c, h, w))
-    wgt = q8(rng, wt, (m, c, kh, kw))
+    wgt = w8(rng, wt, (m, c, kh, kw), path)
     mark(wgt)
     bias = rng.integers(-3000, 3000, (m,)).astype(np.int32)
     for ws, wz, b in [((rng.random(m) * 0.01).astype(np.float32), np.zeros(m, wt), bias),
@@ -180,10 +200,35 @@ def test_qlinear_conv_matches_numpy(path, xt, wt, geom):
         ref = quant.qlinear_conv_im2col(*args, **kwargs)
         got = qn.qlinear_conv_native(*args, **kwargs)
         assert got.dtype == ref.dtype and got.shape == ref.shape
-        assert np.array_equal(got, ref)
+        assert np.array_equal(got, ref) and ran_kernel(path)
         out = np.empty_like(ref)
         assert qn.qlinear_conv_native(*args, **kwargs, out=out) is out
         assert np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("wt", [np.int8, np.uint8])
+def test_avx2_takes_no_int8_minimum(path, wt):
+    # The AVX2 kernel forms |x| * (w sign(x)): an int8 weight of -128 (uint8 0) has no
+    # negation, so the variants keep float BLAS for it, and the kernel itself, called with
+    # one, finds it and runs the portable loop: exact either way.
+    if path != "avx2":
+        pytest.skip("the AVX2 kernel's own refusal")
+    rng = np.random.default_rng(12)
+    a = q8(rng, np.uint8, (33, 70))
+    b = w8(rng, wt, (70, 40), path)
+    b[5, 7] = np.iinfo(wt).min
+    mark(b)
+    assert qn.avx2_refuses(b, "mmi")
+    assert np.array_equal(qn.matmul_integer_native(a, b), matmul_integer_blas(a, b))
+    got = qn.gemm(a, 0, qn.pack_b(b), 70, 40, qn._zb_shifted(None, 40, wt))
+    assert qn._LAST_ISA[0] == 0
+    assert np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
+    b2 = b.copy()
+    b2[5, 7] = np.iinfo(wt).min + 1
+    mark(b2)
+    assert not qn.avx2_refuses(b2, "mmi")
+    assert np.array_equal(qn.matmul_integer_native(a, b2), matmul_integer_blas(a, b2))
+    assert qn._LAST_ISA[0] == 2
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ import opwarden
 from opwarden.kernels.cpu import quant_native
 from tests import ort_int8
 
-# the compiled integer GEMM variants run the fused nodes where they are registered (VNNI)
-COMPILED_GEMM = quant_native.isa() == "avx512-vnni"
+# the compiled integer GEMM variants run the fused nodes where they are registered (VNNI, AVX2)
+COMPILED_GEMM = quant_native.isa() in quant_native.FAST_ISAS
 
 ort = pytest.importorskip("onnxruntime")
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -235,7 +235,7 @@ def test_quantized_models_match_onnxruntime(models, name, expect, tmp_path):
 
 @pytest.mark.parametrize("name", ["chain", "cnn", "bert"])
 def test_int8_activations_fuse_where_the_integer_gemm_is_signed(models, name, tmp_path):
-    """int8-activation groups fuse where the integer GEMM runs on VNNI, and stay float
+    """int8-activation groups fuse where the integer GEMM runs (VNNI, AVX2), and stay float
     elsewhere (a Gemm of int8 A and B fuses everywhere, into QGemm, as in ORT). ORT 1.32
     fuses int8 groups on VNNI too, but not every one (in the cnn model only the 1x1 Conv;
     none on AVX2): where its graph is ours the answer is ORT's bit for bit, else within the
@@ -243,7 +243,7 @@ def test_int8_activations_fuse_where_the_integer_gemm_is_signed(models, name, tm
     path = models[(name, "s8")]
     ours, theirs, unopt = _ours(path), _ort(path), _ort(path, optimize=False)
     fused, ort_fused = _fused(ours), _ort_fused(path, tmp_path)
-    if quant_native.isa() == "avx512-vnni":
+    if quant_native.isa() in quant_native.FAST_ISAS:
         assert fused.get("QLinearConv", 0) + fused.get("QLinearMatMul", 0) > 0
         assert ours.run(None, _feeds(name, 1)[0])[0].dtype == np.float32
     else:

@@ -10,7 +10,8 @@ float step after it (float32(acc), the float32 scale product, rint, saturation) 
 NumPy variants in `quant` / `quant_linear` take, so the outputs are theirs bit for bit. Each
 variant falls back to its NumPy variant for a case the kernel does not take (a per-row
 activation zero point, batched weights, grouped non-depthwise convolutions, non-finite
-dynamic ranges).
+dynamic ranges, and on AVX2 a weight whose int8 form holds -128: qgemm_avx2.c's exact products
+need its negation).
 """
 
 from __future__ import annotations
@@ -50,12 +51,43 @@ def _lib():
     return getattr(native, "_LIB", None)
 
 
+_ISA_NAMES = {0: "portable", 1: "avx512-vnni", 2: "avx2"}  # qgemm_isa's codes
+FAST_ISAS = ("avx512-vnni", "avx2")
+
+
 def isa() -> str:
     """Which instruction set the compiled integer GEMM uses here."""
     lib = _lib()
     if lib is None:
         return "none"
-    return "avx512-vnni" if lib.qgemm_isa() else "portable"
+    code = int(lib.qgemm_isa())
+    if _CAP:  # OPWARDEN_QGEMM_ISA: run as a CPU with less would (AVX2 on VNNI, or none)
+        code = 0 if _CAP == 1 else (2 if code == 1 else code)
+    return _ISA_NAMES.get(code, "portable")
+
+
+def running_isa() -> str:
+    """The instruction set calls take now: isa() unless tests capped it (_PORTABLE)."""
+    if _PORTABLE[0] == 1:
+        return "portable"
+    if _PORTABLE[0] == 2 and isa() == "avx512-vnni":
+        return "avx2"
+    return isa()
+
+
+def _holds_min(w: np.ndarray) -> np.ndarray:
+    """[1] if the int8 operand the kernel gets from w (uint8 shifted by -128) holds -128."""
+    low = 0 if w.dtype == np.uint8 else -128
+    return np.array([bool(w.size) and int(w.min()) == low], np.int8)
+
+
+def avx2_refuses(w: np.ndarray, tag: str) -> bool:
+    """Whether the AVX2 kernel cannot take the 8-bit operand `w` exactly (its int8 form
+    holds -128, which qgemm_avx2.c's sign trick cannot negate): the caller keeps float BLAS.
+    Cached for a constant `w`."""
+    if running_isa() != "avx2":
+        return False
+    return bool(packed(w, ("qgemm-native", "holds-min", tag), _holds_min)[0])
 
 
 def pack_b(b: np.ndarray) -> np.ndarray:
@@ -105,9 +137,12 @@ ONE, PER_COL, PER_ROW = 0, 1, 2  # how the epilogue indexes scale and bias
 def _run(rows: np.ndarray, panels: np.ndarray, k: int, n: int, *, swap: bool = False,
          colc=None, rowc=None, u=None, v=None, mode: int = I32, scale=None,
          scale_idx: int = ONE, fbias=None, ibias=None, bias_idx: int = PER_COL, zy: int = 0,
-         out_dtype=np.int32, out: np.ndarray | None = None) -> np.ndarray:
+         out_dtype=np.int32, out: np.ndarray | None = None,
+         sums: np.ndarray | None = None) -> np.ndarray:
     """The kernel on C-contiguous 8-bit rows [M, K] and packed panels (`swap`: int8 rows,
-    uint8 panels), plus the zero-point terms; returns out [M, N] of out_dtype."""
+    uint8 panels), plus the zero-point terms; returns out [M, N] of out_dtype. `sums`: the
+    int8 operand's int32 sums over K (per column; per row with swap) for the AVX2 kernel,
+    given only when that operand is known to hold no -128 (else the kernel finds both)."""
     lib = _lib()
     if lib is None:
         raise KernelError("the compiled integer GEMM is not available")
@@ -116,7 +151,7 @@ def _run(rows: np.ndarray, panels: np.ndarray, k: int, n: int, *, swap: bool = F
         out = np.empty((m, n), out_dtype)
     nil = np.zeros(1, np.int32)
     sc = np.ascontiguousarray(scale, F32).reshape(-1) if scale is not None else np.zeros(1, F32)
-    lib.qgemm_8bit(rows, panels, rows.shape[1], m, n, k,
+    _LAST_ISA[0] = lib.qgemm_8bit(rows, panels, rows.shape[1], m, n, k,
                    nil if colc is None else colc, colc is not None,
                    nil if rowc is None else rowc, rowc is not None,
                    nil if u is None else u, nil if v is None else v, u is not None,
@@ -124,17 +159,20 @@ def _run(rows: np.ndarray, panels: np.ndarray, k: int, n: int, *, swap: bool = F
                    sc if fbias is None else np.ascontiguousarray(fbias, F32), fbias is not None,
                    nil if ibias is None else np.ascontiguousarray(ibias, np.int32),
                    ibias is not None, bias_idx, int(zy), np.dtype(out_dtype) == np.int8, out, n,
-                   _PORTABLE[0], compute_threads())
+                   _PORTABLE[0], compute_threads(), nil if sums is None else sums,
+                   sums is not None)
     return out
 
 
 def gemm(a: np.ndarray, za: int, pb: np.ndarray, k: int, n: int, zb: np.ndarray | None,
          mode: int = I32, scale: np.ndarray | None = None, fbias: np.ndarray | None = None,
          ibias: np.ndarray | None = None, zy: int = 0, out_dtype=np.int32,
-         out: np.ndarray | None = None) -> np.ndarray:
+         out: np.ndarray | None = None, checked: bool = False) -> np.ndarray:
     """uint8 rows `a` [M, K] (zero point za) times packed int8 `pb` (pack_b; zero points `zb`
-    from _zb_shifted): sum (a - za)(b - zb) = sum a b + (K za zb - za colsum b) - zb rowsum a."""
-    colsum = pb[pb.size - 4 * n:].view(np.int32).astype(np.int64)
+    from _zb_shifted): sum (a - za)(b - zb) = sum a b + (K za zb - za colsum b) - zb rowsum a.
+    `checked`: avx2_refuses cleared pb's operand, so the AVX2 kernel takes its column sums."""
+    colsum32 = pb[pb.size - 4 * n:].view(np.int32)
+    colsum = colsum32.astype(np.int64)
     zb64 = np.zeros(n, np.int64) if zb is None else zb.astype(np.int64)
     colc = _wrap32(np.int64(k) * za * zb64 - np.int64(za) * colsum) if za or zb is not None \
         else None
@@ -147,11 +185,17 @@ def gemm(a: np.ndarray, za: int, pb: np.ndarray, k: int, n: int, zb: np.ndarray 
     if kp != k:  # the kernel takes whole groups of 4: zero columns add nothing to sum a b
         a = np.concatenate([a, np.zeros((a.shape[0], kp - k), np.uint8)], axis=1)
     return _run(a, pb, kp, n, colc=colc, u=u, v=v, mode=mode, scale=scale, scale_idx=sidx,
-                fbias=fbias, ibias=ibias, zy=zy, out_dtype=out_dtype, out=out)
+                fbias=fbias, ibias=ibias, zy=zy, out_dtype=out_dtype, out=out,
+                sums=colsum32 if checked else None)
 
 
-# Tests set this to run the portable loop on a VNNI machine.
-_PORTABLE = [int(os.environ.get("OPWARDEN_QGEMM_PORTABLE", "0") == "1")]
+# OPWARDEN_QGEMM_ISA=avx2 (or portable) makes this process a CPU with at most that: the
+# variants, the QDQ fusion and the kernel all act as there (a test of the AVX2 machine's
+# choices on a VNNI one). Tests set _PORTABLE to 1 to run the portable loop, to 2 to run at
+# most AVX2, with the variants registered as they are.
+_CAP = {"avx2": 2, "portable": 1}.get(os.environ.get("OPWARDEN_QGEMM_ISA", ""), 0)
+_PORTABLE = [1 if os.environ.get("OPWARDEN_QGEMM_PORTABLE", "0") == "1" else _CAP]
+_LAST_ISA = [-1]  # the instruction set the last call ran on (qgemm_isa's codes), for tests
 
 
 def _scalar_int(z) -> int | None:
@@ -173,11 +217,11 @@ def matmul_integer_native(A, B, a_zero_point=None, b_zero_point=None):
         return matmul_integer_blas(A, B, a_zero_point, b_zero_point)
     k, n = B.shape
     zbv = None if b_zero_point is None else np.asarray(b_zero_point)
-    if zbv is not None and zbv.size not in (1, n):
+    if (zbv is not None and zbv.size not in (1, n)) or avx2_refuses(B, "mmi"):
         return matmul_integer_blas(A, B, a_zero_point, b_zero_point)
     pb = _packed_b(B, "mmi") if is_constant(B) else pack_b(B)
     rows, za2 = _rows_u8(A.reshape(-1, k), za)
-    y = gemm(rows, za2, pb, k, n, _zb_shifted(zbv, n, B.dtype))
+    y = gemm(rows, za2, pb, k, n, _zb_shifted(zbv, n, B.dtype), checked=True)
     return y.reshape(*A.shape[:-1], n)
 
 
@@ -194,7 +238,7 @@ def qlinear_matmul_native(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_
     k, n = b.shape
     zbv = np.asarray(b_zero_point)
     sb = np.asarray(b_scale, F32)
-    if zbv.size not in (1, n) or sb.size not in (1, n):
+    if zbv.size not in (1, n) or sb.size not in (1, n) or avx2_refuses(b, "qlmm"):
         return quant.qlinear_matmul_blas(a, a_scale, a_zero_point, b, b_scale, b_zero_point,
                                          y_scale, y_zero_point, out)
     with np.errstate(all="ignore"):
@@ -204,7 +248,7 @@ def qlinear_matmul_native(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_
     dst = out.reshape(-1, n) if out is not None and out.shape == (*a.shape[:-1], n) \
         and out.flags.c_contiguous else None
     y = gemm(rows, za2, pb, k, n, _zb_shifted(zbv, n, b.dtype), Q8, mult,
-             zy=int(zy.reshape(-1)[0]), out_dtype=zy.dtype, out=dst)
+             zy=int(zy.reshape(-1)[0]), out_dtype=zy.dtype, out=dst, checked=True)
     return y.reshape(*a.shape[:-1], n)
 
 
@@ -219,12 +263,12 @@ def qgemm_native(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_s
     bb = B.T if transB else B
     k, n = bb.shape
     zbv = np.asarray(b_zero_point)
-    if a.shape[1] != k or zbv.size not in (1, n):
+    if a.shape[1] != k or zbv.size not in (1, n) or avx2_refuses(B, "qgemm"):
         return quant.qgemm_blas(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C, y_scale,
                                 y_zero_point, alpha=alpha, transA=transA, transB=transB)
     pb = packed(B, ("qgemm-native", f"qgemm{transB}"), lambda w: pack_b(w.T if transB else w))
     rows, za2 = _rows_u8(a, za)
-    acc = gemm(rows, za2, pb, k, n, _zb_shifted(zbv, n, B.dtype))
+    acc = gemm(rows, za2, pb, k, n, _zb_shifted(zbv, n, B.dtype), checked=True)
     return qgemm_finish(acc.astype(np.int64), C, a_scale, b_scale, y_scale, y_zero_point,
                         alpha)
 
@@ -238,7 +282,8 @@ def dynamic_quantize_matmul_native(A, B, b_scale, b_zero_point=None, bias=None):
     zbv = None if b_zero_point is None else np.asarray(b_zero_point)
     fall = (a.ndim < 2 or B.ndim != 2 or a.shape[-1] != B.shape[0] or bs.size not in (1, n)
             or (zbv is not None and (zbv.ndim > 1 or zbv.size not in (1, n)))
-            or (bias is not None and np.asarray(bias).shape != (n,)) or a.size == 0)
+            or (bias is not None and np.asarray(bias).shape != (n,)) or a.size == 0
+            or avx2_refuses(B, "dqmm"))
     lo = min(F32(a.min()), F32(0)) if not fall else F32(0)
     hi = max(F32(a.max()), F32(0)) if not fall else F32(0)
     if fall or not (np.isfinite(lo) and np.isfinite(hi)):
@@ -255,7 +300,7 @@ def dynamic_quantize_matmul_native(A, B, b_scale, b_zero_point=None, bias=None):
     pb = _packed_b(B, "dqmm") if is_constant(B) else pack_b(B)
     fb = None if bias is None else np.asarray(bias).astype(F32)
     y = gemm(rows, zp, pb, k, n, _zb_shifted(zbv, n, B.dtype), F32OUT, mult, fbias=fb,
-             out_dtype=F32)
+             out_dtype=F32, checked=True)
     return y.reshape(*a.shape[:-1], n)
 
 
@@ -270,7 +315,7 @@ def qlinear_conv_native(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
     xz = _scalar_int(x_zero_point)
     if (x.ndim != 4 or w.ndim != 4 or group != 1 or xz is None or zy.size != 1
             or zy.dtype not in (np.uint8, np.int8) or np.asarray(x_scale).size != 1
-            or np.asarray(y_scale).size != 1):
+            or np.asarray(y_scale).size != 1 or avx2_refuses(w, "qconv")):
         return quant.qlinear_conv_im2col(
             x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B,
             auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
@@ -315,6 +360,7 @@ def qlinear_conv_native(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
     ok = out is not None and out.shape == (n, m, oh, ow) and out.dtype == zy.dtype and \
         out.flags.c_contiguous
     y = out if ok else np.empty((n, m, oh, ow), zy.dtype)
+    wsums = wrows[m * kp:].view(np.int32)  # avx2_refuses cleared w above
     lib = _lib()
     hp, wp = xs.shape[2:]
     for b in range(n):
@@ -324,7 +370,7 @@ def qlinear_conv_native(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
              rowc=rowc if has_rowc else None, u=zw32 if has_zw else None,
              v=_wrap32(-colsum.astype(np.int64)) if has_zw else None, mode=Q8, scale=mult,
              scale_idx=PER_ROW, ibias=bias, bias_idx=PER_ROW, zy=int(zy.reshape(-1)[0]),
-             out_dtype=zy.dtype, out=y[b].reshape(m, pix))
+             out_dtype=zy.dtype, out=y[b].reshape(m, pix), sums=wsums)
     return y
 
 
@@ -451,7 +497,7 @@ def _conv_ok(x, *rest, group=1, **attrs) -> bool:
 
 def register() -> None:
     """Register the compiled variants above their NumPy ones, where the extension loaded (the
-    integer GEMM ones where it runs on AVX512-VNNI)."""
+    integer GEMM ones where it runs on AVX512-VNNI or AVX2)."""
     if not native.available() or _lib() is None or not hasattr(_lib(), "qgemm_8bit"):
         return
     for opdef in REGISTRY.versions("QuantizeLinear"):
@@ -464,7 +510,7 @@ def register() -> None:
         "cpu", priority=20, name="qlinearadd.cpu.native", accepts_out=True,
         when=lambda a, sa, za, b, *r, **k: a.shape is not None and a.shape == b.shape)(
         qlinear_add_native)
-    if isa() != "avx512-vnni":
+    if isa() not in FAST_ISAS:
         # The portable loop is the reference for the kernel's arithmetic, not a fast path:
         # 6-10x slower than the float-BLAS variants, which keep these operators here.
         return
