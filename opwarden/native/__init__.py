@@ -83,10 +83,29 @@ def available() -> bool:
     return _LIB is not None
 
 
+# OPWARDEN_QGEMM_ISA=avx2 (or portable) makes this process a CPU with at most that for the
+# integer GEMM: its variants, the QDQ fusion and the kernel all act as there (a test of an
+# AVX2 machine's choices on a VNNI one).
+QGEMM_CAP = {"avx2": 2, "portable": 1}.get(os.environ.get("OPWARDEN_QGEMM_ISA", ""), 0)
+_QGEMM_NAMES = {0: "portable", 1: "avx512-vnni", 2: "avx2"}  # qgemm_isa's codes
+
+
+def qgemm_isa() -> str:
+    """The instruction set of the compiled integer GEMM: "avx512-vnni", "avx2", "portable"
+    (a reference loop, not a fast path) or "none" (no extension)."""
+    if _LIB is None:
+        return "none"
+    code = int(_LIB.qgemm_isa())
+    if QGEMM_CAP:
+        code = 0 if QGEMM_CAP == 1 else (2 if code == 1 else code)
+    return _QGEMM_NAMES.get(code, "portable")
+
+
 def status() -> dict[str, Any]:
     """Which kernel path is active: {"active": "native" | "numpy", "reason": str,
     "openmp": version or 0, "module": path of the extension or None, "blas_pool": "openmp" |
-    "openblas" (whose threads run NumPy's OpenBLAS jobs), "blas_pool_reason": str}."""
+    "openblas" (whose threads run NumPy's OpenBLAS jobs), "blas_pool_reason": str,
+    "qgemm_isa": the integer GEMM's instruction set (qgemm_isa)}."""
     pool, why = _pool.state()
     return {
         "active": "native" if _LIB is not None else "numpy",
@@ -95,6 +114,7 @@ def status() -> dict[str, Any]:
         "module": getattr(_LIB, "__file__", None),
         "blas_pool": pool,
         "blas_pool_reason": why,
+        "qgemm_isa": qgemm_isa(),
     }
 
 

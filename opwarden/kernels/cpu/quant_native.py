@@ -37,7 +37,7 @@ from opwarden.kernels.cpu.quant_linear import (
     matmul_integer_blas,
     quantize_fast,
 )
-from opwarden.kernels.cpu.util import packed
+from opwarden.kernels.cpu.util import packed, scratch
 from opwarden.memory.constants import is_constant
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.contrib_quant import qlinear_add_terms
@@ -51,19 +51,12 @@ def _lib():
     return getattr(native, "_LIB", None)
 
 
-_ISA_NAMES = {0: "portable", 1: "avx512-vnni", 2: "avx2"}  # qgemm_isa's codes
 FAST_ISAS = ("avx512-vnni", "avx2")
 
 
 def isa() -> str:
-    """Which instruction set the compiled integer GEMM uses here."""
-    lib = _lib()
-    if lib is None:
-        return "none"
-    code = int(lib.qgemm_isa())
-    if _CAP:  # OPWARDEN_QGEMM_ISA: run as a CPU with less would (AVX2 on VNNI, or none)
-        code = 0 if _CAP == 1 else (2 if code == 1 else code)
-    return _ISA_NAMES.get(code, "portable")
+    """Which instruction set the compiled integer GEMM uses here (native.qgemm_isa)."""
+    return native.qgemm_isa()
 
 
 def running_isa() -> str:
@@ -183,17 +176,18 @@ def gemm(a: np.ndarray, za: int, pb: np.ndarray, k: int, n: int, zb: np.ndarray 
     sidx = ONE if scale is None or np.size(scale) == 1 else PER_COL
     kp = -(-k // 4) * 4
     if kp != k:  # the kernel takes whole groups of 4: zero columns add nothing to sum a b
-        a = np.concatenate([a, np.zeros((a.shape[0], kp - k), np.uint8)], axis=1)
+        padded = scratch("qgemm.kpad", (a.shape[0], kp), np.uint8)
+        padded[:, :k] = a
+        padded[:, k:] = 0
+        a = padded
     return _run(a, pb, kp, n, colc=colc, u=u, v=v, mode=mode, scale=scale, scale_idx=sidx,
                 fbias=fbias, ibias=ibias, zy=zy, out_dtype=out_dtype, out=out,
                 sums=colsum32 if checked else None)
 
 
-# OPWARDEN_QGEMM_ISA=avx2 (or portable) makes this process a CPU with at most that: the
-# variants, the QDQ fusion and the kernel all act as there (a test of the AVX2 machine's
-# choices on a VNNI one). Tests set _PORTABLE to 1 to run the portable loop, to 2 to run at
-# most AVX2, with the variants registered as they are.
-_CAP = {"avx2": 2, "portable": 1}.get(os.environ.get("OPWARDEN_QGEMM_ISA", ""), 0)
+# Tests set _PORTABLE to 1 to run the portable loop, to 2 to run at most AVX2, with the
+# variants registered as they are (native.QGEMM_CAP: OPWARDEN_QGEMM_ISA's cap, the default).
+_CAP = native.QGEMM_CAP
 _PORTABLE = [1 if os.environ.get("OPWARDEN_QGEMM_PORTABLE", "0") == "1" else _CAP]
 _LAST_ISA = [-1]  # the instruction set the last call ran on (qgemm_isa's codes), for tests
 
@@ -273,9 +267,10 @@ def qgemm_native(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_s
                         alpha)
 
 
-def dynamic_quantize_matmul_native(A, B, b_scale, b_zero_point=None, bias=None):
+def dynamic_quantize_matmul_native(A, B, b_scale, b_zero_point=None, bias=None, out=None):
     """DynamicQuantizeMatMul: A quantized to uint8 as the NumPy variant does, the product and
-    the float32 rescale and bias in the kernel."""
+    the float32 rescale and bias in the kernel (straight into `out`, the planned buffer: a
+    fresh [M, N] float32 result is page-faulted in on every call)."""
     a = np.asarray(A, F32)
     n = B.shape[-1] if B.ndim else 1
     bs = np.asarray(b_scale, F32)
@@ -294,14 +289,17 @@ def dynamic_quantize_matmul_native(A, B, b_scale, b_zero_point=None, bias=None):
         zp = int(np.rint(min(max(F32(F32(0) - F32(lo / scale)), F32(0)), F32(255))))
         # saturate(rint(a / scale) + zp) in one pass: the NumPy variant's float steps
         ac = np.ascontiguousarray(a).reshape(-1)
-        rows = np.empty((a.size // k, k), np.uint8)
+        rows = scratch("qgemm.rows", (a.size // k, k), np.uint8)
         _lib().quantize_8bit(ac, rows.reshape(-1), 0, ac.size, scale, zp, False, True)
         mult = (F32(scale) * (bs.reshape(()) if bs.size == 1 else bs.reshape(-1))).astype(F32)
     pb = _packed_b(B, "dqmm") if is_constant(B) else pack_b(B)
     fb = None if bias is None else np.asarray(bias).astype(F32)
+    shape = (*a.shape[:-1], n)
+    dst = out.reshape(-1, n) if out is not None and out.shape == shape and out.dtype == F32 \
+        and out.flags.c_contiguous else None
     y = gemm(rows, zp, pb, k, n, _zb_shifted(zbv, n, B.dtype), F32OUT, mult, fbias=fb,
-             out_dtype=F32, checked=True)
-    return y.reshape(*a.shape[:-1], n)
+             out_dtype=F32, out=dst, checked=True)
+    return y.reshape(shape)
 
 
 def qlinear_conv_native(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
@@ -355,8 +353,10 @@ def qlinear_conv_native(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
     rowc, zw32 = terms[2:2 + m], terms[2 + m:2 + 2 * m]
     mult = terms[2 + 2 * m:].view(F32)
     pix = oh * ow
-    panels = np.empty(-(-pix // NR) * (-(-kk // 4)) * NR * 4, np.uint8)
-    colsum = np.empty(pix, np.int32)
+    # (scratch: fresh buffers of this size were page-faulted in on every call, ~40% of a
+    # 3x3 convolution's time in a session)
+    panels = scratch("qconv.panels", (-(-pix // NR) * (-(-kk // 4)) * NR * 4,), np.uint8)
+    colsum = scratch("qconv.colsum", (pix,), np.int32)
     ok = out is not None and out.shape == (n, m, oh, ow) and out.dtype == zy.dtype and \
         out.flags.c_contiguous
     y = out if ok else np.empty((n, m, oh, ow), zy.dtype)
@@ -376,10 +376,10 @@ def qlinear_conv_native(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
 
 def _pad(x: np.ndarray, begin, end, value: int) -> np.ndarray:
     """x [N, C, H, W] padded by `value` (np.pad's result, at a fraction of its call cost:
-    this runs for every padded convolution)."""
+    this runs for every padded convolution), in this thread's scratch."""
     n, c, h, w = x.shape
     (t, l), (b, r) = begin, end
-    y = np.empty((n, c, h + t + b, w + l + r), x.dtype)
+    y = scratch("qconv.pad", (n, c, h + t + b, w + l + r), x.dtype)
     y[:, :, :t] = value
     y[:, :, t + h:] = value
     y[:, :, t:t + h, :l] = value
@@ -532,7 +532,7 @@ def register() -> None:
         when=lambda a, *r, **k: a.shape is not None and len(a.shape) == 2)(qgemm_native)
     latest("DynamicQuantizeMatMul", "com.microsoft").kernel(
         "cpu", priority=20, name="dynamicquantizematmul.cpu.native_u8s8",
-        workspace_bytes=quant._gemm_workspace,
+        workspace_bytes=quant._gemm_workspace, accepts_out=True,
         when=lambda a, b, *r, **k: is_int8(b.dtype) and b.shape is not None
         and len(b.shape) == 2)(dynamic_quantize_matmul_native)
 
