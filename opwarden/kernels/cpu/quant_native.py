@@ -37,7 +37,7 @@ from opwarden.kernels.cpu.quant_linear import (
     matmul_integer_blas,
     quantize_fast,
 )
-from opwarden.kernels.cpu.util import packed, scratch
+from opwarden.kernels.cpu.util import memo, packed, scratch
 from opwarden.memory.constants import is_constant
 from opwarden.ops.base import REGISTRY
 from opwarden.ops.contrib_quant import qlinear_add_terms
@@ -307,71 +307,114 @@ def qlinear_conv_native(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_sc
                         kernel_shape=None, pads=None, strides=None, out=None):
     """2-D QLinearConv (group 1), per image: the weight's int8 rows (output channels) times
     the input's uint8 im2col columns (pixels; padded with the input's zero point, so padding
-    reads as zero), packed in C, requantized in the kernel straight into NCHW."""
-    what = "QLinearConv"
-    zy = np.asarray(y_zero_point)
-    xz = _scalar_int(x_zero_point)
-    if (x.ndim != 4 or w.ndim != 4 or group != 1 or xz is None or zy.size != 1
-            or zy.dtype not in (np.uint8, np.int8) or np.asarray(x_scale).size != 1
-            or np.asarray(y_scale).size != 1 or avx2_refuses(w, "qconv")):
+    reads as zero), packed in C, requantized in the kernel straight into NCHW. Everything but
+    the image is worked out once per input kind and parameters (_QConvPlan, cached with a
+    constant weight): per call only the padding, the packing and the GEMM run."""
+    attrs = (auto_pad, _tup(dilations), group, _tup(kernel_shape), _tup(pads), _tup(strides))
+    params = (x_scale, x_zero_point, w_scale, w_zero_point, y_scale, y_zero_point, B)
+    deps = tuple(v for v in params if isinstance(v, np.ndarray))
+    tag = ("qgemm-native", "qconv-plan", x.shape, x.dtype.str, running_isa(), attrs,
+           *(None if isinstance(v, np.ndarray) else v for v in params))
+    plan = memo(w, tag, lambda _: _QConvPlan.make(x, w, params, attrs), deps)
+    if plan.fallback:
         return quant.qlinear_conv_im2col(
             x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B,
             auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
             pads=pads, strides=strides, out=out)
-    m, cg, kh, kw = w.shape
-    s, d, begin, end, ext, oh, ow = quant._conv_geometry(
-        x, w, auto_pad, dilations, kernel_shape, pads, strides, group, what)
-    wz = None if w_zero_point is None else np.asarray(w_zero_point)
-    sw = np.asarray(w_scale, F32)
-    if (wz is not None and wz.size not in (1, m)) or sw.size not in (1, m):
-        raise KernelError(f"{what}: w_zero_point / w_scale of shapes "
-                          f"{None if wz is None else wz.shape} / {sw.shape} do not match {m} "
-                          f"output channels")
-    bias = None
-    if B is not None:
-        bias = np.asarray(B)
-        if bias.shape != (m,):
-            raise KernelError(f"{what}: bias B must have shape ({m},), got {bias.shape}")
-    n = x.shape[0]
-    kk = cg * kh * kw
-    xs = x
-    if x.dtype == np.int8:  # shift to uint8 before padding so the pad value shifts too
-        xs = x.view(np.uint8) ^ np.uint8(0x80)
-        xz += 128
-    if any(begin) or any(end):
-        xs = _pad(xs, begin, end, xz)
-    xs = np.ascontiguousarray(xs)
-    wrows = packed(w, ("qgemm-native", "qconv-rows"), _conv_rows)
-    kp = -(-kk // 4) * 4
-    params = (x_scale, x_zero_point, w_scale, w_zero_point, y_scale)
-    arrays = tuple(v for v in params if isinstance(v, np.ndarray))
-    tag = ("qgemm-native", "qconv-terms", x.dtype.str,
-           *(None if isinstance(v, np.ndarray) else v for v in params))
-    terms = packed(w, tag, lambda _: _conv_terms(wrows, m, kk, kp, w.dtype, xz, wz, sw,
-                                                  x_scale, y_scale), arrays)
-    has_rowc, has_zw = bool(terms[0]), bool(terms[1])
-    rowc, zw32 = terms[2:2 + m], terms[2 + m:2 + 2 * m]
-    mult = terms[2 + 2 * m:].view(F32)
-    pix = oh * ow
-    # (scratch: fresh buffers of this size were page-faulted in on every call, ~40% of a
-    # 3x3 convolution's time in a session)
-    panels = scratch("qconv.panels", (-(-pix // NR) * (-(-kk // 4)) * NR * 4,), np.uint8)
-    colsum = scratch("qconv.colsum", (pix,), np.int32)
-    ok = out is not None and out.shape == (n, m, oh, ow) and out.dtype == zy.dtype and \
-        out.flags.c_contiguous
-    y = out if ok else np.empty((n, m, oh, ow), zy.dtype)
-    wsums = wrows[m * kp:].view(np.int32)  # avx2_refuses cleared w above
-    lib = _lib()
-    hp, wp = xs.shape[2:]
-    for b in range(n):
-        lib.qg_pack_im2col(xs[b], cg, hp, wp, kh, kw, s[0], s[1], d[0], d[1], oh, ow, panels,
-                           colsum, has_zw, 1)  # a copy: a second thread gains little
-        _run(wrows[:m * kp].reshape(m, kp), panels, kp, pix, swap=True,
-             rowc=rowc if has_rowc else None, u=zw32 if has_zw else None,
-             v=_wrap32(-colsum.astype(np.int64)) if has_zw else None, mode=Q8, scale=mult,
-             scale_idx=PER_ROW, ibias=bias, bias_idx=PER_ROW, zy=int(zy.reshape(-1)[0]),
-             out_dtype=zy.dtype, out=y[b].reshape(m, pix), sums=wsums)
-    return y
+    return plan.run(x, out)
+
+
+def _tup(v):
+    return None if v is None else tuple(int(e) for e in v)
+
+
+class _QConvPlan:
+    """One QLinearConv's geometry, packed weight rows, zero-point terms and kernel arguments
+    for one input kind; `fallback` where the compiled kernel does not take it."""
+
+    fallback = False
+
+    @classmethod
+    def make(cls, x, w, params, attrs) -> _QConvPlan:
+        x_scale, x_zero_point, w_scale, w_zero_point, y_scale, y_zero_point, B = params
+        auto_pad, dilations, group, kernel_shape, pads, strides = attrs
+        what = "QLinearConv"
+        plan = cls()
+        zy = np.asarray(y_zero_point)
+        xz = _scalar_int(x_zero_point)
+        if (x.ndim != 4 or w.ndim != 4 or group != 1 or xz is None or zy.size != 1
+                or zy.dtype not in (np.uint8, np.int8) or np.asarray(x_scale).size != 1
+                or np.asarray(y_scale).size != 1 or avx2_refuses(w, "qconv")):
+            plan.fallback = True
+            return plan
+        m, cg, kh, kw = w.shape
+        s, d, begin, end, _, oh, ow = quant._conv_geometry(
+            x, w, auto_pad, dilations, kernel_shape, pads, strides, group, what)
+        wz = None if w_zero_point is None else np.asarray(w_zero_point)
+        sw = np.asarray(w_scale, F32)
+        if (wz is not None and wz.size not in (1, m)) or sw.size not in (1, m):
+            raise KernelError(f"{what}: w_zero_point / w_scale of shapes "
+                              f"{None if wz is None else wz.shape} / {sw.shape} do not match "
+                              f"{m} output channels")
+        bias = None
+        if B is not None:
+            bias = np.asarray(B)
+            if bias.shape != (m,):
+                raise KernelError(f"{what}: bias B must have shape ({m},), got {bias.shape}")
+            bias = np.ascontiguousarray(bias, np.int32)
+        kk = cg * kh * kw
+        plan.signed = x.dtype == np.int8
+        if plan.signed:  # shifted to uint8 before padding so that the pad value shifts too
+            xz += 128
+        plan.xz, plan.begin, plan.end = xz, begin, end
+        plan.padded = bool(any(begin) or any(end))
+        wrows = packed(w, ("qgemm-native", "qconv-rows"), _conv_rows)
+        kp = -(-kk // 4) * 4
+        terms = _conv_terms(wrows, m, kk, kp, w.dtype, xz, wz, sw, x_scale, y_scale)
+        has_rowc, plan.has_zw = bool(terms[0]), bool(terms[1])
+        rowc, zw32 = terms[2:2 + m], terms[2 + m:2 + 2 * m]
+        mult = np.ascontiguousarray(terms[2 + 2 * m:].view(F32))
+        plan.pix = pix = oh * ow
+        plan.shape = (x.shape[0], m, oh, ow)
+        plan.dtype = zy.dtype
+        plan.panel_bytes = -(-pix // NR) * (-(-kk // 4)) * NR * 4
+        plan.pack = (cg, kh, kw, s[0], s[1], d[0], d[1], oh, ow)
+        nil = np.zeros(1, np.int32)
+        # qgemm_8bit's arguments (_run's order); per call: panels [1], v [11], out [24],
+        # portable [26], threads [27]
+        plan.args = [wrows[:m * kp].reshape(m, kp), None, kp, m, pix, kp, nil, False,
+                     rowc if has_rowc else nil, has_rowc, zw32 if plan.has_zw else nil, nil,
+                     plan.has_zw, True, Q8, mult, PER_ROW, mult, False,
+                     nil if bias is None else bias, bias is not None, PER_ROW,
+                     int(zy.reshape(-1)[0]), zy.dtype == np.int8, None, pix, 0, 1,
+                     wrows[m * kp:].view(np.int32), True]  # sums: avx2_refuses cleared w
+        return plan
+
+    def run(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        xs = x.view(np.uint8) ^ np.uint8(0x80) if self.signed else x
+        if self.padded:
+            xs = _pad(xs, self.begin, self.end, self.xz)
+        xs = np.ascontiguousarray(xs)
+        ok = out is not None and out.shape == self.shape and out.dtype == self.dtype and \
+            out.flags.c_contiguous
+        y = out if ok else np.empty(self.shape, self.dtype)
+        # (scratch: fresh buffers of this size are page-faulted in on every call)
+        panels = scratch("qconv.panels", (self.panel_bytes,), np.uint8)
+        colsum = scratch("qconv.colsum", (self.pix,), np.int32)
+        lib = _lib()
+        hp, wp = xs.shape[2:]
+        threads = compute_threads()
+        args = list(self.args)
+        args[1], args[26], args[27] = panels, _PORTABLE[0], threads
+        m = self.shape[1]
+        for b in range(self.shape[0]):
+            lib.qg_pack_im2col(xs[b], self.pack[0], hp, wp, *self.pack[1:], panels, colsum,
+                               self.has_zw, threads)
+            if self.has_zw:
+                args[11] = _wrap32(-colsum.astype(np.int64))
+            args[24] = y[b].reshape(m, self.pix)
+            _LAST_ISA[0] = lib.qgemm_8bit(*args)
+        return y
 
 
 def _pad(x: np.ndarray, begin, end, value: int) -> np.ndarray:

@@ -144,6 +144,8 @@ def packed(
     ):
         return hit[1]
     p = pack(w)
+    if not isinstance(p, np.ndarray):  # a plan object (memo): cached as it is
+        return _store(key, arrays, sig, p)
     if p.nbytes >= hugepages.MIN_BYTES and not np.shares_memory(p, w):
         # Streamed on every call: huge pages spare the TLB misses (memory.hugepages). A packing
         # only this call holds (its own new array) is moved without being resident twice.
@@ -153,7 +155,10 @@ def packed(
             nbytes, p = p.nbytes, q
             hugepages.release_heap(nbytes)
     mark_constant(p)  # derived from constants and cached with them: constant as long as it lives
+    return _store(key, arrays, sig, p)
 
+
+def _store(key: tuple, arrays: tuple, sig: tuple, p: Any) -> Any:
     def _drop(_ref, key=key, cache=_PACKED):
         # The cache is bound now: at interpreter exit module globals may already be None.
         cache.pop(key, None)
@@ -165,6 +170,14 @@ def packed(
     with _PACK_LOCK:
         _PACKED[key] = (refs, p, sig)
     return p
+
+
+def memo(w: np.ndarray, tag: Any, build: Callable[[np.ndarray], Any],
+         deps: tuple[np.ndarray, ...] = ()) -> Any:
+    """build(w): any object derived from a constant `w` (and constant `deps`), cached as
+    `packed` caches a packing (same keys, same life), e.g. a kernel's plan for one input
+    kind; rebuilt on every call where `w` or a dep is not constant."""
+    return packed(w, tag, build, deps)
 
 
 _PTRS: dict[int, tuple[weakref.ref, int]] = {}
