@@ -50,7 +50,7 @@ NATIVE = Extension(
              for f in ("module.c", "trees.c", "epilogue.c", "depthwise.c", "silu.c",
                        "qgemm.c", "qgemm_avx2.c", "quantize.c", "conv_epilogue.c", "gelu.c",
                        "layernorm.c", "cast.c", "softmax.c", "grouped.c", "blas_pool.c",
-                       "pool.c", "shuffle.c")],
+                       "pool.c", "shuffle.c", "sgemm.c")],
     depends=["opwarden/native/native.h"],
     optional=True,  # a failed compile leaves the NumPy kernels, not a failed install
 )

@@ -18,6 +18,7 @@ from opwarden.kernels.cpu import (
     elementwise,
     fused,
     linalg,
+    matmul_packed,
     ml,
     norm,
     pool,
@@ -32,7 +33,7 @@ from opwarden.kernels.cpu import (
 
 for _module in (conv, pool, norm, linalg, elementwise, activation, fused, conv1d, conv_dw_native,
                 select, shape, shuffle, quant, quant_native, quant_nbits, ml, silu_native,
-                attention, cast):
+                attention, cast, matmul_packed):
     _module.register()
 
 

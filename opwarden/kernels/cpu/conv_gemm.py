@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from opwarden import native
+from opwarden.kernels.cpu import packed_gemm
 from opwarden.kernels.cpu.blas_split import SPLIT, over_rows, split_gemm
 from opwarden.kernels.cpu.conv_common import (
     Facts,
@@ -113,6 +114,9 @@ def _gemms(a: np.ndarray, pw: np.ndarray, y2: np.ndarray, group: int, acc: bool)
         yv = y2.reshape(rows, group, mg).transpose(1, 0, 2)
         np.matmul(a.reshape(rows, group, k).transpose(1, 0, 2), pw, out=yv)
         return
+    if group == 1 and not acc and packed_gemm.takes(a, pw[0], pw):
+        packed_gemm.matmul_into(a, pw[0], y2, None, pw)
+        return
     if group == 1 and split_gemm(a, pw[0], y2, accumulate=acc):
         return
     for g in range(group):
@@ -163,8 +167,13 @@ def nhwc_pointwise(x, W, B, s, d, begin, end, y, bias, z, activation, params, sh
         return
     # (Grouped GEMMs run per group: small, their threads are not known to be awake.)
     hot = group == 1 and _hot(y2.shape[0], m, c)
-    acc = _prefill(y2, bias, zz, group, hot=hot)
-    _gemms(a, _packed_nhwc(W, group), y2, group, acc)
+    pw = _packed_nhwc(W, group)
+    if (group == 1 and packed_gemm.takes(a, pw[0], pw)
+            and (zz is None or not np.shares_memory(zz, y2))):
+        acc = False  # the packed GEMM, then bias and residual in the one epilogue pass
+    else:
+        acc = _prefill(y2, bias, zz, group, hot=hot)
+    _gemms(a, pw, y2, group, acc)
     if acc:
         _epilogue(y2, None, None, activation, params)
     else:
@@ -200,14 +209,18 @@ def bind_pointwise(x, W, B, s, d, begin, end, y, bias, activation, params):
     y2 = y.reshape(rows, m)
     few = 1 < rows <= PW_T_MAX_PIXELS
     gemm = not few and rows > 1
+    owner = None
     if not gemm:
         w2, hot, acc = W.reshape(m, c), (few and _hot(m, rows, c)), False
     else:
-        w2 = _packed_nhwc(W, 1)[0]
+        owner = _packed_nhwc(W, 1)
+        w2 = owner[0]
         hot = _hot(rows, m, c)
-    # _prefill's choice (apart from a residual in Y's memory): bias and residual written
-    # first for the GEMM to accumulate on, or added by the epilogue
-    prefill = gemm and not (hot and blas_adds()) and y.size >= PREFILL_MIN
+    # nhwc_pointwise's choices: the packed GEMM where it takes the weight (bias and residual
+    # then in the epilogue), else _prefill's (apart from a residual in Y's memory): bias and
+    # residual written first for the GEMM to accumulate on, or added by the epilogue
+    pk = gemm and packed_gemm.takes(x.reshape(rows, c), w2, owner)
+    prefill = gemm and not pk and not (hot and blas_adds()) and y.size >= PREFILL_MIN
     acc = prefill and bias is not None
     # (few pixels: the bias rides on the transposing copy)
     epi = _epilogue_call(y2, None if acc or few else bias, act, params, hot)
@@ -247,6 +260,9 @@ def bind_pointwise(x, W, B, s, d, begin, end, y, bias, activation, params):
                 matmul_acc(a, w2, y2, True)
                 if epi_acc is not None:
                     epi_acc()
+            elif pk:
+                packed_gemm.matmul_into(a, w2, y2, None, owner)
+                epi_z(z2)
             else:
                 np.matmul(a, w2, out=y2)
                 epi_z(z2)
@@ -263,6 +279,8 @@ def bind_pointwise(x, W, B, s, d, begin, end, y, bias, activation, params):
         elif acc:
             np.copyto(y2, bias)
             matmul_acc(a, w2, y2, True)
+        elif pk:
+            packed_gemm.matmul_into(a, w2, y2, None, owner)
         else:
             np.matmul(a, w2, out=y2)
         if epi is not None:

@@ -1,0 +1,63 @@
+"""The compiled float32 GEMM against a weight packed once (native/sgemm.c, AVX-512F): the
+weight in 32-column panels, cached with the constant it comes from; C = A B (+ a bias row),
+A's rows C-contiguous. Used by the packed MatMul / FusedMatMul variants (matmul_packed) and
+the NHWC pointwise convolution (conv_gemm). Sums run over k in ascending order in float32
+FMAs: the results differ from OpenBLAS's in the last bits only (another order)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from opwarden import native
+from opwarden.blas import compute_threads
+from opwarden.kernels.cpu import blas_split
+from opwarden.kernels.cpu.util import packed
+from opwarden.memory.constants import is_constant
+
+F32 = np.float32
+NR = 32  # columns per panel (SG_NR in sgemm.c)
+
+
+def available() -> bool:
+    """The packed GEMM runs here (extension loaded, AVX-512F)."""
+    lib = getattr(native, "_LIB", None)
+    return lib is not None and hasattr(lib, "sgemm_packed") and bool(lib.sgemm_packed_isa())
+
+
+def pack_panels(b: np.ndarray) -> np.ndarray:
+    """B [K, N] float32 as panels of NR columns: panel p is B[:, NR p: NR (p + 1)] row-major
+    (zero past N), one flat float32 array."""
+    k, n = b.shape
+    np_ = -(-n // NR) * NR
+    w = np.zeros((k, np_), F32)
+    w[:, :n] = b
+    return np.ascontiguousarray(w.reshape(k, np_ // NR, NR).transpose(1, 0, 2)).reshape(-1)
+
+
+def takes(A, B, owner=None) -> bool:
+    """A float32 A with C-contiguous rows times a 2-D float32 B that is a constant, or is all
+    of the constant `owner` (B = owner[0] of a one-group packing); not while products are
+    shared out by blas_split (OPWARDEN_BLAS_SPLIT=1), which then runs them."""
+    return (not blas_split.SPLIT and available() and isinstance(A, np.ndarray)
+            and isinstance(B, np.ndarray) and B.ndim == 2 and A.ndim >= 2
+            and A.dtype == F32 and B.dtype == F32
+            and A.flags.c_contiguous and A.shape[-1] == B.shape[0]
+            and is_constant(B if owner is None else owner)
+            and (owner is None or owner.size == B.size))
+
+
+def panels(B: np.ndarray, owner=None) -> np.ndarray:
+    """B's panels, packed once and cached with `owner` (B itself by default)."""
+    return packed(B if owner is None else owner, ("sgemm-packed", NR),
+                  lambda _: pack_panels(B))
+
+
+def matmul_into(A: np.ndarray, B: np.ndarray, y: np.ndarray, bias: np.ndarray | None = None,
+                owner=None) -> np.ndarray:
+    """y = A @ B (+ bias row) for `takes(A, B, owner)`; y C-contiguous of the result's shape."""
+    k, n = B.shape
+    m = int(np.prod(A.shape[:-1]))
+    b = np.ascontiguousarray(bias, F32) if bias is not None else y.reshape(-1)[:0]
+    native._LIB.sgemm_packed(A.reshape(-1), k, m, k, panels(B, owner), n, b, bias is not None,
+                             y.reshape(-1), n, compute_threads())
+    return y
