@@ -378,7 +378,8 @@ register_device(
         "cpu",
         kind="host",
         description="NumPy on the host CPU (always present); kernel path: {reason}; BLAS "
-        "threads: {blas_pool_reason}; integer GEMM: {qgemm_isa}".format(**_native_status()),
+        "threads: {blas_pool_reason}; integer GEMM: {qgemm_isa}; packed float GEMM: "
+        "{sgemm_packed}".format(**_native_status()),
         aliases=("CPUExecutionProvider",),
     )
 )

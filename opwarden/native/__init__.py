@@ -105,7 +105,8 @@ def status() -> dict[str, Any]:
     """Which kernel path is active: {"active": "native" | "numpy", "reason": str,
     "openmp": version or 0, "module": path of the extension or None, "blas_pool": "openmp" |
     "openblas" (whose threads run NumPy's OpenBLAS jobs), "blas_pool_reason": str,
-    "qgemm_isa": the integer GEMM's instruction set (qgemm_isa)}."""
+    "qgemm_isa": the integer GEMM's instruction set (qgemm_isa), "sgemm_packed": "avx512f"
+    where the packed-weight float32 GEMM runs, else "none"}."""
     pool, why = _pool.state()
     return {
         "active": "native" if _LIB is not None else "numpy",
@@ -115,6 +116,8 @@ def status() -> dict[str, Any]:
         "blas_pool": pool,
         "blas_pool_reason": why,
         "qgemm_isa": qgemm_isa(),
+        "sgemm_packed": "avx512f" if _LIB is not None and hasattr(_LIB, "sgemm_packed_isa")
+        and _LIB.sgemm_packed_isa() else "none",
     }
 
 

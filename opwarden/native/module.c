@@ -439,29 +439,32 @@ static PyObject *py_qlinear_add(PyObject *self, PyObject *args) {
 }
 
 static PyObject *py_sgemm_packed(PyObject *self, PyObject *args) {
-    Py_buffer A, Bp, Bi, C;
+    Py_buffer A, Of, Bp, Bi, C;
     long long lda, m, k, n, ldc;
-    int has_bias, n_threads;
+    int has_bias, accumulate, n_threads;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*LLLy*Ly*iw*Li", &A, &lda, &m, &k, &Bp, &n, &Bi, &has_bias,
-                          &C, &ldc, &n_threads))
+    if (!PyArg_ParseTuple(args, "y*Ly*LLy*Ly*iw*Lii", &A, &lda, &Of, &m, &k, &Bp, &n, &Bi,
+                          &has_bias, &C, &ldc, &accumulate, &n_threads))
         return NULL;
-    int64_t panels = (n + 31) / 32;
+    int64_t panels = (n + 31) / 32, ntaps = Of.len / 8;
+    const int64_t *offs = Of.buf;
     int ok = m >= 0 && k >= 0 && n >= 0 && lda >= k && ldc >= n && n_threads >= 1 &&
-             sgemm_packed_isa() &&
-             (m == 0 || need(&A, (Py_ssize_t)(((m - 1) * lda + k) * 4), "a")) &&
-             need(&Bp, (Py_ssize_t)(panels * k * 32 * 4), "packed b") &&
+             ntaps >= 1 && ntaps <= 1 << 20 && Of.len % 8 == 0 && sgemm_packed_isa() &&
+             need(&Bp, (Py_ssize_t)(panels * ntaps * k * 32 * 4), "packed b") &&
              (!has_bias || need(&Bi, (Py_ssize_t)(n * 4), "bias")) &&
              (m == 0 || need(&C, (Py_ssize_t)(((m - 1) * ldc + n) * 4), "c"));
+    for (int64_t t = 0; ok && m > 0 && t < ntaps; t++) /* every tap's rows inside a */
+        ok = offs[t] >= 0 && need(&A, (Py_ssize_t)((offs[t] + (m - 1) * lda + k) * 4), "a");
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        sgemm_packed(A.buf, lda, m, k, Bp.buf, n, has_bias ? Bi.buf : NULL, C.buf, ldc,
-                     n_threads);
+        sgemm_packed(A.buf, lda, offs, (int)ntaps, m, k, Bp.buf, n, has_bias ? Bi.buf : NULL,
+                     C.buf, ldc, accumulate, n_threads);
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "sgemm_packed: bad arguments or no AVX-512F");
     }
-    PyBuffer_Release(&A); PyBuffer_Release(&Bp); PyBuffer_Release(&Bi); PyBuffer_Release(&C);
+    PyBuffer_Release(&A); PyBuffer_Release(&Of); PyBuffer_Release(&Bp); PyBuffer_Release(&Bi);
+    PyBuffer_Release(&C);
     if (!ok) return NULL;
     Py_RETURN_NONE;
 }
@@ -710,8 +713,9 @@ static PyMethodDef methods[] = {
      "qlinear_add(x, y, out, n, rx, ry, fixed, is_signed): com.microsoft QLinearAdd of two "
      "same-shape 8-bit tensors (the reference's fma32 steps)"},
     {"sgemm_packed", py_sgemm_packed, METH_VARARGS,
-     "sgemm_packed(a, lda, m, k, packed_b, n, bias, has_bias, c, ldc, n_threads): float32 C = "
-     "A B (+ bias row) with B packed in 32-column panels"},
+     "sgemm_packed(a, lda, offs, m, k, packed_b, n, bias, has_bias, c, ldc, accumulate, "
+     "n_threads): float32 C (+)= sum over taps of A_t B_t (+ bias row), A_t at a + offs[t] "
+     "(int64), B packed in 32-column panels, taps stacked along k"},
     {"sgemm_packed_isa", py_sgemm_packed_isa, METH_NOARGS, "1 if sgemm_packed runs (AVX-512F)."},
     {"qgemm_isa", py_qgemm_isa, METH_NOARGS, "qgemm_8bit's instruction set: 1 AVX512-VNNI, 2 AVX2, 0 portable."},
     {"conv_epilogue", py_conv_epilogue, METH_VARARGS,

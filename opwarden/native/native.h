@@ -133,8 +133,9 @@ void qg_pack_im2col_u8(const uint8_t *x, int64_t c, int64_t hp, int64_t wp, int6
 
 /* float32 GEMM against a B packed once into 32-column panels (sgemm.c, AVX-512F). */
 int sgemm_packed_isa(void);
-void sgemm_packed(const float *a, int64_t lda, int64_t m, int64_t k, const float *bp,
-                  int64_t n, const float *bias, float *c, int64_t ldc, int n_threads);
+void sgemm_packed(const float *a, int64_t lda, const int64_t *offs, int ntaps, int64_t m,
+                  int64_t k, const float *bp, int64_t n, const float *bias, float *c,
+                  int64_t ldc, int accumulate, int n_threads);
 
 /* Per-tensor QuantizeLinear / DequantizeLinear between float32 and 8 bits (quantize.c). */
 void quantize_f32_8bit(const float *x, void *y, int64_t n, float scale, int32_t zp,

@@ -87,26 +87,31 @@ SG_TILE(sg_tile8, 8)
 SG_TILE(sg_tile4, 4)
 SG_TILE(sg_tile1, 1)
 
-/* Rows [m0, m1) of one panel, every k block, then the bias. */
-SG_T static void sg_job(const float *a, int64_t lda, int64_t m0, int64_t m1, int64_t k,
-                        const float *bp, int64_t n0, int cols, const float *bias, float *c,
-                        int64_t ldc) {
+/* Rows [m0, m1) of one panel, every tap and k block, then the bias. Tap t reads A at
+ * a + offs[t] and the panel's rows t k .. (t + 1) k - 1. */
+SG_T static void sg_job(const float *a, int64_t lda, const int64_t *offs, int ntaps,
+                        int64_t m0, int64_t m1, int64_t k, const float *bp, int64_t n0,
+                        int cols, const float *bias, float *c, int64_t ldc, int accumulate) {
     __mmask16 mk0 = (__mmask16)(cols >= 16 ? 0xffff : (1u << cols) - 1u);
     __mmask16 mk1 = (__mmask16)(cols >= 32 ? 0xffff : cols > 16 ? (1u << (cols - 16)) - 1u : 0);
-    for (int64_t k0 = 0; k0 < k; k0 += SG_KC) {
-        int64_t k1 = k0 + SG_KC < k ? k0 + SG_KC : k;
-        int first = k0 == 0;
-        int64_t m = m0;
-        for (; m + 12 <= m1; m += 12)
-            sg_tile12(a + m * lda, lda, bp, k0, k1, c + m * ldc + n0, ldc, first, mk0, mk1);
-        for (; m + 8 <= m1; m += 8)
-            sg_tile8(a + m * lda, lda, bp, k0, k1, c + m * ldc + n0, ldc, first, mk0, mk1);
-        for (; m + 4 <= m1; m += 4)
-            sg_tile4(a + m * lda, lda, bp, k0, k1, c + m * ldc + n0, ldc, first, mk0, mk1);
-        for (; m < m1; m++)
-            sg_tile1(a + m * lda, lda, bp, k0, k1, c + m * ldc + n0, ldc, first, mk0, mk1);
+    for (int t = 0; t < ntaps; t++) {
+        const float *at = a + offs[t];
+        const float *bt = bp + (int64_t)t * k * SG_NR; /* (the tiles index k from the tap) */
+        for (int64_t k0 = 0; k0 < k; k0 += SG_KC) {
+            int64_t k1 = k0 + SG_KC < k ? k0 + SG_KC : k;
+            int first = !accumulate && t == 0 && k0 == 0;
+            int64_t m = m0;
+            for (; m + 12 <= m1; m += 12)
+                sg_tile12(at + m * lda, lda, bt, k0, k1, c + m * ldc + n0, ldc, first, mk0, mk1);
+            for (; m + 8 <= m1; m += 8)
+                sg_tile8(at + m * lda, lda, bt, k0, k1, c + m * ldc + n0, ldc, first, mk0, mk1);
+            for (; m + 4 <= m1; m += 4)
+                sg_tile4(at + m * lda, lda, bt, k0, k1, c + m * ldc + n0, ldc, first, mk0, mk1);
+            for (; m < m1; m++)
+                sg_tile1(at + m * lda, lda, bt, k0, k1, c + m * ldc + n0, ldc, first, mk0, mk1);
+        }
     }
-    if (k == 0)
+    if (!accumulate && (k == 0 || ntaps == 0))
         for (int64_t m = m0; m < m1; m++) memset(c + m * ldc + n0, 0, sizeof(float) * cols);
     if (bias) {
         __m512 v0 = _mm512_maskz_loadu_ps(mk0, bias + n0);
@@ -121,9 +126,13 @@ SG_T static void sg_job(const float *a, int64_t lda, int64_t m0, int64_t m1, int
 }
 #endif
 
-/* C = A B (+ bias) with B packed by the caller (sgemm_packed_isa() must be 1). */
-void sgemm_packed(const float *a, int64_t lda, int64_t m, int64_t k, const float *bp,
-                  int64_t n, const float *bias, float *c, int64_t ldc, int n_threads) {
+/* C (+)= sum over taps t of A_t B_t (+ bias), A_t = the rows at a + offs[t] (stride lda),
+ * B_t rows t k .. (t + 1) k - 1 of the packed B (sgemm_packed_isa() must be 1): a k x k
+ * convolution as shifted row ranges of one padded image, or one plain GEMM (one tap at 0).
+ * `accumulate`: onto what C holds (a bias and residual written first). */
+void sgemm_packed(const float *a, int64_t lda, const int64_t *offs, int ntaps, int64_t m,
+                  int64_t k, const float *bp, int64_t n, const float *bias, float *c,
+                  int64_t ldc, int accumulate, int n_threads) {
 #ifdef SG_HAVE
     int64_t panels = (n + SG_NR - 1) / SG_NR, mblocks = (m + SG_MB - 1) / SG_MB;
     /* blocks of equal size (whole tiles of 12 rows), so that each thread's share of the jobs,
@@ -143,10 +152,11 @@ void sgemm_packed(const float *a, int64_t lda, int64_t m, int64_t k, const float
         int64_t m0 = mb * mbr, m1 = m0 + mbr < m ? m0 + mbr : m;
         int64_t n0 = p * SG_NR;
         int cols = (int)(n - n0 < SG_NR ? n - n0 : SG_NR);
-        sg_job(a, lda, m0, m1, k, bp + p * k * SG_NR, n0, cols, bias, c, ldc);
+        sg_job(a, lda, offs, ntaps, m0, m1, k, bp + p * ntaps * k * SG_NR, n0, cols, bias, c,
+               ldc, accumulate);
     }
 #else
-    (void)a; (void)lda; (void)m; (void)k; (void)bp; (void)n; (void)bias; (void)c; (void)ldc;
-    (void)n_threads;
+    (void)a; (void)lda; (void)offs; (void)ntaps; (void)m; (void)k; (void)bp; (void)n;
+    (void)bias; (void)c; (void)ldc; (void)accumulate; (void)n_threads;
 #endif
 }

@@ -74,8 +74,8 @@ def test_specials_as_blas_and_thread_count_independent():
     outs = []
     for threads in (1, 2):
         c = np.empty_like(want)
-        native._LIB.sgemm_packed(a.reshape(-1), 300, 40, 300, bp, 70, c[:0].reshape(-1), False,
-                                 c.reshape(-1), 70, threads)
+        native._LIB.sgemm_packed(a.reshape(-1), 300, np.zeros(1, np.int64), 40, 300, bp, 70,
+                                 c[:0].reshape(-1), False, c.reshape(-1), 70, False, threads)
         outs.append(c)
     assert np.array_equal(outs[0], outs[1], equal_nan=True)
 
@@ -129,3 +129,23 @@ def test_variants_match_onnxruntime(op):
         assert "matmul.cpu.packed" in used, used
     if op == "MatMul+Add+Relu":
         assert "fusedmatmul.cpu.packed" in used, used
+
+
+def test_taps_sum_shifted_row_ranges():
+    # a 3 x 3 convolution's shape: 5 taps at their offsets into one flat image, each [rows, c]
+    rng = np.random.default_rng(5)
+    c, n, rows = 24, 40, 50
+    flat = rng.standard_normal(4000).astype(np.float32)
+    offs = np.array([0, 3 * c, 7, 100, 2 * c + 5], np.int64)
+    b = mark(rng.standard_normal((len(offs) * c, n)).astype(np.float32))
+    y = np.empty((rows, n), np.float32)
+    packed_gemm.taps_into(flat, c, offs, rows, b, y, b)
+    want = sum(np.lib.stride_tricks.as_strided(flat[o:], (rows, c), (4 * c, 4)).astype(
+        np.float64) @ b[t * c:(t + 1) * c].astype(np.float64) for t, o in enumerate(offs))
+    assert np.allclose(y, want, rtol=1e-5, atol=1e-4)
+    y2 = np.ones_like(y)
+    packed_gemm.taps_into(flat, c, offs, rows, b, y2, b, accumulate=True)
+    assert np.allclose(y2, want + 1, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError):  # a tap's rows past the image's end
+        packed_gemm.taps_into(flat, c, np.array([0, 3990], np.int64), rows,
+                              mark(rng.standard_normal((2 * c, n)).astype(np.float32)), y, None)

@@ -409,6 +409,8 @@ def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params
     cg, mg = c // group, m // group
     e = 4
     pwp = ptr(pw)  # (pw: C-contiguous, group-major)
+    # group 1 on the packed GEMM: every tap of a band in one call, the weight packed once
+    pk = group == 1 and packed_gemm.weight_takes(pw[0].reshape(-1, m), pw)
     for i in range(n):
         planes, wq, taps = _phase_planes(x, i, s, d, begin, khw, oh, ow, "conv.planes")
         base = planes.ctypes.data
@@ -430,7 +432,9 @@ def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params
                              bptr + t * cg * mg * e, mg, 0.0 if t == 0 else 1.0,
                              ywp + (a * m + g * mg) * e, m)
 
-            over_rows(rr * wq, rr * wq * m * cg * len(taps), wide_rows)
+            if not (pk and _packed_taps(planes, c, np.array(taps, np.int64) + r0 * wq * c,
+                                        rr * wq, pw, yw)):
+                over_rows(rr * wq, rr * wq * m * cg * len(taps), wide_rows)
             hot = group == 1 and _hot(rr * wq, mg, cg)
             if not direct:
                 if bias is not None:
@@ -440,6 +444,19 @@ def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params
                 _epilogue(yb, None, None if z is None else z[i, r0:r1], activation, params, hot)
             else:
                 _epilogue(yb, bias, None if z is None else z[i, r0:r1], activation, params, hot)
+
+
+def _packed_taps(a: np.ndarray, lda: int, offs: np.ndarray, rows: int, owner: np.ndarray,
+                 y: np.ndarray, accumulate: bool = False) -> bool:
+    """y (+)= the taps' shifted row ranges of `a` times owner[0] (the taps' weights stacked,
+    [taps lda, M]) on the packed GEMM; False (nothing done) where the buffers are not
+    contiguous."""
+    if not (a.flags.c_contiguous and y.flags.c_contiguous):
+        return False
+    m = owner.shape[-1]
+    packed_gemm.taps_into(a.reshape(-1), lda, offs, rows, owner[0].reshape(-1, m),
+                          y.reshape(rows, m), owner, accumulate)
+    return True
 
 
 def _few_pixels_nhwc(view, W, B, bias, y, z, activation, params) -> None:
@@ -458,11 +475,16 @@ def _few_pixels_nhwc(view, W, B, bias, y, z, activation, params) -> None:
     np.copyto(cols[:, :k].reshape(n, oh, ow, 1, kh, kw, cg), view)
     if kb > k:
         cols[:, k] = 1
-    yt = scratch("conv.yt", (m, rows))
-    if not split_gemm(wt, cols.T, yt):
-        np.matmul(wt, cols.T, out=yt)
     y2 = y.reshape(rows, m)
-    np.copyto(y2, yt.T)
+    owner = wt if is_constant(wt) else W
+    if y.flags.c_contiguous and packed_gemm.takes(cols, wt.T, owner):
+        # the packed GEMM streams the weight once in the usual orientation, straight into y
+        packed_gemm.matmul_into(cols, wt.T, y2, None, owner)
+    else:
+        yt = scratch("conv.yt", (m, rows))
+        if not split_gemm(wt, cols.T, yt):
+            np.matmul(wt, cols.T, out=yt)
+        np.copyto(y2, yt.T)
     _epilogue(y2, bias if kb == k else None, None if z is None else z.reshape(y2.shape),
               activation, params, _hot(m, rows, kb))
 

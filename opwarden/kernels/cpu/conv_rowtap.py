@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from opwarden.blas import sgemm
+from opwarden.kernels.cpu import packed_gemm
 from opwarden.kernels.cpu.blas_split import over_rows
 from opwarden.kernels.cpu.conv_common import (
     Facts,
@@ -20,7 +21,7 @@ from opwarden.kernels.cpu.conv_common import (
     _packed_nhwc_c,
     _pad_nhwc,
 )
-from opwarden.kernels.cpu.conv_gemm import _prefill
+from opwarden.kernels.cpu.conv_gemm import _packed_taps, _prefill
 from opwarden.kernels.cpu.util import F32, ptr, scratch
 
 # Row-tap path: on when True, for kernel rows of at least ROWTAP_MIN_RUN floats (kw * C) over
@@ -63,7 +64,8 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
     kh, kw = khw
     kc = kw * c
     e = 4
-    pw = _packed_nhwc_c(W, 1)[0]  # (kh*kw*C, M) rows ordered (kh, kw, c): block a = kernel row a
+    owner = _packed_nhwc_c(W, 1)
+    pw = owner[0]  # (kh*kw*C, M) rows ordered (kh, kw, c): block a = kernel row a
     xp = _pad_nhwc(x, begin, end)
     sn, sh, sw, sc = xp.strides
     rows = _band_rows(oh, ROWTAP_BAND_BYTES, ow * (kc + m) * e)
@@ -71,6 +73,7 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
     wholes = [(m0, mb) for m0, mb, tap in spec if tap < 0]
     ones = [(m0, mb, tap) for m0, mb, tap in spec if tap >= 0]
     w1s = [ptr(_branch1x1_weights(W, m0, mb, tap, c)) for m0, mb, tap in ones]
+    pk = not bplan and packed_gemm.weight_takes(pw, owner)
     pwp = ptr(pw)
     for i in range(n):
         for r0 in range(0, oh, rows):
@@ -99,6 +102,9 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
                     gemm(p1 - p0, mb, c, a0 + (a * d[0] * ow * kc + b * c) * e, kc,
                          w1, mb, 1.0 if acc else 0.0, y0 + m0 * e, m)
 
-            over_rows(rr * ow, rr * ow * m * kc * kh, pixels)
+            # every kernel row in one packed GEMM (the weight packed once), onto the prefill
+            if not (pk and _packed_taps(rt, kc, np.arange(kh, dtype=np.int64) * (d[0] * ow * kc),
+                                        rr * ow, owner, y2, acc)):
+                over_rows(rr * ow, rr * ow * m * kc * kh, pixels)
             _epilogue(y2, None if acc else bias, None if acc or z is None
                       else z[i, r0:r1].reshape(y2.shape), activation, params, hot)

@@ -6,6 +6,8 @@ FMAs: the results differ from OpenBLAS's in the last bits only (another order)."
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from opwarden import native
@@ -18,10 +20,18 @@ F32 = np.float32
 NR = 32  # columns per panel (SG_NR in sgemm.c)
 
 
+# OPWARDEN_PACKED_GEMM=0 keeps OpenBLAS everywhere: the panels are a second copy of every
+# weight they pack (BERT-base: ~335 MB more resident), which a memory-bound deployment may
+# not want to pay for the speed.
+ENABLED = os.environ.get("OPWARDEN_PACKED_GEMM", "1").strip().lower() not in (
+    "0", "false", "no", "off")
+
+
 def available() -> bool:
-    """The packed GEMM runs here (extension loaded, AVX-512F)."""
+    """The packed GEMM runs here (extension loaded, AVX-512F, not turned off)."""
     lib = getattr(native, "_LIB", None)
-    return lib is not None and hasattr(lib, "sgemm_packed") and bool(lib.sgemm_packed_isa())
+    return ENABLED and lib is not None and hasattr(lib, "sgemm_packed") and bool(
+        lib.sgemm_packed_isa())
 
 
 def pack_panels(b: np.ndarray) -> np.ndarray:
@@ -34,21 +44,27 @@ def pack_panels(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(k, np_ // NR, NR).transpose(1, 0, 2)).reshape(-1)
 
 
-def takes(A, B, owner=None) -> bool:
-    """A float32 A with C-contiguous rows times a 2-D float32 B that is a constant, or is all
-    of the constant `owner` (B = owner[0] of a one-group packing); not while products are
-    shared out by blas_split (OPWARDEN_BLAS_SPLIT=1), which then runs them."""
-    return (not blas_split.SPLIT and available() and isinstance(A, np.ndarray)
-            and isinstance(B, np.ndarray) and B.ndim == 2 and A.ndim >= 2
-            and A.dtype == F32 and B.dtype == F32
-            and A.flags.c_contiguous and A.shape[-1] == B.shape[0]
-            and is_constant(B if owner is None else owner)
+def takes(A, B, owner=None, constant: bool = True) -> bool:
+    """A float32 A with C-contiguous rows times a B that `weight_takes`."""
+    return (isinstance(A, np.ndarray) and A.ndim >= 2 and A.dtype == F32
+            and A.flags.c_contiguous and isinstance(B, np.ndarray) and B.ndim == 2
+            and A.shape[-1] == B.shape[0] and weight_takes(B, owner, constant))
+
+
+def weight_takes(B, owner=None, constant: bool = True) -> bool:
+    """A 2-D float32 B that is a constant, or is all of the constant `owner` (B = owner[0] of
+    a one-group packing); not while products are shared out by blas_split
+    (OPWARDEN_BLAS_SPLIT=1), which then runs them. `constant=False` takes any B (packed on
+    every call unless constant: a copy of B's size that no workspace declares)."""
+    return (not blas_split.SPLIT and available() and isinstance(B, np.ndarray)
+            and B.ndim == 2 and B.dtype == F32
+            and (not constant or is_constant(B if owner is None else owner))
             and (owner is None or owner.size == B.size))
 
 
 def panels(B: np.ndarray, owner=None) -> np.ndarray:
     """B's panels, packed once and cached with `owner` (B itself by default)."""
-    return packed(B if owner is None else owner, ("sgemm-packed", NR),
+    return packed(B if owner is None else owner, ("sgemm-packed", NR, B.shape, B.strides),
                   lambda _: pack_panels(B))
 
 
@@ -58,6 +74,22 @@ def matmul_into(A: np.ndarray, B: np.ndarray, y: np.ndarray, bias: np.ndarray | 
     k, n = B.shape
     m = int(np.prod(A.shape[:-1]))
     b = np.ascontiguousarray(bias, F32) if bias is not None else y.reshape(-1)[:0]
-    native._LIB.sgemm_packed(A.reshape(-1), k, m, k, panels(B, owner), n, b, bias is not None,
-                             y.reshape(-1), n, compute_threads())
+    native._LIB.sgemm_packed(A.reshape(-1), k, _ONE_TAP, m, k, panels(B, owner), n, b,
+                             bias is not None, y.reshape(-1), n, False, compute_threads())
+    return y
+
+
+_ONE_TAP = np.zeros(1, np.int64)
+
+
+def taps_into(a: np.ndarray, lda: int, offs: np.ndarray, m: int, B: np.ndarray,
+              y: np.ndarray, owner, accumulate: bool = False) -> np.ndarray:
+    """y [m, N] (+)= sum over taps t of A_t @ B[t k:(t + 1) k], A_t the m rows of the flat
+    float32 `a` at offs[t] (int64 element offsets), row stride lda, k = B's rows / taps: a
+    k x k convolution as shifted row ranges of one padded image. B: the taps' weights stacked
+    [taps k, N], all of the constant `owner`; `accumulate`: onto what y holds."""
+    taps = len(offs)
+    k, n = B.shape[0] // taps, B.shape[1]
+    native._LIB.sgemm_packed(a, lda, offs, m, k, panels(B, owner), n, y.reshape(-1)[:0],
+                             False, y.reshape(-1), n, bool(accumulate), compute_threads())
     return y
