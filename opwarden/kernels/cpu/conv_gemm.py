@@ -378,7 +378,7 @@ def nhwc_im2col(x, W, B, s, d, begin, end, y, bias, z, activation, params, shuff
                 cols[:, k] = 1
                 if bplan is not None and sgemm() is not None:
                     _branch_gemms(cols, wb, W, bias, bplan, cg, y2)
-                elif not split_gemm(cols, wb, y2):
+                elif not _packed_into(cols, wb, y2) and not split_gemm(cols, wb, y2):
                     np.matmul(cols, wb, out=y2)
                 _epilogue(y2, None, zz, activation, params, _hot(rr * ow, m, kb))
                 continue
@@ -444,6 +444,15 @@ def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params
                 _epilogue(yb, None, None if z is None else z[i, r0:r1], activation, params, hot)
             else:
                 _epilogue(yb, bias, None if z is None else z[i, r0:r1], activation, params, hot)
+
+
+def _packed_into(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> bool:
+    """y = a @ b on the packed GEMM for a constant weight b; False (nothing done) where it
+    does not take them."""
+    if not (y.flags.c_contiguous and packed_gemm.takes(a, b)):
+        return False
+    packed_gemm.matmul_into(a, b, y)
+    return True
 
 
 def _packed_taps(a: np.ndarray, lda: int, offs: np.ndarray, rows: int, owner: np.ndarray,
