@@ -432,8 +432,8 @@ def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params
                              bptr + t * cg * mg * e, mg, 0.0 if t == 0 else 1.0,
                              ywp + (a * m + g * mg) * e, m)
 
-            if not (pk and _packed_taps(planes, c, np.array(taps, np.int64) + r0 * wq * c,
-                                        rr * wq, pw, yw)):
+            if not _packed_taps(pk, planes, c, np.array(taps, np.int64) + r0 * wq * c, rr * wq,
+                                pw, yw):
                 over_rows(rr * wq, rr * wq * m * cg * len(taps), wide_rows)
             hot = group == 1 and _hot(rr * wq, mg, cg)
             if not direct:
@@ -446,21 +446,26 @@ def _shifted_nhwc(x, pw, s, d, begin, khw, group, y, bias, z, activation, params
                 _epilogue(yb, bias, None if z is None else z[i, r0:r1], activation, params, hot)
 
 
-def _packed_into(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> bool:
-    """y = a @ b on the packed GEMM for a constant weight b; False (nothing done) where it
-    does not take them."""
-    if not (y.flags.c_contiguous and packed_gemm.takes(a, b)):
+# (The packed-GEMM branches of the convolution routes live in these helpers, so that the
+# routes' own lines run on every machine: test_check_reaches_every_line_of_the_convolution_
+# kernels.)
+
+
+def _packed_into(a: np.ndarray, b: np.ndarray, y: np.ndarray, owner=None) -> bool:
+    """y = a @ b on the packed GEMM for a constant weight b (or all of the constant `owner`);
+    False (nothing done) where it does not take them."""
+    if not (y.flags.c_contiguous and packed_gemm.takes(a, b, owner)):
         return False
-    packed_gemm.matmul_into(a, b, y)
+    packed_gemm.matmul_into(a, b, y, None, owner)
     return True
 
 
-def _packed_taps(a: np.ndarray, lda: int, offs: np.ndarray, rows: int, owner: np.ndarray,
-                 y: np.ndarray, accumulate: bool = False) -> bool:
+def _packed_taps(pk: bool, a: np.ndarray, lda: int, offs: np.ndarray, rows: int,
+                 owner: np.ndarray, y: np.ndarray, accumulate: bool = False) -> bool:
     """y (+)= the taps' shifted row ranges of `a` times owner[0] (the taps' weights stacked,
-    [taps lda, M]) on the packed GEMM; False (nothing done) where the buffers are not
-    contiguous."""
-    if not (a.flags.c_contiguous and y.flags.c_contiguous):
+    [taps lda, M]) on the packed GEMM when `pk`; False (nothing done) where not, or where the
+    buffers are not contiguous."""
+    if not (pk and a.flags.c_contiguous and y.flags.c_contiguous):
         return False
     m = owner.shape[-1]
     packed_gemm.taps_into(a.reshape(-1), lda, offs, rows, owner[0].reshape(-1, m),
@@ -485,11 +490,8 @@ def _few_pixels_nhwc(view, W, B, bias, y, z, activation, params) -> None:
     if kb > k:
         cols[:, k] = 1
     y2 = y.reshape(rows, m)
-    owner = wt if is_constant(wt) else W
-    if y.flags.c_contiguous and packed_gemm.takes(cols, wt.T, owner):
-        # the packed GEMM streams the weight once in the usual orientation, straight into y
-        packed_gemm.matmul_into(cols, wt.T, y2, None, owner)
-    else:
+    # (the packed GEMM streams the weight once in the usual orientation, straight into y)
+    if not _packed_into(cols, wt.T, y2, wt if is_constant(wt) else W):
         yt = scratch("conv.yt", (m, rows))
         if not split_gemm(wt, cols.T, yt):
             np.matmul(wt, cols.T, out=yt)

@@ -103,8 +103,8 @@ def _rowtap_nhwc(x, W, s, d, begin, end, khw, y, bias, z, activation, params, bp
                          w1, mb, 1.0 if acc else 0.0, y0 + m0 * e, m)
 
             # every kernel row in one packed GEMM (the weight packed once), onto the prefill
-            if not (pk and _packed_taps(rt, kc, np.arange(kh, dtype=np.int64) * (d[0] * ow * kc),
-                                        rr * ow, owner, y2, acc)):
+            if not _packed_taps(pk, rt, kc, np.arange(kh, dtype=np.int64) * (d[0] * ow * kc),
+                                rr * ow, owner, y2, acc):
                 over_rows(rr * ow, rr * ow * m * kc * kh, pixels)
             _epilogue(y2, None if acc else bias, None if acc or z is None
                       else z[i, r0:r1].reshape(y2.shape), activation, params, hot)
