@@ -87,18 +87,28 @@ int qg_avx2_sums(const qg_args_t *p, int32_t *corr) {
 #define QA_DOT(acc, ax, sy) \
     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones))
 
+/* The 4 x 16 tile's set-up (rows past mr repeat row 0; the sums start from acc, row r at
+ * acc + r QG_NR) and its write-back. */
+#define QA_BEGIN                                                                              \
+    const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);           \
+    const uint8_t *r0 = a, *r1 = a + (mr > 1 ? 1 : 0) * lda, *r2 = a + (mr > 2 ? 2 : 0) * lda; \
+    const uint8_t *r3 = a + (mr > 3 ? 3 : 0) * lda;                                           \
+    __m256i *t = (__m256i *)acc;                                                              \
+    __m256i c00 = _mm256_loadu_si256(t), c01 = _mm256_loadu_si256(t + 1);                     \
+    __m256i c10 = _mm256_loadu_si256(t + 8), c11 = _mm256_loadu_si256(t + 9);                 \
+    __m256i c20 = _mm256_loadu_si256(t + 16), c21 = _mm256_loadu_si256(t + 17);               \
+    __m256i c30 = _mm256_loadu_si256(t + 24), c31 = _mm256_loadu_si256(t + 25);
+#define QA_END                                                                                \
+    _mm256_storeu_si256(t, c00); _mm256_storeu_si256(t + 1, c01);                             \
+    _mm256_storeu_si256(t + 8, c10); _mm256_storeu_si256(t + 9, c11);                         \
+    _mm256_storeu_si256(t + 16, c20); _mm256_storeu_si256(t + 17, c21);                       \
+    _mm256_storeu_si256(t + 24, c30); _mm256_storeu_si256(t + 25, c31);
+
 /* Rows uint8 (centred here), panels int8: tile[r][0..15] of one 16-column chunk. */
 QA_T __attribute__((noinline)) static void qa_tile_us(const uint8_t *a, int64_t lda,
                                                      const uint8_t *bp, int64_t g0, int64_t g1,
                                                      int mr, int32_t *acc) {
-    const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
-    const uint8_t *r0 = a, *r1 = a + (mr > 1 ? 1 : 0) * lda, *r2 = a + (mr > 2 ? 2 : 0) * lda;
-    const uint8_t *r3 = a + (mr > 3 ? 3 : 0) * lda;
-    __m256i *t = (__m256i *)acc; /* row r's 16 sums at acc + r QG_NR */
-    __m256i c00 = _mm256_loadu_si256(t), c01 = _mm256_loadu_si256(t + 1);
-    __m256i c10 = _mm256_loadu_si256(t + 8), c11 = _mm256_loadu_si256(t + 9);
-    __m256i c20 = _mm256_loadu_si256(t + 16), c21 = _mm256_loadu_si256(t + 17);
-    __m256i c30 = _mm256_loadu_si256(t + 24), c31 = _mm256_loadu_si256(t + 25);
+    QA_BEGIN
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *bg = bp + g * QG_NR * 4;
         __m256i b0 = _mm256_loadu_si256((const __m256i *)bg);
@@ -114,24 +124,14 @@ QA_T __attribute__((noinline)) static void qa_tile_us(const uint8_t *a, int64_t 
         QA_ROW(0) QA_ROW(1) QA_ROW(2) QA_ROW(3)
 #undef QA_ROW
     }
-    _mm256_storeu_si256(t, c00); _mm256_storeu_si256(t + 1, c01);
-    _mm256_storeu_si256(t + 8, c10); _mm256_storeu_si256(t + 9, c11);
-    _mm256_storeu_si256(t + 16, c20); _mm256_storeu_si256(t + 17, c21);
-    _mm256_storeu_si256(t + 24, c30); _mm256_storeu_si256(t + 25, c31);
+    QA_END
 }
 
 /* Rows int8, panels uint8 (centred here): tile[r][0..15] of one 16-column chunk. */
 QA_T __attribute__((noinline)) static void qa_tile_su(const uint8_t *a, int64_t lda,
                                                      const uint8_t *bp, int64_t g0, int64_t g1,
                                                      int mr, int32_t *acc) {
-    const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
-    const uint8_t *r0 = a, *r1 = a + (mr > 1 ? 1 : 0) * lda, *r2 = a + (mr > 2 ? 2 : 0) * lda;
-    const uint8_t *r3 = a + (mr > 3 ? 3 : 0) * lda;
-    __m256i *t = (__m256i *)acc; /* row r's 16 sums at acc + r QG_NR */
-    __m256i c00 = _mm256_loadu_si256(t), c01 = _mm256_loadu_si256(t + 1);
-    __m256i c10 = _mm256_loadu_si256(t + 8), c11 = _mm256_loadu_si256(t + 9);
-    __m256i c20 = _mm256_loadu_si256(t + 16), c21 = _mm256_loadu_si256(t + 17);
-    __m256i c30 = _mm256_loadu_si256(t + 24), c31 = _mm256_loadu_si256(t + 25);
+    QA_BEGIN
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *bg = bp + g * QG_NR * 4;
         __m256i x0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)bg), bias);
@@ -148,10 +148,7 @@ QA_T __attribute__((noinline)) static void qa_tile_su(const uint8_t *a, int64_t 
         QA_ROW(0) QA_ROW(1) QA_ROW(2) QA_ROW(3)
 #undef QA_ROW
     }
-    _mm256_storeu_si256(t, c00); _mm256_storeu_si256(t + 1, c01);
-    _mm256_storeu_si256(t + 8, c10); _mm256_storeu_si256(t + 9, c11);
-    _mm256_storeu_si256(t + 16, c20); _mm256_storeu_si256(t + 17, c21);
-    _mm256_storeu_si256(t + 24, c30); _mm256_storeu_si256(t + 25, c31);
+    QA_END
 }
 
 /* qg_store for whole 8-column vectors (the rest of a row goes to qg_store): the same wrapping
