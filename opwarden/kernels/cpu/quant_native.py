@@ -127,33 +127,46 @@ def _wrap32(v: np.ndarray) -> np.ndarray:
 ONE, PER_COL, PER_ROW = 0, 1, 2  # how the epilogue indexes scale and bias
 
 
-def _run(rows: np.ndarray, panels: np.ndarray, k: int, n: int, *, swap: bool = False,
-         colc=None, rowc=None, u=None, v=None, mode: int = I32, scale=None,
-         scale_idx: int = ONE, fbias=None, ibias=None, bias_idx: int = PER_COL, zy: int = 0,
-         out_dtype=np.int32, out: np.ndarray | None = None,
-         sums: np.ndarray | None = None) -> np.ndarray:
+# Positions in _kernel_args' list of what changes from call to call.
+_ARG_PANELS, _ARG_V, _ARG_OUT, _ARG_PORTABLE, _ARG_THREADS = 1, 11, 24, 26, 27
+
+
+def _kernel_args(rows: np.ndarray, panels, k: int, n: int, *, swap: bool = False,
+                 colc=None, rowc=None, u=None, v=None, mode: int = I32, scale=None,
+                 scale_idx: int = ONE, fbias=None, ibias=None, bias_idx: int = PER_COL,
+                 zy: int = 0, out_dtype=np.int32, out=None,
+                 sums: np.ndarray | None = None) -> list:
+    """qgemm_8bit's arguments, in its order (see _run); portable and threads are left at 0 / 1
+    for the caller to set (_ARG_PORTABLE, _ARG_THREADS)."""
+    nil = np.zeros(1, np.int32)
+    sc = np.ascontiguousarray(scale, F32).reshape(-1) if scale is not None else np.zeros(1, F32)
+    return [rows, panels, rows.shape[1], rows.shape[0], n, k,
+            nil if colc is None else colc, colc is not None,
+            nil if rowc is None else rowc, rowc is not None,
+            nil if u is None else u, nil if v is None else v, u is not None,
+            bool(swap), mode, sc, scale_idx,
+            sc if fbias is None else np.ascontiguousarray(fbias, F32), fbias is not None,
+            nil if ibias is None else np.ascontiguousarray(ibias, np.int32),
+            ibias is not None, bias_idx, int(zy), np.dtype(out_dtype) == np.int8, out, n,
+            0, 1, nil if sums is None else sums, sums is not None]
+
+
+def _run(rows: np.ndarray, panels: np.ndarray, k: int, n: int, *, out_dtype=np.int32,
+         out: np.ndarray | None = None, **terms) -> np.ndarray:
     """The kernel on C-contiguous 8-bit rows [M, K] and packed panels (`swap`: int8 rows,
-    uint8 panels), plus the zero-point terms; returns out [M, N] of out_dtype. `sums`: the
-    int8 operand's int32 sums over K (per column; per row with swap) for the AVX2 kernel,
-    given only when that operand is known to hold no -128 (else the kernel finds both)."""
+    uint8 panels), plus the zero-point terms (_kernel_args); returns out [M, N] of out_dtype.
+    `sums`: the int8 operand's int32 sums over K (per column; per row with swap) for the AVX2
+    kernel, given only when that operand is known to hold no -128 (else the kernel finds
+    both)."""
     lib = _lib()
     if lib is None:
         raise KernelError("the compiled integer GEMM is not available")
     m = rows.shape[0]
     if out is None or out.shape != (m, n) or out.dtype != out_dtype or not out.flags.c_contiguous:
         out = np.empty((m, n), out_dtype)
-    nil = np.zeros(1, np.int32)
-    sc = np.ascontiguousarray(scale, F32).reshape(-1) if scale is not None else np.zeros(1, F32)
-    _LAST_ISA[0] = lib.qgemm_8bit(rows, panels, rows.shape[1], m, n, k,
-                   nil if colc is None else colc, colc is not None,
-                   nil if rowc is None else rowc, rowc is not None,
-                   nil if u is None else u, nil if v is None else v, u is not None,
-                   bool(swap), mode, sc, scale_idx,
-                   sc if fbias is None else np.ascontiguousarray(fbias, F32), fbias is not None,
-                   nil if ibias is None else np.ascontiguousarray(ibias, np.int32),
-                   ibias is not None, bias_idx, int(zy), np.dtype(out_dtype) == np.int8, out, n,
-                   _PORTABLE[0], compute_threads(), nil if sums is None else sums,
-                   sums is not None)
+    args = _kernel_args(rows, panels, k, n, out_dtype=out_dtype, out=out, **terms)
+    args[_ARG_PORTABLE], args[_ARG_THREADS] = _PORTABLE[0], compute_threads()
+    _LAST_ISA[0] = lib.qgemm_8bit(*args)
     return out
 
 
@@ -379,15 +392,13 @@ class _QConvPlan:
         plan.dtype = zy.dtype
         plan.panel_bytes = -(-pix // NR) * (-(-kk // 4)) * NR * 4
         plan.pack = (cg, kh, kw, s[0], s[1], d[0], d[1], oh, ow)
-        nil = np.zeros(1, np.int32)
-        # qgemm_8bit's arguments (_run's order); per call: panels [1], v [11], out [24],
-        # portable [26], threads [27]
-        plan.args = [wrows[:m * kp].reshape(m, kp), None, kp, m, pix, kp, nil, False,
-                     rowc if has_rowc else nil, has_rowc, zw32 if plan.has_zw else nil, nil,
-                     plan.has_zw, True, Q8, mult, PER_ROW, mult, False,
-                     nil if bias is None else bias, bias is not None, PER_ROW,
-                     int(zy.reshape(-1)[0]), zy.dtype == np.int8, None, pix, 0, 1,
-                     wrows[m * kp:].view(np.int32), True]  # sums: avx2_refuses cleared w
+        # (panels, v, out, portable and threads are set per call)
+        plan.args = _kernel_args(
+            wrows[:m * kp].reshape(m, kp), None, kp, pix, swap=True,
+            rowc=rowc if has_rowc else None, u=zw32 if plan.has_zw else None, mode=Q8,
+            scale=mult, scale_idx=PER_ROW, ibias=bias, bias_idx=PER_ROW,
+            zy=int(zy.reshape(-1)[0]), out_dtype=zy.dtype,
+            sums=wrows[m * kp:].view(np.int32))  # (avx2_refuses cleared w)
         return plan
 
     def run(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -405,14 +416,15 @@ class _QConvPlan:
         hp, wp = xs.shape[2:]
         threads = compute_threads()
         args = list(self.args)
-        args[1], args[26], args[27] = panels, _PORTABLE[0], threads
+        args[_ARG_PANELS], args[_ARG_PORTABLE], args[_ARG_THREADS] = \
+            panels, _PORTABLE[0], threads
         m = self.shape[1]
         for b in range(self.shape[0]):
             lib.qg_pack_im2col(xs[b], self.pack[0], hp, wp, *self.pack[1:], panels, colsum,
                                self.has_zw, threads)
             if self.has_zw:
-                args[11] = _wrap32(-colsum.astype(np.int64))
-            args[24] = y[b].reshape(m, self.pix)
+                args[_ARG_V] = _wrap32(-colsum.astype(np.int64))
+            args[_ARG_OUT] = y[b].reshape(m, self.pix)
             _LAST_ISA[0] = lib.qgemm_8bit(*args)
         return y
 
