@@ -101,12 +101,27 @@ def qgemm_isa() -> str:
     return _QGEMM_NAMES.get(code, "portable")
 
 
+# OPWARDEN_PACKED_GEMM=0 keeps OpenBLAS everywhere: the packed GEMM's panels are a second copy
+# of every weight they pack (BERT-base: ~335 MB more resident), which a memory-bound deployment
+# may not want to pay for the speed.
+_PACKED_GEMM_ON = os.environ.get("OPWARDEN_PACKED_GEMM", "1").strip().lower() not in (
+    "0", "false", "no", "off")
+
+
+def sgemm_packed() -> str:
+    """The packed-weight float32 GEMM (sgemm.c): "avx512f" where it runs, "off" where
+    OPWARDEN_PACKED_GEMM=0 turned it off, "none" without the extension or AVX-512F."""
+    if _LIB is None or not hasattr(_LIB, "sgemm_packed_isa") or not _LIB.sgemm_packed_isa():
+        return "none"
+    return "avx512f" if _PACKED_GEMM_ON else "off"
+
+
 def status() -> dict[str, Any]:
     """Which kernel path is active: {"active": "native" | "numpy", "reason": str,
     "openmp": version or 0, "module": path of the extension or None, "blas_pool": "openmp" |
     "openblas" (whose threads run NumPy's OpenBLAS jobs), "blas_pool_reason": str,
-    "qgemm_isa": the integer GEMM's instruction set (qgemm_isa), "sgemm_packed": "avx512f"
-    where the packed-weight float32 GEMM runs, else "none"}."""
+    "qgemm_isa": the integer GEMM's instruction set (qgemm_isa), "sgemm_packed": the packed
+    float32 GEMM's state (sgemm_packed)}."""
     pool, why = _pool.state()
     return {
         "active": "native" if _LIB is not None else "numpy",
@@ -116,8 +131,7 @@ def status() -> dict[str, Any]:
         "blas_pool": pool,
         "blas_pool_reason": why,
         "qgemm_isa": qgemm_isa(),
-        "sgemm_packed": "avx512f" if _LIB is not None and hasattr(_LIB, "sgemm_packed_isa")
-        and _LIB.sgemm_packed_isa() else "none",
+        "sgemm_packed": sgemm_packed(),
     }
 
 

@@ -6,8 +6,6 @@ FMAs: the results differ from OpenBLAS's in the last bits only (another order)."
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from opwarden import native
@@ -20,18 +18,10 @@ F32 = np.float32
 NR = 32  # columns per panel (SG_NR in sgemm.c)
 
 
-# OPWARDEN_PACKED_GEMM=0 keeps OpenBLAS everywhere: the panels are a second copy of every
-# weight they pack (BERT-base: ~335 MB more resident), which a memory-bound deployment may
-# not want to pay for the speed.
-ENABLED = os.environ.get("OPWARDEN_PACKED_GEMM", "1").strip().lower() not in (
-    "0", "false", "no", "off")
-
-
 def available() -> bool:
-    """The packed GEMM runs here (extension loaded, AVX-512F, not turned off)."""
-    lib = getattr(native, "_LIB", None)
-    return ENABLED and lib is not None and hasattr(lib, "sgemm_packed") and bool(
-        lib.sgemm_packed_isa())
+    """The packed GEMM runs here (native.sgemm_packed: extension, AVX-512F, not turned off by
+    OPWARDEN_PACKED_GEMM=0)."""
+    return native.sgemm_packed() == "avx512f"
 
 
 def pack_panels(b: np.ndarray) -> np.ndarray:
